@@ -1,0 +1,33 @@
+"""Injectable clock and id factories.
+
+The defaults read ``datetime.now(UTC)`` and ``uuid4`` at call time (never at import time), so
+freezegun controls the clock and tests can swap either for a deterministic factory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+__all__ = ["Clock", "IdFactory", "counter_ids", "system_clock", "uuid_ids"]
+
+Clock = Callable[[], datetime]
+IdFactory = Callable[[], str]
+
+
+def system_clock() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+def uuid_ids() -> str:
+    """A fresh random identifier (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def counter_ids(prefix: str = "id") -> IdFactory:
+    """A deterministic id factory for tests: ``prefix-1``, ``prefix-2``, ..."""
+    counter = itertools.count(1)
+    return lambda: f"{prefix}-{next(counter)}"

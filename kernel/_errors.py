@@ -1,0 +1,120 @@
+"""The one exception tree of steplog.
+
+Every error that steplog raises on its own account derives from ``StepLogError``::
+
+    StepLogError
+    ├── DefinitionError              a workflow graph that cannot run (raised by build())
+    ├── ExecutionError               a run that cannot go on
+    │   ├── RunInProgressError       a second run on an instance that is still running one
+    │   ├── ConvergenceError         more supersteps than max_supersteps
+    │   ├── StateWriteRejectedError  a write to a superstep that is already closed
+    │   └── RoutingError             a message that no edge can deliver
+    ├── EncodingError                a value or message that cannot be stored as JSON
+    ├── StoreError                   anything the event store could not do
+    │   ├── StoreConfigError         a store URL or option that is wrong
+    │   ├── StoreUnavailableError    a server that cannot be reached, a file that cannot be opened
+    │   ├── ConcurrencyConflictError an append whose expected version was not the stream's version
+    │   ├── DecodeError              a stored event that cannot be read back
+    │   └── SchemaVersionError       a database or event written by a newer steplog
+    └── ProjectionError              a view that cannot be built or queried
+        └── LogIntegrityError        a log that breaks the kernel's own invariants
+
+Errors from sqlite3, psycopg and eventsourcing are translated into this tree at the store's edge;
+the driver's exception is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConcurrencyConflictError",
+    "ConvergenceError",
+    "DecodeError",
+    "DefinitionError",
+    "EncodingError",
+    "ExecutionError",
+    "LogIntegrityError",
+    "ProjectionError",
+    "RoutingError",
+    "RunInProgressError",
+    "SchemaVersionError",
+    "StateWriteRejectedError",
+    "StepLogError",
+    "StoreConfigError",
+    "StoreError",
+    "StoreUnavailableError",
+]
+
+
+class StepLogError(Exception):
+    """Root of every error raised by steplog itself."""
+
+
+class DefinitionError(StepLogError, ValueError):
+    """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers."""
+
+
+class ExecutionError(StepLogError, RuntimeError):
+    """A run cannot go on."""
+
+
+class RunInProgressError(ExecutionError):
+    """A workflow instance runs one run at a time; another one is still open."""
+
+
+class ConvergenceError(ExecutionError):
+    """The run did not finish within ``max_supersteps`` supersteps."""
+
+
+class StateWriteRejectedError(ExecutionError):
+    """A state write was attempted on a superstep that has already been committed or aborted."""
+
+
+class RoutingError(ExecutionError):
+    """A message was sent that no edge of the graph can deliver."""
+
+
+class EncodingError(StepLogError, TypeError):
+    """A value cannot be encoded as JSON for the log. The message names the key and the type."""
+
+
+class StoreError(StepLogError):
+    """The event store could not do what was asked."""
+
+
+class StoreConfigError(StoreError, ValueError):
+    """A store URL or option is wrong."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached: server down, file not writable, database missing."""
+
+
+class ConcurrencyConflictError(StoreError):
+    """An append's expected version did not match the stream. Nothing was written."""
+
+    def __init__(self, instance_id: str, expected_version: int, actual_version: int | None) -> None:
+        self.instance_id = instance_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+        actual = "unknown" if actual_version is None else str(actual_version)
+        super().__init__(
+            f"stream {instance_id!r} is at version {actual}, not at the expected version "
+            f"{expected_version}; another writer appended first. Nothing was written: "
+            "re-read the stream and retry"
+        )
+
+
+class DecodeError(StoreError):
+    """A stored event could not be decoded."""
+
+
+class SchemaVersionError(StoreError):
+    """The database or an event was written by a newer version of steplog."""
+
+
+class ProjectionError(StepLogError):
+    """A projection or materialized view could not be built or queried."""
+
+
+class LogIntegrityError(ProjectionError):
+    """The log contradicts an invariant the kernel enforces (for example two markers for one superstep)."""

@@ -1,0 +1,239 @@
+"""The facts in the log.
+
+Every event is a frozen pydantic model with a stable ``type`` string, a ``schema_version`` for
+upcasting, the workflow instance it belongs to, its ``position`` in that instance's stream (1, 2, ...)
+and a ``timestamp`` from the injected clock. Values and messages are JSON trees (see ``_codec``).
+
+The event names are past tense: each records something that happened. The state rule in one line:
+a ``StateStaged`` write counts if and only if its superstep has a ``SuperstepCommitted`` marker, and
+a superstep gets exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborted``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "AbortReason",
+    "ErrorInfo",
+    "Event",
+    "EventBase",
+    "ExecutorCompleted",
+    "ExecutorFailed",
+    "ExecutorInvoked",
+    "MessageStaged",
+    "OutputYielded",
+    "RunAbandoned",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunStarted",
+    "StateStaged",
+    "SuperstepAborted",
+    "SuperstepCommitted",
+    "SuperstepStarted",
+    "EVENT_TYPES",
+    "event_adapter",
+]
+
+AbortReason = Literal["failed", "cancelled", "abandoned", "crashed"]
+Json = Any  # a JSON tree as written by ValueCodec
+
+
+class ErrorInfo(BaseModel):
+    """An exception as the log keeps it: its type's qualified name and its message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorInfo:
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        return cls(type=name, message=str(error))
+
+
+class EventBase(BaseModel):
+    """Fields every event carries."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    instance_id: str
+    position: int = Field(ge=1)
+    timestamp: AwareDatetime
+
+
+class _RunEvent(EventBase):
+    run_id: str
+
+
+class _SuperstepEvent(_RunEvent):
+    superstep_id: str
+
+
+class RunStarted(_RunEvent):
+    """A run began. ``owner`` names the process that ran it (``host:pid``)."""
+
+    type: Literal["run_started"] = "run_started"
+    workflow_name: str
+    input: Json = None
+    kwargs: dict[str, Json] = Field(default_factory=dict)
+    owner: str = ""
+    durability: Literal["superstep", "write"] = "superstep"
+
+
+class RunCompleted(_RunEvent):
+    """A run ended normally: no message was left to deliver."""
+
+    type: Literal["run_completed"] = "run_completed"
+    supersteps: int
+
+
+class RunFailed(_RunEvent):
+    """A run ended with an error (an executor's, or the convergence limit)."""
+
+    type: Literal["run_failed"] = "run_failed"
+    error: ErrorInfo
+    executor_id: str | None = None
+    superstep_id: str | None = None
+
+
+class RunCancelled(_RunEvent):
+    """The task consuming the run was cancelled."""
+
+    type: Literal["run_cancelled"] = "run_cancelled"
+    superstep_id: str | None = None
+
+
+class RunAbandoned(_RunEvent):
+    """A run was found unfinished and closed: its stream was dropped, or its process died.
+
+    ``closed_by`` is the run that closed it, when a later run did.
+    """
+
+    type: Literal["run_abandoned"] = "run_abandoned"
+    reason: Literal["abandoned", "crashed"]
+    superstep_id: str | None = None
+    closed_by: str | None = None
+
+
+class SuperstepStarted(_SuperstepEvent):
+    """A superstep opened. ``index`` counts from 1 within the run; ``superstep_id`` is unique everywhere."""
+
+    type: Literal["superstep_started"] = "superstep_started"
+    index: int = Field(ge=1)
+
+
+class ExecutorInvoked(_SuperstepEvent):
+    type: Literal["executor_invoked"] = "executor_invoked"
+    executor_id: str
+
+
+class ExecutorCompleted(_SuperstepEvent):
+    type: Literal["executor_completed"] = "executor_completed"
+    executor_id: str
+
+
+class ExecutorFailed(_SuperstepEvent):
+    type: Literal["executor_failed"] = "executor_failed"
+    executor_id: str
+    error: ErrorInfo
+
+
+class StateStaged(_SuperstepEvent):
+    """A write to state, staged in a superstep. It counts only if that superstep commits."""
+
+    type: Literal["state_staged"] = "state_staged"
+    executor_id: str
+    key: str
+    op: Literal["set", "delete"]
+    value: Json = None
+
+
+class MessageStaged(_SuperstepEvent):
+    """A message sent in a superstep, for delivery in the next one (only if this one commits).
+
+    ``target`` is the target the sender named, if any; ``targets`` the executors it is routed to.
+    """
+
+    type: Literal["message_staged"] = "message_staged"
+    source: str
+    target: str | None = None
+    targets: list[str] = Field(default_factory=list)
+    message: Json = None
+
+
+class OutputYielded(_SuperstepEvent):
+    """A workflow output. It is delivered to the caller only if its superstep commits."""
+
+    type: Literal["output_yielded"] = "output_yielded"
+    executor_id: str
+    value: Json = None
+
+
+class SuperstepCommitted(_SuperstepEvent):
+    """The superstep's staged writes, messages and outputs now count."""
+
+    type: Literal["superstep_committed"] = "superstep_committed"
+
+
+class SuperstepAborted(_SuperstepEvent):
+    """The superstep's staged writes, messages and outputs are inert, forever."""
+
+    type: Literal["superstep_aborted"] = "superstep_aborted"
+    reason: AbortReason
+    error: ErrorInfo | None = None
+
+
+Event = Annotated[
+    RunStarted
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+    | RunAbandoned
+    | SuperstepStarted
+    | ExecutorInvoked
+    | ExecutorCompleted
+    | ExecutorFailed
+    | StateStaged
+    | MessageStaged
+    | OutputYielded
+    | SuperstepCommitted
+    | SuperstepAborted,
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: dict[str, type[EventBase]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        RunStarted,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+        RunAbandoned,
+        SuperstepStarted,
+        ExecutorInvoked,
+        ExecutorCompleted,
+        ExecutorFailed,
+        StateStaged,
+        MessageStaged,
+        OutputYielded,
+        SuperstepCommitted,
+        SuperstepAborted,
+    )
+}
+
+
+def event_adapter() -> TypeAdapter[Event]:
+    """A validator for the discriminated union (built on call: no work at import time)."""
+    return TypeAdapter(Event)
+
+

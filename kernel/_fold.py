@@ -1,0 +1,117 @@
+"""Committed state as a pure fold of an instance's events: the only way it is ever computed.
+
+The rule: a ``StateStaged`` write counts if and only if it was staged before its superstep's
+``SuperstepCommitted`` marker, and that superstep was not aborted first. Writes of a superstep that
+is aborted, or that never gets a marker, or that arrive after the superstep's marker, never count.
+The order in which runs interleave does not matter: writes are grouped by superstep id, which is
+unique across all runs, so one run's commit can never pick up another superstep's writes.
+
+``apply(view, event)`` does no I/O and reads no clock. It returns the updated view (it updates the
+view in place: a view belongs to one folder at a time; use ``copy()`` to branch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kernel._events import EventBase, StateStaged
+
+__all__ = ["CommittedState", "apply_committed", "fold_committed"]
+
+_RUN_END = frozenset({"run_completed", "run_failed", "run_cancelled", "run_abandoned"})
+
+
+class CommittedState:
+    """The committed user state of one workflow instance, as JSON trees (see ``ValueCodec``).
+
+    ``values`` maps keys to their committed wire values; ``position`` is the stream position of
+    the last event applied; ``last_committed`` the id of the last committed superstep.
+    """
+
+    __slots__ = ("_closed", "_ended_runs", "_pending", "last_committed", "position", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.position = 0
+        self.last_committed: str | None = None
+        # Writes staged in supersteps that have no marker yet, by superstep id.
+        self._pending: dict[str, list[StateStaged]] = {}
+        # Markers seen in runs that have not ended, by run id: superstep id -> committed?
+        self._closed: dict[str, dict[str, bool]] = {}
+        # Runs that have ended: anything arriving for them later is inert.
+        self._ended_runs: set[str] = set()
+
+    def apply(self, event: EventBase) -> CommittedState:
+        """Fold one event in; return the view."""
+        kind: str = event.type  # type: ignore[attr-defined]
+        self.position = max(self.position, event.position)
+        if kind == "state_staged":
+            assert isinstance(event, StateStaged)
+            if event.run_id in self._ended_runs:
+                return self
+            if event.superstep_id in self._closed.get(event.run_id, ()):
+                return self  # staged after its superstep's marker: never counts
+            self._pending.setdefault(event.superstep_id, []).append(event)
+        elif kind == "superstep_committed":
+            self._mark(event, committed=True)
+        elif kind == "superstep_aborted":
+            self._mark(event, committed=False)
+        elif kind in _RUN_END:
+            run_id: str = event.run_id  # type: ignore[attr-defined]
+            self._ended_runs.add(run_id)
+            for superstep_id in self._closed.pop(run_id, {}):
+                self._pending.pop(superstep_id, None)
+        return self
+
+    def _mark(self, event: EventBase, *, committed: bool) -> None:
+        run_id: str = event.run_id  # type: ignore[attr-defined]
+        superstep_id: str = event.superstep_id  # type: ignore[attr-defined]
+        if run_id in self._ended_runs:
+            return
+        closed = self._closed.setdefault(run_id, {})
+        if superstep_id in closed:
+            return  # the first marker is final
+        closed[superstep_id] = committed
+        writes = self._pending.pop(superstep_id, ())
+        if not committed:
+            return
+        values = self.values
+        for write in writes:
+            if write.op == "set":
+                values[write.key] = write.value
+            else:
+                values.pop(write.key, None)
+        self.last_committed = superstep_id
+
+    def copy(self) -> CommittedState:
+        """An independent copy (values are shared: JSON trees are never mutated)."""
+        other = CommittedState()
+        other.values = dict(self.values)
+        other.position = self.position
+        other.last_committed = self.last_committed
+        other._pending = {k: list(v) for k, v in self._pending.items()}
+        other._closed = {k: dict(v) for k, v in self._closed.items()}
+        other._ended_runs = set(self._ended_runs)
+        return other
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CommittedState):
+            return NotImplemented
+        return self.values == other.values and self.position == other.position
+
+    def __repr__(self) -> str:
+        return f"CommittedState(position={self.position}, keys={sorted(self.values)})"
+
+
+def apply_committed(view: CommittedState, event: EventBase) -> CommittedState:
+    """``apply(view, event) -> view`` for committed state."""
+    return view.apply(event)
+
+
+def fold_committed(events: Iterable[EventBase], view: CommittedState | None = None) -> CommittedState:
+    """Fold ``events`` (one instance's, in stream order) into committed state."""
+    view = CommittedState() if view is None else view
+    for event in events:
+        view.apply(event)
+    return view

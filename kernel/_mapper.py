@@ -1,0 +1,90 @@
+"""Events to eventsourcing ``StoredEvent`` records and back: pydantic for shape, orjson for bytes.
+
+A stored record keeps the instance id and the position in its own columns (``originator_id`` and
+``originator_version``), the type and schema version in ``topic`` as ``"state_staged@1"``, and the
+remaining fields as compact JSON in ``state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from eventsourcing.persistence import StoredEvent
+from pydantic import ValidationError
+
+from kernel._errors import DecodeError, EncodingError, SchemaVersionError
+from kernel._events import EVENT_TYPES, EventBase
+
+__all__ = ["EventMapper", "Upcaster"]
+
+_ENVELOPE = frozenset({"type", "instance_id", "position", "schema_version"})
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class EventMapper:
+    """Maps events to stored records and back.
+
+    ``upcasters`` maps ``(type, from_version)`` to a function that rewrites an old payload into the
+    next version's shape; they are chained until the payload reaches the current version.
+    """
+
+    def __init__(self, upcasters: dict[tuple[str, int], Upcaster] | None = None) -> None:
+        self._upcasters = dict(upcasters or {})
+
+    def to_stored(self, event: EventBase) -> StoredEvent:
+        type_name: str = event.type  # type: ignore[attr-defined]
+        payload = event.model_dump(mode="json", exclude=_ENVELOPE)
+        try:
+            state = orjson.dumps(payload)
+        except TypeError as error:
+            raise EncodingError(
+                f"cannot store {type_name} event {event.instance_id!r}#{event.position}: {error}; "
+                "values in events must be JSON trees (encode them with ValueCodec first)"
+            ) from error
+        return StoredEvent(
+            originator_id=event.instance_id,
+            originator_version=event.position,
+            topic=f"{type_name}@{event.schema_version}",
+            state=state,
+        )
+
+    def to_event(self, stored: StoredEvent) -> EventBase:
+        type_name, _, version_text = stored.topic.partition("@")
+        cls = EVENT_TYPES.get(type_name)
+        if cls is None:
+            raise DecodeError(
+                f"event {stored.originator_id!r}#{stored.originator_version} has unknown type "
+                f"{type_name!r}; it was written by a newer or a different program"
+            )
+        try:
+            version = int(version_text or 1)
+            payload = orjson.loads(stored.state)
+        except (ValueError, orjson.JSONDecodeError) as error:
+            raise DecodeError(
+                f"event {stored.originator_id!r}#{stored.originator_version} ({stored.topic}) "
+                f"is not valid JSON: {error}"
+            ) from error
+        if version > cls.SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"event {stored.originator_id!r}#{stored.originator_version} is {type_name} "
+                f"schema version {version}, newer than this steplog's {cls.SCHEMA_VERSION}; "
+                "upgrade steplog to read this log"
+            )
+        while version < cls.SCHEMA_VERSION:
+            upcast = self._upcasters.get((type_name, version))
+            if upcast is None:
+                raise DecodeError(f"no upcaster for {type_name} from schema version {version}")
+            payload = upcast(payload)
+            version += 1
+        payload["instance_id"] = str(stored.originator_id)
+        payload["position"] = stored.originator_version
+        try:
+            return cls.model_validate(payload)
+        except ValidationError as error:
+            raise DecodeError(
+                f"event {stored.originator_id!r}#{stored.originator_version} ({stored.topic}) "
+                f"does not fit its schema: {error}"
+            ) from error

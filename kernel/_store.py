@@ -1,0 +1,272 @@
+"""The event store port, and ``open_store``.
+
+One stream per workflow instance. The adapters (``_store_memory``, ``_store_sqlite``,
+``_store_postgres``) wrap eventsourcing's application recorders and pass one contract suite
+(``tests/store``). Every driver error is translated here into the ``StoreError`` tree.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+from eventsourcing.persistence import ApplicationRecorder, IntegrityError, PersistenceError
+
+from kernel._errors import (
+    ConcurrencyConflictError,
+    StepLogError,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailableError,
+)
+from kernel._events import EventBase
+from kernel._mapper import EventMapper
+
+__all__ = ["DEFAULT_STORE_ENV", "EventStore", "Recorded", "open_store"]
+
+DEFAULT_STORE_ENV = "STEPLOG_STORE"
+STORE_SCHEMA_VERSION = 1
+"""Version of the tables steplog writes. A database stamped with a higher one is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An event with its position in the store's global order (ids may have gaps)."""
+
+    global_position: int
+    event: EventBase
+
+
+class EventStore:
+    """Appends events to instance streams atomically, and reads them back exactly.
+
+    Instances are made by ``open_store``. All methods are synchronous and thread-safe; they raise
+    only ``StoreError`` subclasses.
+    """
+
+    url: str
+    """The store's URL, without any password."""
+
+    def __init__(self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None):
+        self._recorder = recorder
+        self._mapper = mapper or EventMapper()
+        self.url = url
+        self._closed = False
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(
+        self, instance_id: str, events: Sequence[EventBase], *, expected_version: int
+    ) -> list[int]:
+        """Append ``events`` to ``instance_id``'s stream, all or nothing.
+
+        ``expected_version`` is the stream's version before the append (0 for a new stream), and
+        the events' positions must follow it: ``expected_version + 1``, ``+ 2``, ...
+
+        Returns the events' global positions. Raises ``ConcurrencyConflictError`` (writing nothing)
+        when the stream is not at ``expected_version``.
+        """
+        if not events:
+            return []
+        self._check_batch(instance_id, events, expected_version)
+        stored = [self._mapper.to_stored(event) for event in events]
+        try:
+            with self._translated(f"append to {instance_id!r}"):
+                ids = self._recorder.insert_events(stored)
+        except ConcurrencyConflictError:
+            raise
+        except StoreError as error:
+            if isinstance(error.__cause__, IntegrityError):
+                raise ConcurrencyConflictError(
+                    instance_id, expected_version, self._version_or_none(instance_id)
+                ) from error.__cause__
+            raise
+        self._after_append(instance_id)
+        return list(ids or [])
+
+    @staticmethod
+    def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
+        if expected_version < 0:
+            raise StoreConfigError(f"expected_version must be >= 0, got {expected_version}")
+        for offset, event in enumerate(events, start=1):
+            if event.instance_id != instance_id:
+                raise StoreConfigError(
+                    f"event {offset} of the batch belongs to instance {event.instance_id!r}, "
+                    f"not {instance_id!r}; a batch goes to one stream"
+                )
+            if event.position != expected_version + offset:
+                raise StoreConfigError(
+                    f"event {offset} of the batch for {instance_id!r} has position "
+                    f"{event.position}; after version {expected_version} it must be "
+                    f"{expected_version + offset}"
+                )
+
+    def _after_append(self, instance_id: str) -> None:
+        """Hook for adapters that wake followers in-process."""
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(
+        self, instance_id: str, *, after: int = 0, upto: int | None = None, limit: int | None = None
+    ) -> list[EventBase]:
+        """The events of ``instance_id`` with ``after < position <= upto``, in stream order."""
+        with self._translated(f"read {instance_id!r}"):
+            stored = self._recorder.select_events(
+                instance_id, gt=after or None, lte=upto, limit=limit
+            )
+        return [self._mapper.to_event(s) for s in stored]
+
+    def version(self, instance_id: str) -> int:
+        """The position of the stream's last event, 0 when the stream is empty."""
+        with self._translated(f"read the version of {instance_id!r}"):
+            last = self._recorder.select_events(instance_id, desc=True, limit=1)
+        return last[0].originator_version if last else 0
+
+    def _version_or_none(self, instance_id: str) -> int | None:
+        try:
+            return self.version(instance_id)
+        except StoreError:
+            return None
+
+    def read_all(self, *, after: int = 0, limit: int = 500, upto: int | None = None) -> list[Recorded]:
+        """One page of events of every stream in global order, with ``global_position > after``."""
+        if limit < 1:
+            raise StoreConfigError(f"limit must be >= 1, got {limit}")
+        with self._translated("read the global log"):
+            notes = self._recorder.select_notifications(
+                start=after, limit=limit, stop=upto, inclusive_of_start=False
+            )
+        return [Recorded(n.id, self._mapper.to_event(n)) for n in notes]
+
+    def iter_all(self, *, after: int = 0, page_size: int = 500) -> Iterator[Recorded]:
+        """Every event after ``after`` in global order, read page by page."""
+        position = after
+        while True:
+            page = self.read_all(after=position, limit=page_size)
+            yield from page
+            if len(page) < page_size:
+                return
+            position = page[-1].global_position
+
+    def last_position(self) -> int:
+        """The global position of the newest event, 0 for an empty store."""
+        with self._translated("read the global log"):
+            return int(self._recorder.max_notification_id() or 0)
+
+    def follow(
+        self,
+        *,
+        after: int = 0,
+        stop: threading.Event | None = None,
+        poll_interval: float = 0.2,
+        page_size: int = 500,
+    ) -> Iterator[Recorded]:
+        """Every event after ``after``, then each new one as it is appended, until ``stop`` is set.
+
+        Backends that can push (memory, PostgreSQL's LISTEN/NOTIFY) wake at once; SQLite polls
+        every ``poll_interval`` seconds.
+        """
+        stop = stop or threading.Event()
+        position = after
+        while not stop.is_set():
+            page = self.read_all(after=position, limit=page_size)
+            for recorded in page:
+                yield recorded
+                position = recorded.global_position
+                if stop.is_set():
+                    return
+            if len(page) < page_size:
+                self._wait_for_appends(position, poll_interval, stop)
+
+    def _wait_for_appends(self, position: int, timeout: float, stop: threading.Event) -> None:
+        stop.wait(timeout)
+
+    def instances(self) -> list[str]:
+        """The ids of every instance with at least one event, sorted."""
+        raise NotImplementedError  # each adapter implements it
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release connections. The store cannot be used afterwards."""
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- error translation --------------------------------------------------------------------
+
+    @contextmanager
+    def _translated(self, action: str) -> Iterator[None]:
+        """Run a recorder call, turning any driver or eventsourcing error into a ``StoreError``."""
+        if self._closed:
+            raise StoreUnavailableError(f"cannot {action}: the store {self.url} is closed")
+        try:
+            yield
+        except StepLogError:
+            raise
+        except PersistenceError as error:
+            raise self._translate(error, action) from error
+        except Exception as error:
+            translated = self._translate_driver(error, action)
+            if translated is None:
+                raise
+            raise translated from error
+
+    def _translate(self, error: PersistenceError, action: str) -> StoreError:
+        return StoreError(f"cannot {action} in {self.url}: {error}")
+
+    def _translate_driver(self, error: Exception, action: str) -> StoreError | None:
+        return None
+
+
+def open_store(url: str | None = None, **options: Any) -> EventStore:
+    """Open the event store at ``url``.
+
+    ``memory://`` keeps events in this process; ``sqlite:///relative.db`` and
+    ``sqlite:////absolute/path.db`` use a SQLite file (created if missing);
+    ``postgresql://user[:password]@host[:port]/database[?schema=name]`` uses PostgreSQL, in the
+    ``public`` schema unless one is named. Without a URL, ``$STEPLOG_STORE`` is used, else memory.
+
+    Raises ``StoreConfigError`` for a URL that is wrong, ``StoreUnavailableError`` when the
+    database cannot be reached or opened, and ``SchemaVersionError`` when it was written by a newer
+    steplog.
+    """
+    if url is None:
+        url = os.environ.get(DEFAULT_STORE_ENV) or "memory://"
+    if not isinstance(url, str) or not url.strip():
+        raise StoreConfigError(f"a store URL must be a non-empty string, got {url!r}")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        from kernel._store_memory import MemoryStore
+
+        return MemoryStore(url, **options)
+    if scheme == "sqlite":
+        from kernel._store_sqlite import SQLiteStore
+
+        return SQLiteStore(url, **options)
+    if scheme in ("postgresql", "postgres"):
+        from kernel._store_postgres import PostgresStore
+
+        return PostgresStore(url, **options)
+    raise StoreConfigError(
+        f"unknown store URL {url!r}: use memory://, sqlite:///path/to/file.db or "
+        "postgresql://user@host:port/database"
+    )
+
+

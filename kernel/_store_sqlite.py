@@ -1,0 +1,131 @@
+"""The SQLite adapter, the embedded default: eventsourcing's SQLite recorder on a file in WAL mode.
+
+Each append is one transaction, committed with SQLite's default ``synchronous=FULL`` so that an
+appended superstep survives a power cut.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from eventsourcing.persistence import PersistenceError
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+
+from kernel._errors import (
+    SchemaVersionError,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailableError,
+)
+from kernel._store import STORE_SCHEMA_VERSION, EventStore
+
+__all__ = ["SQLiteStore", "sqlite_path"]
+
+EVENTS_TABLE = "steplog_events"
+META_TABLE = "steplog_meta"
+
+
+def sqlite_path(url: str) -> str:
+    """The file path of a ``sqlite:///...`` URL (three slashes: relative; four: absolute)."""
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise StoreConfigError(
+            f"SQLite URL {url!r} names a host ({parts.netloc!r}); use sqlite:///relative/path.db "
+            "or sqlite:////absolute/path.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path or path.endswith("/"):
+        raise StoreConfigError(f"SQLite URL {url!r} names no file; use sqlite:///path/to/file.db")
+    if path == ":memory:":
+        raise StoreConfigError("use memory:// for an in-memory store, not sqlite:///:memory:")
+    return path
+
+
+class SQLiteStore(EventStore):
+    """Events in one SQLite file, shared safely by several processes on one machine."""
+
+    def __init__(self, url: str, *, lock_timeout: int = 30, **options: Any) -> None:
+        if options:
+            raise StoreConfigError(f"unknown SQLite store options: {sorted(options)}")
+        query = parse_qs(urlsplit(url).query)
+        if query:
+            raise StoreConfigError(f"SQLite URL {url!r} takes no query parameters")
+        path = Path(sqlite_path(url))
+        self.path = path
+        directory = path.parent.resolve()
+        if not directory.is_dir():
+            raise StoreUnavailableError(
+                f"cannot open SQLite store {url}: directory {directory} does not exist; create it "
+                "or point the URL elsewhere"
+            )
+        self._datastore = SQLiteDatastore(
+            str(path), lock_timeout=lock_timeout, originator_id_type="text"
+        )
+        recorder = SQLiteApplicationRecorder(self._datastore, events_table_name=EVENTS_TABLE)
+        super().__init__(recorder, url=f"sqlite:///{path}")
+        try:
+            with self._translated("create the tables"):
+                recorder.create_table()
+                self._stamp_schema_version()
+        except BaseException:
+            self._datastore.close()
+            raise
+
+    def _stamp_schema_version(self) -> None:
+        with self._datastore.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key='schema_version'")
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute(
+                    f"INSERT INTO {META_TABLE} VALUES ('schema_version', ?)",
+                    (str(STORE_SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > STORE_SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"SQLite store {self.path} was written by a newer steplog (store schema "
+                    f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
+                    "upgrade steplog to open it"
+                )
+
+    def instances(self) -> list[str]:
+        with self._translated("list instances"), self._datastore.transaction(commit=False) as cursor:
+            cursor.execute(f"SELECT DISTINCT originator_id FROM {EVENTS_TABLE} ORDER BY 1")
+            return [row[0] for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._datastore.close()
+        super().close()
+
+    def _translate(self, error: PersistenceError, action: str) -> StoreError:
+        return self._explain(error, action)
+
+    def _translate_driver(self, error: Exception, action: str) -> StoreError | None:
+        if isinstance(error, sqlite3.Error):
+            return self._explain(error, action)
+        return None
+
+    def _explain(self, error: Exception, action: str) -> StoreError:
+        text = str(error)
+        lowered = text.lower()
+        if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
+            return StoreUnavailableError(
+                f"cannot {action} in SQLite store {self.path}: {text}; check that the file and "
+                "its directory exist and are writable by this user"
+            )
+        if "locked" in lowered or "busy" in lowered:
+            return StoreUnavailableError(
+                f"cannot {action} in SQLite store {self.path}: {text}; another process holds the "
+                "database lock, retry or raise lock_timeout"
+            )
+        if "not a database" in lowered or "malformed" in lowered:
+            return StoreUnavailableError(
+                f"cannot {action}: {self.path} is not a readable SQLite database ({text})"
+            )
+        return StoreError(f"cannot {action} in SQLite store {self.path}: {text}")
