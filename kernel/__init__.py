@@ -1,5 +1,11 @@
-"""steplog's kernel: typed events, the event store, and (soon) the superstep runner."""
+"""steplog's kernel: typed events, the event store, and the superstep runner.
 
+Ported from Microsoft Agent Framework workflows by changing imports::
+
+    from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
+"""
+
+from kernel._builder import WorkflowBuilder
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._errors import (
@@ -40,16 +46,23 @@ from kernel._events import (
     SuperstepCommitted,
     SuperstepStarted,
 )
-from kernel._fold import CommittedState, apply_committed, fold_committed
+from kernel._context import WorkflowContext
+from kernel._executor import Executor, FunctionExecutor, executor, handler
+from kernel._fold import CommittedState, OpenRun, apply_committed, fold_committed
+from kernel._graph import Case, Default
+from kernel._runner import RunResult, WorkflowEvent
 from kernel._store import EventStore, Recorded, open_store
+from kernel._workflow import RunStream, Workflow
 
 __all__ = [
     "AbortReason",
+    "Case",
     "Clock",
     "CommittedState",
     "ConcurrencyConflictError",
     "ConvergenceError",
     "DecodeError",
+    "Default",
     "DefinitionError",
     "EncodingError",
     "ErrorInfo",
@@ -57,12 +70,15 @@ __all__ = [
     "EventBase",
     "EventStore",
     "ExecutionError",
+    "Executor",
     "ExecutorCompleted",
     "ExecutorFailed",
     "ExecutorInvoked",
+    "FunctionExecutor",
     "IdFactory",
     "LogIntegrityError",
     "MessageStaged",
+    "OpenRun",
     "OutputYielded",
     "ProjectionError",
     "Recorded",
@@ -72,7 +88,9 @@ __all__ = [
     "RunCompleted",
     "RunFailed",
     "RunInProgressError",
+    "RunResult",
     "RunStarted",
+    "RunStream",
     "SchemaVersionError",
     "StateStaged",
     "StateWriteRejectedError",
@@ -84,9 +102,15 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepStarted",
     "ValueCodec",
+    "Workflow",
+    "WorkflowBuilder",
+    "WorkflowContext",
+    "WorkflowEvent",
     "apply_committed",
     "counter_ids",
+    "executor",
     "fold_committed",
+    "handler",
     "open_store",
     "system_clock",
     "uuid_ids",

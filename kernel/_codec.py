@@ -11,11 +11,13 @@ None, bool, str           itself
 int (64-bit)              itself; larger ints as ``{"$t": "int", "v": "<decimal digits>"}``
 float                     itself; NaN and infinities as ``{"$t": "float", "v": "nan"}``
 list                      a list; tuple, set and frozenset tagged with their items
-dict with str keys        an object; other keys (or a key ``"$t"``) as ``{"$t": "dict", "v": [[k, v]]}``
+dict with str keys        an object; a dict with other keys (or a ``"$t"`` key) is tagged:
+                          ``{"$t": "dict", "v": [[k, v], ...]}``
 datetime, date, time      ISO 8601 text, the zone name kept for ``zoneinfo`` zones
 timedelta, UUID, Decimal  tagged text or numbers; bytes as base64
 Enum members              ``{"$t": "enum", "cls": "module:Qualname", "v": value}``
-pydantic models           ``{"$t": "model", "cls": ..., "v": fields}``, rebuilt by ``model_validate``
+pydantic models           ``{"$t": "model", "cls": ..., "v": fields}``, rebuilt by
+                          ``model_validate``
 dataclasses               ``{"$t": "dataclass", "cls": ..., "v": fields}``
 ========================  ======================================================================
 
@@ -68,7 +70,10 @@ class ValueCodec:
     # -- encoding -----------------------------------------------------------------------------
 
     def encode(self, value: Any, *, what: str = "value") -> Json:
-        """Return ``value`` as a JSON tree, or raise ``EncodingError`` naming ``what`` and the type."""
+        """Return ``value`` as a JSON tree.
+
+        Raises ``EncodingError`` naming ``what``, the path inside the value and the type.
+        """
         kind = type(value)
         if kind is str or kind is bool or value is None:
             return value
@@ -119,7 +124,11 @@ class ValueCodec:
             }
         if isinstance(value, BaseModel):
             dumped = value.model_dump(round_trip=True)
-            return {TAG: "model", "cls": self._remember(kind), "v": self._encode(dumped, what, path)}
+            return {
+                TAG: "model",
+                "cls": self._remember(kind),
+                "v": self._encode(dumped, what, path),
+            }
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {
                 f.name: self._encode(getattr(value, f.name), what, f"{path}.{f.name}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel._events import EventBase, StateStaged
 
-__all__ = ["CommittedState", "apply_committed", "fold_committed"]
+__all__ = ["CommittedState", "OpenRun", "apply_committed", "fold_committed"]
 
 _RUN_END = frozenset({"run_completed", "run_failed", "run_cancelled", "run_abandoned"})
 
@@ -84,6 +84,46 @@ class CommittedState:
                 values.pop(write.key, None)
         self.last_committed = superstep_id
 
+    def staged(self, superstep_id: str) -> tuple[StateStaged, ...]:
+        """The writes staged in ``superstep_id`` that will count if its next marker is a commit.
+
+        Empty once the superstep has a marker or its run has ended. This is what an executor of an
+        open superstep sees on top of ``values``; it reads the view and changes nothing.
+        """
+        writes = self._pending.get(superstep_id, ())
+        if not writes or writes[0].run_id in self._ended_runs:
+            return ()
+        return tuple(writes)
+
+    def to_snapshot(self) -> dict[str, Any]:
+        """The whole view, pending writes included, as a JSON tree (see ``from_snapshot``)."""
+        return {
+            "values": dict(self.values),
+            "position": self.position,
+            "last_committed": self.last_committed,
+            "pending": {
+                superstep_id: [write.model_dump(mode="json") for write in writes]
+                for superstep_id, writes in self._pending.items()
+            },
+            "closed": {run_id: dict(markers) for run_id, markers in self._closed.items()},
+            "ended_runs": sorted(self._ended_runs),
+        }
+
+    @classmethod
+    def from_snapshot(cls, tree: dict[str, Any]) -> CommittedState:
+        """Rebuild a view from ``to_snapshot()``: folding on from it gives the same answers."""
+        view = cls()
+        view.values = dict(tree["values"])
+        view.position = int(tree["position"])
+        view.last_committed = tree["last_committed"]
+        view._pending = {
+            superstep_id: [StateStaged.model_validate(write) for write in writes]
+            for superstep_id, writes in tree["pending"].items()
+        }
+        view._closed = {run_id: dict(markers) for run_id, markers in tree["closed"].items()}
+        view._ended_runs = set(tree["ended_runs"])
+        return view
+
     def copy(self) -> CommittedState:
         """An independent copy (values are shared: JSON trees are never mutated)."""
         other = CommittedState()
@@ -115,3 +155,38 @@ def fold_committed(events: Iterable[EventBase], view: CommittedState | None = No
     for event in events:
         view.apply(event)
     return view
+
+
+class OpenRun:
+    """Which run of an instance is unfinished, and which of its supersteps is open: a pure fold.
+
+    The runner reads it before starting a run, to close a run whose stream was dropped or whose
+    process died (``RunAbandoned``) before appending anything of its own.
+    """
+
+    __slots__ = ("index", "owner", "run_id", "superstep_id", "version")
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.run_id: str | None = None
+        self.owner = ""
+        self.superstep_id: str | None = None
+        self.index = 0
+
+    def apply(self, event: EventBase) -> OpenRun:
+        kind: str = event.type  # type: ignore[attr-defined]
+        self.version = max(self.version, event.position)
+        run_id = getattr(event, "run_id", None)
+        if kind == "run_started":
+            self.run_id, self.owner = run_id, event.owner  # type: ignore[attr-defined]
+            self.superstep_id, self.index = None, 0
+        elif run_id is None or run_id != self.run_id:
+            return self
+        elif kind == "superstep_started":
+            self.superstep_id, self.index = event.superstep_id, event.index  # type: ignore[attr-defined]
+        elif kind in ("superstep_committed", "superstep_aborted"):
+            if event.superstep_id == self.superstep_id:  # type: ignore[attr-defined]
+                self.superstep_id = None
+        elif kind in _RUN_END:
+            self.run_id, self.owner, self.superstep_id, self.index = None, "", None, 0
+        return self

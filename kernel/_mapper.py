@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from eventsourcing.persistence import StoredEvent
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from kernel._errors import DecodeError, EncodingError, SchemaVersionError
 from kernel._events import EVENT_TYPES, EventBase
@@ -36,10 +37,10 @@ class EventMapper:
 
     def to_stored(self, event: EventBase) -> StoredEvent:
         type_name: str = event.type  # type: ignore[attr-defined]
-        payload = event.model_dump(mode="json", exclude=_ENVELOPE)
         try:
+            payload = event.model_dump(mode="json", exclude=set(_ENVELOPE))
             state = orjson.dumps(payload)
-        except TypeError as error:
+        except (TypeError, PydanticSerializationError) as error:
             raise EncodingError(
                 f"cannot store {type_name} event {event.instance_id!r}#{event.position}: {error}; "
                 "values in events must be JSON trees (encode them with ValueCodec first)"

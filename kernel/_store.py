@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from urllib.parse import urlsplit
 
 from eventsourcing.persistence import ApplicationRecorder, IntegrityError, PersistenceError
 
+from kernel._codec import ValueCodec
 from kernel._errors import (
     ConcurrencyConflictError,
     StepLogError,
@@ -54,9 +54,13 @@ class EventStore:
     url: str
     """The store's URL, without any password."""
 
-    def __init__(self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None):
+    def __init__(
+        self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None
+    ):
         self._recorder = recorder
         self._mapper = mapper or EventMapper()
+        self.codec = ValueCodec()
+        """The codec shared by everything that writes or reads values through this store."""
         self.url = url
         self._closed = False
 
@@ -77,6 +81,13 @@ class EventStore:
             return []
         self._check_batch(instance_id, events, expected_version)
         stored = [self._mapper.to_stored(event) for event in events]
+        if expected_version > 0:
+            # The recorders' uniqueness constraint catches a stream that is ahead of
+            # expected_version, not one that is behind it (the batch would leave a gap).
+            # Streams only grow, so a stream at or past expected_version now still is at commit.
+            actual = self.version(instance_id)
+            if actual < expected_version:
+                raise ConcurrencyConflictError(instance_id, expected_version, actual)
         try:
             with self._translated(f"append to {instance_id!r}"):
                 ids = self._recorder.insert_events(stored)
@@ -135,7 +146,9 @@ class EventStore:
         except StoreError:
             return None
 
-    def read_all(self, *, after: int = 0, limit: int = 500, upto: int | None = None) -> list[Recorded]:
+    def read_all(
+        self, *, after: int = 0, limit: int = 500, upto: int | None = None
+    ) -> list[Recorded]:
         """One page of events of every stream in global order, with ``global_position > after``."""
         if limit < 1:
             raise StoreConfigError(f"limit must be >= 1, got {limit}")
@@ -202,7 +215,10 @@ class EventStore:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -268,5 +284,3 @@ def open_store(url: str | None = None, **options: Any) -> EventStore:
         f"unknown store URL {url!r}: use memory://, sqlite:///path/to/file.db or "
         "postgresql://user@host:port/database"
     )
-
-

@@ -34,5 +34,5 @@ class MemoryStore(EventStore):
                 self._appended.wait(timeout)
 
     def instances(self) -> list[str]:
-        with self._appended:
+        with self._translated("list instances"), self._appended:
             return sorted(self._instances)

@@ -38,7 +38,9 @@ def postgres_params(url: str) -> dict[str, Any]:
     try:
         port = parts.port or 5432
     except ValueError as error:
-        raise StoreConfigError(f"PostgreSQL URL {_redact(url)!r} has a bad port: {error}") from error
+        raise StoreConfigError(
+            f"PostgreSQL URL {_redact(url)!r} has a bad port: {error}"
+        ) from error
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     schema = query.pop("schema", "public")
     if not _IDENTIFIER.match(schema):
@@ -67,10 +69,21 @@ class PostgresStore(EventStore):
     """Events in a PostgreSQL schema, shared by any number of processes."""
 
     def __init__(
-        self, url: str, *, pool_size: int = 2, max_overflow: int = 4, connect_timeout: float = 5.0
+        self,
+        url: str,
+        *,
+        pool_size: int = 2,
+        max_overflow: int = 4,
+        connect_timeout: float = 5.0,
+        **options: Any,
     ) -> None:
+        if options:
+            raise StoreConfigError(f"unknown PostgreSQL store options: {sorted(options)}")
         params = postgres_params(url)
         self._params = params
+        self._local = threading.local()  # each following thread's LISTEN connection
+        self._listeners: list[psycopg.Connection[Any]] = []
+        self._listeners_lock = threading.Lock()
         self.schema: str = params["schema"]
         self._check_reachable(url, connect_timeout)
         self._datastore = PostgresDatastore(
@@ -165,7 +178,8 @@ class PostgresStore(EventStore):
                 stop.wait(timeout)
                 return
             self._local.listener = listener
-            self._listeners.append(listener)
+            with self._listeners_lock:
+                self._listeners.append(listener)
         if self.last_position() > position:
             return
         try:
@@ -175,22 +189,11 @@ class PostgresStore(EventStore):
             self._local.listener = None
             stop.wait(timeout)
 
-    @property
-    def _local(self) -> threading.local:
-        local = self.__dict__.get("_thread_local")
-        if local is None:
-            local = self.__dict__["_thread_local"] = threading.local()
-            self.__dict__["_listeners"] = []
-        return local  # type: ignore[no-any-return]
-
-    @property
-    def _listeners(self) -> list[psycopg.Connection[Any]]:
-        self._local  # noqa: B018 - creates the list
-        return self.__dict__["_listeners"]  # type: ignore[no-any-return]
-
     def close(self) -> None:
         if not self._closed:
-            for listener in self.__dict__.get("_listeners", []):
+            with self._listeners_lock:
+                listeners, self._listeners = self._listeners, []
+            for listener in listeners:
                 listener.close()
             self._datastore.close()
         super().close()

@@ -77,7 +77,8 @@ class SQLiteStore(EventStore):
     def _stamp_schema_version(self) -> None:
         with self._datastore.transaction(commit=True) as cursor:
             cursor.execute(
-                f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
+                "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
             cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key='schema_version'")
             row = cursor.fetchone()
@@ -94,7 +95,10 @@ class SQLiteStore(EventStore):
                 )
 
     def instances(self) -> list[str]:
-        with self._translated("list instances"), self._datastore.transaction(commit=False) as cursor:
+        with (
+            self._translated("list instances"),
+            self._datastore.transaction(commit=False) as cursor,
+        ):
             cursor.execute(f"SELECT DISTINCT originator_id FROM {EVENTS_TABLE} ORDER BY 1")
             return [row[0] for row in cursor.fetchall()]
 

@@ -1,0 +1,171 @@
+"""``WorkflowBuilder``: assemble executors and edges, validate, and bind to an instance stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
+from kernel._errors import DefinitionError
+from kernel._executor import Executor
+from kernel._graph import Case, Default, EdgeGroup, FanIn, FanOut, Graph, Single, SwitchCase, validate
+from kernel._store import EventStore, open_store
+from kernel._workflow import Durability, Workflow
+
+__all__ = ["WorkflowBuilder"]
+
+ExecutorRef = Executor | str
+
+
+class WorkflowBuilder:
+    """Builds a ``Workflow``.
+
+    ``store`` defaults to ``open_store()`` (``$STEPLOG_STORE``, else memory); ``instance_id`` to a
+    fresh id (exposed as ``workflow.instance_id``); ``clock`` and ``id_factory`` to the system
+    clock and random ids. ``durability="superstep"`` appends each superstep in one atomic batch
+    with its marker; ``"write"`` appends every event as it happens.
+    """
+
+    def __init__(
+        self,
+        start_executor: Executor | None = None,
+        *,
+        store: EventStore | None = None,
+        instance_id: str | None = None,
+        name: str | None = None,
+        max_supersteps: int = 100,
+        durability: Durability = "superstep",
+        clock: Clock | None = None,
+        id_factory: IdFactory | None = None,
+    ) -> None:
+        self._executors: dict[str, Executor] = {}
+        self._groups: list[EdgeGroup] = []
+        self._start: str | None = None
+        self._store = store
+        self._instance_id = instance_id
+        self._name = name
+        self._max_supersteps = max_supersteps
+        self._durability = durability
+        self._clock = clock or system_clock
+        self._ids = id_factory or uuid_ids
+        if start_executor is not None:
+            self.set_start_executor(start_executor)
+
+    # -- executors ----------------------------------------------------------------------------
+
+    def set_start_executor(self, executor: ExecutorRef) -> Self:
+        """The executor that receives the run's input message."""
+        self._start = self._register(executor)
+        return self
+
+    def add_executor(self, executor: Executor) -> Self:
+        self._register(executor)
+        return self
+
+    def _register(self, executor: ExecutorRef) -> str:
+        if isinstance(executor, str):
+            if executor not in self._executors:
+                raise DefinitionError(
+                    f"unknown executor {executor!r}: pass the Executor object the first time it is "
+                    f"used (known: {', '.join(sorted(self._executors)) or 'none'})"
+                )
+            return executor
+        if not isinstance(executor, Executor):
+            raise DefinitionError(
+                f"expected an Executor or an executor id, got {type(executor).__qualname__}"
+            )
+        existing = self._executors.get(executor.id)
+        if existing is not None and existing is not executor:
+            raise DefinitionError(f"two different executors share the id {executor.id!r}")
+        self._executors[executor.id] = executor
+        return executor.id
+
+    # -- edges --------------------------------------------------------------------------------
+
+    def add_edge(
+        self, source: ExecutorRef, target: ExecutorRef, condition: Callable[[Any], bool] | None = None
+    ) -> Self:
+        """Messages from ``source`` go to ``target`` (when ``condition(message)`` is true)."""
+        return self._add(Single(self._register(source), self._register(target), condition))
+
+    def add_fan_out_edges(self, source: ExecutorRef, targets: Sequence[ExecutorRef]) -> Self:
+        """Each message from ``source`` goes to every target that handles its type."""
+        ids = tuple(self._register(t) for t in targets)
+        self._require_distinct("fan-out targets", ids)
+        return self._add(FanOut(self._register(source), ids))
+
+    def add_fan_in_edges(self, sources: Sequence[ExecutorRef], target: ExecutorRef) -> Self:
+        """``target`` runs once every source has sent, receiving the list of their messages."""
+        ids = tuple(self._register(s) for s in sources)
+        self._require_distinct("fan-in sources", ids)
+        return self._add(FanIn(ids, self._register(target)))
+
+    def add_switch_case_edge_group(self, source: ExecutorRef, cases: Sequence[Case | Default]) -> Self:
+        """Each message from ``source`` goes to the first ``Case`` whose condition holds, else ``Default``."""
+        branches: list[tuple[Callable[[Any], bool], str]] = []
+        default: str | None = None
+        for case in cases:
+            if isinstance(case, Default):
+                if default is not None:
+                    raise DefinitionError("a switch-case edge group takes at most one Default")
+                default = self._register(case.target)
+            elif isinstance(case, Case):
+                branches.append((case.condition, self._register(case.target)))
+            else:
+                raise DefinitionError(f"switch-case entries must be Case or Default, got {case!r}")
+        if not branches:
+            raise DefinitionError("a switch-case edge group needs at least one Case")
+        return self._add(SwitchCase(self._register(source), tuple(branches), default))
+
+    def add_chain(self, executors: Sequence[ExecutorRef]) -> Self:
+        """Edges ``executors[0] -> executors[1] -> ...``."""
+        if len(executors) < 2:
+            raise DefinitionError("a chain needs at least two executors")
+        for source, target in zip(executors, executors[1:], strict=False):
+            self.add_edge(source, target)
+        return self
+
+    def _add(self, group: EdgeGroup) -> Self:
+        new_pairs = {(s, t) for s in group.sources for t in group.targets}
+        for existing in self._groups:
+            clash = new_pairs & {(s, t) for s in existing.sources for t in existing.targets}
+            if clash:
+                source, target = sorted(clash)[0]
+                raise DefinitionError(f"duplicate edge {source!r} -> {target!r}")
+        self._groups.append(group)
+        return self
+
+    @staticmethod
+    def _require_distinct(what: str, ids: tuple[str, ...]) -> None:
+        if not ids:
+            raise DefinitionError(f"{what} must not be empty")
+        if len(set(ids)) != len(ids):
+            raise DefinitionError(f"{what} must be distinct, got {list(ids)}")
+
+    # -- build --------------------------------------------------------------------------------
+
+    def build(self) -> Workflow:
+        """Validate the graph and bind it to its instance stream. Raises ``DefinitionError``."""
+        if self._start is None:
+            raise DefinitionError("no start executor: pass start_executor= or call set_start_executor()")
+        if not isinstance(self._max_supersteps, int) or self._max_supersteps < 1:
+            raise DefinitionError(f"max_supersteps must be a positive int, got {self._max_supersteps!r}")
+        if self._durability not in ("superstep", "write"):
+            raise DefinitionError(f"durability must be 'superstep' or 'write', got {self._durability!r}")
+        if self._instance_id is not None and (not isinstance(self._instance_id, str) or not self._instance_id):
+            raise DefinitionError(f"instance_id must be a non-empty string, got {self._instance_id!r}")
+        for executor in self._executors.values():
+            executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
+        graph = Graph(dict(self._executors), self._start, tuple(self._groups))
+        validate(graph)
+        store = self._store if self._store is not None else open_store()
+        return Workflow(
+            graph,
+            store=store,
+            instance_id=self._instance_id or self._ids(),
+            name=self._name or self._start,
+            max_supersteps=self._max_supersteps,
+            durability=self._durability,
+            clock=self._clock,
+            id_factory=self._ids,
+        )

@@ -1,0 +1,84 @@
+"""``WorkflowContext``: what a handler may do in its superstep."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, Never
+
+from typing_extensions import TypeVar
+
+if TYPE_CHECKING:
+    from kernel._runner import Superstep
+
+__all__ = ["WorkflowContext"]
+
+OutT = TypeVar("OutT", default=Never)
+WorkflowOutT = TypeVar("WorkflowOutT", default=Never)
+
+
+class WorkflowContext(Generic[OutT, WorkflowOutT]):
+    """The handle a handler gets for one invocation.
+
+    ``WorkflowContext[Out, WorkflowOut]``: ``Out`` is the type of messages it sends,
+    ``WorkflowOut`` the type of outputs it yields. State writes are staged in the current superstep
+    and count only if the superstep commits; once the superstep is closed (committed, or aborted
+    because a sibling failed or the run was cancelled) every further write is refused with
+    ``StateWriteRejectedError``.
+    """
+
+    __slots__ = ("_executor_id", "_step")
+
+    def __init__(self, step: Superstep, executor_id: str) -> None:
+        self._step = step
+        self._executor_id = executor_id
+
+    @property
+    def executor_id(self) -> str:
+        return self._executor_id
+
+    @property
+    def run_id(self) -> str:
+        return self._step.run_id
+
+    @property
+    def instance_id(self) -> str:
+        return self._step.instance_id
+
+    @property
+    def superstep(self) -> int:
+        """The index of the current superstep within the run, from 1."""
+        return self._step.index
+
+    @property
+    def superstep_id(self) -> str:
+        return self._step.superstep_id
+
+    @property
+    def run_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments given to ``workflow.run``."""
+        return self._step.run_kwargs
+
+    async def send_message(self, message: OutT, target_id: str | None = None) -> None:
+        """Send ``message`` along this executor's edges (or to ``target_id`` only).
+
+        It is delivered in the next superstep, and only if this one commits.
+        """
+        self._step.send(self._executor_id, message, target_id)
+
+    async def yield_output(self, output: WorkflowOutT) -> None:
+        """Yield a workflow output; the caller receives it once this superstep commits."""
+        self._step.output(self._executor_id, output)
+
+    def set_state(self, key: str, value: Any) -> None:
+        """Stage ``key = value``. Committed only if this superstep commits."""
+        self._step.stage(self._executor_id, key, "set", value)
+
+    def delete_state(self, key: str) -> None:
+        """Stage the deletion of ``key``. Committed only if this superstep commits."""
+        self._step.stage(self._executor_id, key, "delete", None)
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        """Committed state overlaid with this superstep's staged writes."""
+        return self._step.read(key, default)
+
+    def __repr__(self) -> str:
+        return f"WorkflowContext(executor={self._executor_id!r}, superstep={self._step.index})"

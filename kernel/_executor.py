@@ -1,0 +1,224 @@
+"""Executors: the nodes of a workflow graph, and the ``@handler`` and ``@executor`` decorators.
+
+A handler is an async method ``(self, message: T, ctx: WorkflowContext[Out, WorkflowOut])``. The
+message annotation decides which messages it receives; the ``WorkflowContext`` parameters declare
+what it may send and yield, which ``build()`` uses to reject edges that can never deliver.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, overload
+
+from kernel._errors import DefinitionError
+
+if TYPE_CHECKING:
+    from kernel._context import WorkflowContext
+
+__all__ = ["Executor", "FunctionExecutor", "HandlerSpec", "executor", "handler"]
+
+_HANDLER_MARK = "__steplog_handler__"
+F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+
+
+@dataclass(frozen=True)
+class _HandlerOptions:
+    input: Any = None
+    output: Any = None
+    workflow_output: Any = None
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A resolved handler: the method's name, the message types it accepts and what it may send."""
+
+    name: str
+    accepts: tuple[type, ...] | None  # None: anything
+    sends: tuple[type, ...] | None  # None: unknown or anything
+    yields: tuple[type, ...] | None
+
+    def accepts_message(self, message: object) -> bool:
+        return self.accepts is None or isinstance(message, self.accepts)
+
+    def accepts_type(self, kind: type) -> bool:
+        return self.accepts is None or any(_is_subtype(kind, t) for t in self.accepts)
+
+
+@overload
+def handler(func: F, /) -> F: ...
+@overload
+def handler(*, input: Any = None, output: Any = None, workflow_output: Any = None) -> Callable[[F], F]: ...
+
+
+def handler(
+    func: F | None = None, /, *, input: Any = None, output: Any = None, workflow_output: Any = None
+) -> F | Callable[[F], F]:
+    """Mark an async method of an ``Executor`` as a message handler.
+
+    The message type comes from the annotation of the method's message parameter, or from
+    ``input=`` (useful when the annotation cannot be resolved, or to accept several types).
+    """
+
+    def mark(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise DefinitionError(f"handler {fn.__qualname__} must be an async function")
+        setattr(fn, _HANDLER_MARK, _HandlerOptions(input, output, workflow_output))
+        return fn
+
+    return mark(func) if func is not None else mark
+
+
+class Executor:
+    """A node of the workflow graph. Subclass it and decorate async methods with ``@handler``."""
+
+    def __init__(self, id: str) -> None:
+        if not isinstance(id, str) or not id:
+            raise DefinitionError(f"an executor id must be a non-empty string, got {id!r}")
+        self.id = id
+        self._handlers: list[tuple[HandlerSpec, Callable[..., Awaitable[None]]]] | None = None
+
+    @property
+    def handlers(self) -> list[HandlerSpec]:
+        """The executor's handlers, resolved from their annotations."""
+        return [spec for spec, _ in self._resolved()]
+
+    def _resolved(self) -> list[tuple[HandlerSpec, Callable[..., Awaitable[None]]]]:
+        if self._handlers is None:
+            self._handlers = self._discover()
+            if not self._handlers:
+                raise DefinitionError(
+                    f"executor {self.id!r} ({type(self).__qualname__}) has no @handler methods"
+                )
+        return self._handlers
+
+    def _discover(self) -> list[tuple[HandlerSpec, Callable[..., Awaitable[None]]]]:
+        found = []
+        seen: set[str] = set()
+        for cls in type(self).__mro__:
+            for name, member in vars(cls).items():
+                options = getattr(member, _HANDLER_MARK, None)
+                if options is None or name in seen:
+                    continue
+                seen.add(name)
+                bound = getattr(self, name)
+                found.append((_spec(name, member, options, skip_self=True), bound))
+        return found
+
+    def can_handle(self, message: object) -> bool:
+        """Whether some handler accepts ``message``."""
+        return any(spec.accepts_message(message) for spec, _ in self._resolved())
+
+    async def execute(self, message: object, ctx: WorkflowContext[Any, Any]) -> None:
+        """Run the first handler that accepts ``message``."""
+        for spec, method in self._resolved():
+            if spec.accepts_message(message):
+                await method(message, ctx)
+                return
+        raise DefinitionError(
+            f"executor {self.id!r} has no handler for a message of type {type(message).__qualname__}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r})"
+
+
+class FunctionExecutor(Executor):
+    """An executor made from one async function ``(message, ctx)``; see ``@executor``."""
+
+    def __init__(self, func: Callable[..., Awaitable[None]], *, id: str | None = None) -> None:
+        if not inspect.iscoroutinefunction(func):
+            raise DefinitionError(f"executor function {func.__qualname__} must be async")
+        super().__init__(id or func.__name__)
+        options = getattr(func, _HANDLER_MARK, None) or _HandlerOptions()
+        self._handlers = [(_spec(func.__name__, func, options, skip_self=False), func)]
+        self.func = func
+
+
+@overload
+def executor(func: Callable[..., Awaitable[None]], /) -> FunctionExecutor: ...
+@overload
+def executor(*, id: str | None = None) -> Callable[[Callable[..., Awaitable[None]]], FunctionExecutor]: ...
+
+
+def executor(
+    func: Callable[..., Awaitable[None]] | None = None, /, *, id: str | None = None
+) -> FunctionExecutor | Callable[[Callable[..., Awaitable[None]]], FunctionExecutor]:
+    """Turn an async function ``(message: T, ctx: WorkflowContext[...])`` into an executor."""
+
+    def make(fn: Callable[..., Awaitable[None]]) -> FunctionExecutor:
+        return FunctionExecutor(fn, id=id)
+
+    return make(func) if func is not None else make
+
+
+# -- annotations -------------------------------------------------------------------------------
+
+
+def _spec(name: str, func: Any, options: _HandlerOptions, *, skip_self: bool) -> HandlerSpec:
+    params = list(inspect.signature(func).parameters.values())
+    if skip_self:
+        params = params[1:]
+    if len(params) < 2:
+        raise DefinitionError(
+            f"handler {func.__qualname__} must take (message, ctx), got {len(params)} parameter(s)"
+        )
+    hints = _hints(func)
+    message_type = options.input if options.input is not None else hints.get(params[0].name, Any)
+    ctx_type = hints.get(params[1].name)
+    ctx_args = get_args(ctx_type) if ctx_type is not None else ()
+    sends = options.output if options.output is not None else (ctx_args[0] if ctx_args else Any)
+    yields = (
+        options.workflow_output
+        if options.workflow_output is not None
+        else (ctx_args[1] if len(ctx_args) > 1 else Any)
+    )
+    return HandlerSpec(name, _types_of(message_type), _types_of(sends), _types_of(yields))
+
+
+def _hints(func: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(func)
+    except NameError as error:
+        raise DefinitionError(
+            f"cannot resolve the annotations of handler {func.__qualname__}: {error}; define the "
+            "types at module level, or name them with @handler(input=..., output=...)"
+        ) from error
+
+
+def _types_of(annotation: Any) -> tuple[type, ...] | None:
+    """The runtime classes an annotation stands for; None for 'anything'."""
+    if annotation is Any or annotation is object or annotation is inspect.Parameter.empty:
+        return None
+    if annotation is None or annotation is type(None):
+        return (type(None),)
+    if isinstance(annotation, tuple):
+        merged: list[type] = []
+        for item in annotation:
+            inner = _types_of(item)
+            if inner is None:
+                return None
+            merged.extend(inner)
+        return tuple(merged)
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return _types_of(get_args(annotation))
+    if origin is typing.Literal:
+        return tuple({type(v) for v in get_args(annotation)})
+    if getattr(annotation, "__name__", None) == "Never" or annotation is typing.NoReturn:
+        return ()
+    if origin is not None and isinstance(origin, type):
+        return (origin,)
+    if isinstance(annotation, type):
+        return (annotation,)
+    return None
+
+
+def _is_subtype(kind: type, target: type) -> bool:
+    try:
+        return issubclass(kind, target)
+    except TypeError:
+        return False
