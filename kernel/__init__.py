@@ -8,6 +8,7 @@ Ported from Microsoft Agent Framework workflows by changing imports::
 from kernel._builder import WorkflowBuilder
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
+from kernel._context import WorkflowContext
 from kernel._errors import (
     ConcurrencyConflictError,
     ConvergenceError,
@@ -46,7 +47,6 @@ from kernel._events import (
     SuperstepCommitted,
     SuperstepStarted,
 )
-from kernel._context import WorkflowContext
 from kernel._executor import Executor, FunctionExecutor, executor, handler
 from kernel._fold import CommittedState, OpenRun, apply_committed, fold_committed
 from kernel._graph import Case, Default

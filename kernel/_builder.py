@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._errors import DefinitionError
 from kernel._executor import Executor
-from kernel._graph import Case, Default, EdgeGroup, FanIn, FanOut, Graph, Single, SwitchCase, validate
+from kernel._graph import (
+    Case,
+    Default,
+    EdgeGroup,
+    FanIn,
+    FanOut,
+    Graph,
+    Single,
+    SwitchCase,
+    validate,
+)
 from kernel._store import EventStore, open_store
 from kernel._workflow import Durability, Workflow
 
@@ -83,7 +94,10 @@ class WorkflowBuilder:
     # -- edges --------------------------------------------------------------------------------
 
     def add_edge(
-        self, source: ExecutorRef, target: ExecutorRef, condition: Callable[[Any], bool] | None = None
+        self,
+        source: ExecutorRef,
+        target: ExecutorRef,
+        condition: Callable[[Any], bool] | None = None,
     ) -> Self:
         """Messages from ``source`` go to ``target`` (when ``condition(message)`` is true)."""
         return self._add(Single(self._register(source), self._register(target), condition))
@@ -100,8 +114,10 @@ class WorkflowBuilder:
         self._require_distinct("fan-in sources", ids)
         return self._add(FanIn(ids, self._register(target)))
 
-    def add_switch_case_edge_group(self, source: ExecutorRef, cases: Sequence[Case | Default]) -> Self:
-        """Each message from ``source`` goes to the first ``Case`` whose condition holds, else ``Default``."""
+    def add_switch_case_edge_group(
+        self, source: ExecutorRef, cases: Sequence[Case | Default]
+    ) -> Self:
+        """Each message from ``source`` goes to the first matching ``Case``, else to ``Default``."""
         branches: list[tuple[Callable[[Any], bool], str]] = []
         default: str | None = None
         for case in cases:
@@ -121,7 +137,7 @@ class WorkflowBuilder:
         """Edges ``executors[0] -> executors[1] -> ...``."""
         if len(executors) < 2:
             raise DefinitionError("a chain needs at least two executors")
-        for source, target in zip(executors, executors[1:], strict=False):
+        for source, target in itertools.pairwise(executors):
             self.add_edge(source, target)
         return self
 
@@ -147,13 +163,23 @@ class WorkflowBuilder:
     def build(self) -> Workflow:
         """Validate the graph and bind it to its instance stream. Raises ``DefinitionError``."""
         if self._start is None:
-            raise DefinitionError("no start executor: pass start_executor= or call set_start_executor()")
+            raise DefinitionError(
+                "no start executor: pass start_executor= or call set_start_executor()"
+            )
         if not isinstance(self._max_supersteps, int) or self._max_supersteps < 1:
-            raise DefinitionError(f"max_supersteps must be a positive int, got {self._max_supersteps!r}")
+            raise DefinitionError(
+                f"max_supersteps must be a positive int, got {self._max_supersteps!r}"
+            )
         if self._durability not in ("superstep", "write"):
-            raise DefinitionError(f"durability must be 'superstep' or 'write', got {self._durability!r}")
-        if self._instance_id is not None and (not isinstance(self._instance_id, str) or not self._instance_id):
-            raise DefinitionError(f"instance_id must be a non-empty string, got {self._instance_id!r}")
+            raise DefinitionError(
+                f"durability must be 'superstep' or 'write', got {self._durability!r}"
+            )
+        if self._instance_id is not None and (
+            not isinstance(self._instance_id, str) or not self._instance_id
+        ):
+            raise DefinitionError(
+                f"instance_id must be a non-empty string, got {self._instance_id!r}"
+            )
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
         graph = Graph(dict(self._executors), self._start, tuple(self._groups))

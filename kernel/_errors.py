@@ -117,4 +117,4 @@ class ProjectionError(StepLogError):
 
 
 class LogIntegrityError(ProjectionError):
-    """The log contradicts an invariant the kernel enforces (for example two markers for one superstep)."""
+    """The log contradicts an invariant the kernel enforces (say, two markers for one superstep)."""

@@ -1,8 +1,9 @@
 """The facts in the log.
 
 Every event is a frozen pydantic model with a stable ``type`` string, a ``schema_version`` for
-upcasting, the workflow instance it belongs to, its ``position`` in that instance's stream (1, 2, ...)
-and a ``timestamp`` from the injected clock. Values and messages are JSON trees (see ``_codec``).
+upcasting, the workflow instance it belongs to, its ``position`` in that instance's stream
+(1, 2, ...) and a ``timestamp`` from the injected clock. Values and messages are JSON trees
+(see ``_codec``).
 
 The event names are past tense: each records something that happened. The state rule in one line:
 a ``StateStaged`` write counts if and only if its superstep has a ``SuperstepCommitted`` marker, and
@@ -11,12 +12,12 @@ a superstep gets exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborte
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
+    "EVENT_TYPES",
     "AbortReason",
     "ErrorInfo",
     "Event",
@@ -35,7 +36,6 @@ __all__ = [
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepStarted",
-    "EVENT_TYPES",
     "event_adapter",
 ]
 
@@ -54,7 +54,11 @@ class ErrorInfo(BaseModel):
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
         kind = type(error)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
         return cls(type=name, message=str(error))
 
 
@@ -126,7 +130,7 @@ class RunAbandoned(_RunEvent):
 
 
 class SuperstepStarted(_SuperstepEvent):
-    """A superstep opened. ``index`` counts from 1 within the run; ``superstep_id`` is unique everywhere."""
+    """A superstep opened: ``index`` counts from 1 in its run; ``superstep_id`` is unique."""
 
     type: Literal["superstep_started"] = "superstep_started"
     index: int = Field(ge=1)
@@ -235,5 +239,3 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
 def event_adapter() -> TypeAdapter[Event]:
     """A validator for the discriminated union (built on call: no work at import time)."""
     return TypeAdapter(Event)
-
-

@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast, get_args, get_origin, overload
 
 from kernel._errors import DefinitionError
 
@@ -51,7 +51,9 @@ class HandlerSpec:
 @overload
 def handler(func: F, /) -> F: ...
 @overload
-def handler(*, input: Any = None, output: Any = None, workflow_output: Any = None) -> Callable[[F], F]: ...
+def handler(
+    *, input: Any = None, output: Any = None, workflow_output: Any = None
+) -> Callable[[F], F]: ...
 
 
 def handler(
@@ -64,7 +66,7 @@ def handler(
     """
 
     def mark(fn: F) -> F:
-        if not inspect.iscoroutinefunction(fn):
+        if not inspect.iscoroutinefunction(cast(Any, fn)):
             raise DefinitionError(f"handler {fn.__qualname__} must be an async function")
         setattr(fn, _HANDLER_MARK, _HandlerOptions(input, output, workflow_output))
         return fn
@@ -118,9 +120,8 @@ class Executor:
             if spec.accepts_message(message):
                 await method(message, ctx)
                 return
-        raise DefinitionError(
-            f"executor {self.id!r} has no handler for a message of type {type(message).__qualname__}"
-        )
+        kind = type(message).__qualname__
+        raise DefinitionError(f"executor {self.id!r} has no handler for a message of type {kind}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r})"
@@ -141,7 +142,9 @@ class FunctionExecutor(Executor):
 @overload
 def executor(func: Callable[..., Awaitable[None]], /) -> FunctionExecutor: ...
 @overload
-def executor(*, id: str | None = None) -> Callable[[Callable[..., Awaitable[None]]], FunctionExecutor]: ...
+def executor(
+    *, id: str | None = None
+) -> Callable[[Callable[..., Awaitable[None]]], FunctionExecutor]: ...
 
 
 def executor(

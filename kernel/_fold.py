@@ -149,7 +149,9 @@ def apply_committed(view: CommittedState, event: EventBase) -> CommittedState:
     return view.apply(event)
 
 
-def fold_committed(events: Iterable[EventBase], view: CommittedState | None = None) -> CommittedState:
+def fold_committed(
+    events: Iterable[EventBase], view: CommittedState | None = None
+) -> CommittedState:
     """Fold ``events`` (one instance's, in stream order) into committed state."""
     view = CommittedState() if view is None else view
     for event in events:

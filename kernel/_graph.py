@@ -16,7 +16,7 @@ Condition = Callable[[Any], bool]
 
 @dataclass(frozen=True)
 class Case:
-    """A branch of a switch-case edge group: messages for which ``condition`` is true go to ``target``."""
+    """A switch-case branch: messages for which ``condition`` is true go to ``target``."""
 
     condition: Condition
     target: Executor | str
@@ -131,7 +131,7 @@ class Graph:
         if not typed:
             raise RoutingError(
                 f"executor {source!r} sent a {type(message).__qualname__}, which no target "
-                f"connected to it handles ({', '.join(sorted({t for g in groups for t in g.targets}))})"
+                f"connected to it handles ({', '.join(sorted(_all_targets(groups)))})"
             )
         return delivery
 
@@ -156,6 +156,10 @@ class Graph:
             for t in group.targets
             if target_id is None or t == target_id
         )
+
+
+def _all_targets(groups: list[EdgeGroup]) -> set[str]:
+    return {target for group in groups for target in group.targets}
 
 
 def validate(graph: Graph) -> None:

@@ -16,6 +16,7 @@ The rules it keeps, by construction:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -212,7 +213,7 @@ _MISSING = object()
 
 
 class Run:
-    """One run of a workflow. ``drive`` executes it; the log is written through ``log``/``flush``."""
+    """One run of a workflow. ``drive`` executes it; ``log`` and ``flush`` write the log."""
 
     def __init__(self, workflow: Workflow, message: Any, kwargs: dict[str, Any]) -> None:
         self.workflow = workflow
@@ -236,14 +237,7 @@ class Run:
 
     def log(self, cls: type[EventBase], **fields: Any) -> None:
         """Create the next event of this run; append it now in "write" durability."""
-        event = cls(
-            instance_id=self.workflow.instance_id,
-            position=self._version + len(self._buffer) + 1,
-            timestamp=self.workflow._clock(),
-            run_id=self.run_id,
-            **fields,
-        )
-        self._buffer.append(event)
+        self._log_for(cls, run_id=self.run_id, **fields)
         if self._write_through:
             self.flush()
 
@@ -275,12 +269,16 @@ class Run:
                 f"{type(self.message).__qualname__}"
             )
         wire_input = self.codec.encode(self.message, what="the run's input message")
-        wire_kwargs = {k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()}
+        wire_kwargs = {
+            k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
+        }
         await workflow._settle_previous(self)
         head = workflow._catch_up()
         self._version = head.version
         if head.run_id is not None:
-            self._close_unfinished(head.run_id, head.superstep_id, workflow._presumed_reason(head.owner))
+            self._close_unfinished(
+                head.run_id, head.superstep_id, workflow._presumed_reason(head.owner)
+            )
         self.log(
             RunStarted,
             workflow_name=workflow.name,
@@ -313,14 +311,22 @@ class Run:
             step = Superstep(self, index, self._open_superstep_id)
             self._open_superstep = step
             if emit is not None:
-                await emit(WorkflowEvent("superstep_started", self.run_id, index, step.superstep_id))
+                await emit(
+                    WorkflowEvent("superstep_started", self.run_id, index, step.superstep_id)
+                )
             await self._execute(step, inbox)
             inbox = self._commit(step)
             outputs.extend(value for _, value in step.outputs)
             if emit is not None:
                 for source, value in step.outputs:
-                    await emit(WorkflowEvent("output", self.run_id, index, step.superstep_id, source, data=value))
-                await emit(WorkflowEvent("superstep_completed", self.run_id, index, step.superstep_id))
+                    await emit(
+                        WorkflowEvent(
+                            "output", self.run_id, index, step.superstep_id, source, data=value
+                        )
+                    )
+                await emit(
+                    WorkflowEvent("superstep_completed", self.run_id, index, step.superstep_id)
+                )
             if not inbox:
                 self.finished = True
                 if emit is not None:
@@ -342,7 +348,9 @@ class Run:
                 raise asyncio.CancelledError  # the handler swallowed a cancellation of the run
         else:
             tasks = {
-                asyncio.create_task(self._invoke_all(step, eid, msgs, inline=False), name=f"steplog:{eid}")
+                asyncio.create_task(
+                    self._invoke_all(step, eid, msgs, inline=False), name=f"steplog:{eid}"
+                )
                 for eid, msgs in inbox.items()
             }
             pending = tasks
@@ -369,7 +377,11 @@ class Run:
             self.log(ExecutorInvoked, superstep_id=step.superstep_id, executor_id=executor_id)
             step.in_flight.add(executor_id)
             if emit is not None:
-                await emit(WorkflowEvent("executor_invoked", self.run_id, step.index, step.superstep_id, executor_id))
+                await emit(
+                    WorkflowEvent(
+                        "executor_invoked", self.run_id, step.index, step.superstep_id, executor_id
+                    )
+                )
             try:
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
@@ -383,7 +395,15 @@ class Run:
             step.in_flight.discard(executor_id)
             self.log(ExecutorCompleted, superstep_id=step.superstep_id, executor_id=executor_id)
             if emit is not None:
-                await emit(WorkflowEvent("executor_completed", self.run_id, step.index, step.superstep_id, executor_id))
+                await emit(
+                    WorkflowEvent(
+                        "executor_completed",
+                        self.run_id,
+                        step.index,
+                        step.superstep_id,
+                        executor_id,
+                    )
+                )
 
     async def _abort_failed(self, step: Superstep) -> None:
         assert step.failure is not None
@@ -395,7 +415,9 @@ class Run:
                 ExecutorFailed,
                 superstep_id=step.superstep_id,
                 executor_id=sibling,
-                error=ErrorInfo(type="asyncio.CancelledError", message=f"cancelled: {executor_id!r} failed"),
+                error=ErrorInfo(
+                    type="asyncio.CancelledError", message=f"cancelled: {executor_id!r} failed"
+                ),
             )
         self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
         self.log(RunFailed, error=info, executor_id=executor_id, superstep_id=step.superstep_id)
@@ -404,9 +426,20 @@ class Run:
         self.flush()
         if self._emit is not None:
             await self._emit(
-                WorkflowEvent("executor_failed", self.run_id, step.index, step.superstep_id, executor_id, error=error)
+                WorkflowEvent(
+                    "executor_failed",
+                    self.run_id,
+                    step.index,
+                    step.superstep_id,
+                    executor_id,
+                    error=error,
+                )
             )
-            await self._emit(WorkflowEvent("failed", self.run_id, step.index, step.superstep_id, executor_id, error=error))
+            await self._emit(
+                WorkflowEvent(
+                    "failed", self.run_id, step.index, step.superstep_id, executor_id, error=error
+                )
+            )
         raise error
 
     def _commit(self, step: Superstep) -> dict[str, list[Any]]:
@@ -466,11 +499,9 @@ class Run:
             self.log(RunAbandoned, reason="abandoned", superstep_id=superstep_id)
         self._open_superstep_id = None
         self.finished = True
-        try:
+        # The cancellation must still propagate; if this append fails, the next run closes the run.
+        with contextlib.suppress(StoreError):
             self.flush()
-        except StoreError:
-            # The cancellation must still propagate; the next run closes this one from the log.
-            pass
 
     def _close_unfinished(self, run_id: str, superstep_id: str | None, reason: AbortReason) -> None:
         """Close a run found unfinished in the log (dropped stream, dead process)."""
@@ -486,6 +517,7 @@ class Run:
         )
 
     def _log_for(self, cls: type[EventBase], **fields: Any) -> None:
+        """Buffer the next event of the stream (of this run, or of a run this one closes)."""
         self._buffer.append(
             cls(
                 instance_id=self.workflow.instance_id,
@@ -497,7 +529,7 @@ class Run:
 
 
 async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> None:
-    """Cancel executor tasks and wait until every one has finished, even if we are cancelled again."""
+    """Cancel executor tasks and wait until all have finished, even if cancelled again."""
     step.cancelling = True
     for task in tasks:
         task.cancel()
@@ -518,7 +550,7 @@ def process_owner() -> str:
 
 
 def presumed_reason(owner: str) -> AbortReason:
-    """"crashed" when the run's process is provably gone (same host, pid dead), else "abandoned"."""
+    """Presume why a run stopped: crashed if its process is provably gone, else abandoned."""
     host, _, pid_text = owner.rpartition(":")
     if host != socket.gethostname() or not pid_text.isdigit():
         return "abandoned"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any, Literal, overload
@@ -21,7 +22,7 @@ Durability = Literal["superstep", "write"]
 
 
 class Workflow:
-    """A workflow graph bound to one instance's stream in an event store. Made by ``WorkflowBuilder``.
+    """A workflow graph bound to one instance's stream in a store. Made by ``WorkflowBuilder``.
 
     One instance runs one run at a time; state persists across runs of the same instance and is
     always the fold of the instance's log.
@@ -56,7 +57,9 @@ class Workflow:
     # -- running ------------------------------------------------------------------------------
 
     @overload
-    def run(self, message: Any, *, stream: Literal[False] = False, **kwargs: Any) -> Coroutine[Any, Any, RunResult]: ...
+    def run(
+        self, message: Any, *, stream: Literal[False] = False, **kwargs: Any
+    ) -> Coroutine[Any, Any, RunResult]: ...
     @overload
     def run(self, message: Any, *, stream: Literal[True], **kwargs: Any) -> RunStream: ...
 
@@ -158,7 +161,7 @@ class Workflow:
         return self.store.read(self.instance_id)
 
     def __repr__(self) -> str:
-        return f"Workflow(name={self.name!r}, instance_id={self.instance_id!r}, store={self.store.url!r})"
+        return f"Workflow({self.name!r}, instance={self.instance_id!r}, store={self.store.url!r})"
 
 
 class _End:
@@ -237,7 +240,7 @@ async def _produce(run: Run, queue: asyncio.Queue[WorkflowEvent | _End | _Raise]
 
 
 async def _stop(run: Run, reason: AbortReason) -> None:
-    """Cancel a run's task and wait until it has recorded its end, even if we are cancelled again."""
+    """Cancel a run's task; wait until it has recorded its end, even if cancelled again."""
     task = run.task
     if task is None or task.done():
         run.finished = True
@@ -267,7 +270,6 @@ def _abandon(run: Run) -> None:
         return
     if not run.finished:
         run.cancel_reason = run.cancel_reason or "abandoned"
-    try:
+    # If the loop is closed, the next run closes this one from the log.
+    with contextlib.suppress(RuntimeError):
         task.get_loop().call_soon_threadsafe(task.cancel)
-    except RuntimeError:
-        pass  # the loop is closed: the next run closes this one from the log

@@ -17,7 +17,6 @@ from kernel import (
     EncodingError,
     Executor,
     StateWriteRejectedError,
-    Workflow,
     WorkflowBuilder,
     WorkflowContext,
     handler,
@@ -182,9 +181,7 @@ async def test_a_sibling_writing_after_another_failed_never_counts(store):
     writer = WritesAroundTheFailure("writer", wrote)
     source = Source("source")
     wf = (
-        build(store, source)
-        .add_fan_out_edges(source, [FailsFast("failer", wrote), writer])
-        .build()
+        build(store, source).add_fan_out_edges(source, [FailsFast("failer", wrote), writer]).build()
     )
 
     with pytest.raises(ValueError, match="fast failure"):
