@@ -1,0 +1,442 @@
+"""The ``steplog`` command: the demo, audit and time travel over a store (docs/cli.md).
+
+    steplog demo                       run the stale-write scenario on SQLite and show the log
+    steplog instances                  list workflow instances
+    steplog log INSTANCE               every event of an instance
+    steplog state INSTANCE [POINT]     its committed state, now or at a point
+    steplog history INSTANCE           its runs and their supersteps
+    steplog blame INSTANCE KEY         every write of a key, and whether it counted
+    steplog diff INSTANCE POINT POINT  keys added, removed and changed between two points
+    steplog bisect INSTANCE --key K    the first superstep after which a key has a value
+    steplog project [--follow]         keep the materialized views caught up
+    steplog rebuild VIEW | verify VIEW rebuild a view aside and swap it in; compare with a rebuild
+
+A POINT is ``pos:N``, ``step:SUPERSTEP``, ``run:RUN:INDEX``, ``time:ISO-8601`` or
+``inside:SUPERSTEP`` (ids may be shortened to a unique prefix).
+
+Every command takes ``--store URL`` (default ``$STEPLOG_STORE``, else ``sqlite:///steplog.db``).
+Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
+input (unknown instance, bad URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from kernel._codec import ValueCodec
+from kernel._errors import StepLogError
+from kernel._events import EventBase
+from kernel._store import DEFAULT_STORE_ENV, EventStore, open_store
+from projections._bisect import bisect
+from projections._blame import KeyBlame, fold_blame
+from projections._diff import diff_points
+from projections._history import fold_history
+from projections._timetravel import (
+    AtPosition,
+    AtSuperstep,
+    AtTime,
+    InsideSuperstep,
+    Point,
+    state_at,
+)
+from projections._views import VIEW_NAMES, Projector
+
+__all__ = ["main"]
+
+CLI_DEFAULT_STORE = "sqlite:///steplog.db"
+_SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
+
+
+class UsageError(StepLogError):
+    """Bad input on the command line: an unknown instance, a point that names nothing."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="steplog", description="Audit, time travel and replay of steplog workflow logs."
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        help=f"store URL (default: ${DEFAULT_STORE_ENV}, else {CLI_DEFAULT_STORE})",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run the stale-write bug scenario; show nothing leaked")
+    demo.add_argument("--instance", default=None, help="instance id (default: a fresh one)")
+    commands.add_parser("instances", help="list workflow instances in the store")
+    log = commands.add_parser("log", help="show every event of an instance")
+    log.add_argument("instance")
+    log.add_argument("--json", action="store_true", help="one JSON object per line")
+    state = commands.add_parser("state", help="committed state, now or at a POINT")
+    state.add_argument("instance")
+    state.add_argument("point", nargs="?", help="pos:N, step:ID, run:RUN:K, time:ISO, inside:ID")
+    history = commands.add_parser("history", help="runs of an instance and their supersteps")
+    history.add_argument("instance")
+    blame = commands.add_parser("blame", help="every write of a key and whether it counted")
+    blame.add_argument("instance")
+    blame.add_argument("key")
+    changes = commands.add_parser("diff", help="keys added, removed, changed between two points")
+    changes.add_argument("instance")
+    changes.add_argument("before")
+    changes.add_argument("after")
+    search = commands.add_parser("bisect", help="first superstep after which KEY has a value")
+    search.add_argument("instance")
+    search.add_argument("--key", required=True)
+    search.add_argument("--equals", default=None, help="a JSON value the key must equal")
+    project = commands.add_parser("project", help="catch the materialized views up with the log")
+    project.add_argument("--views", default=",".join(VIEW_NAMES), help="comma-separated views")
+    project.add_argument("--follow", action="store_true", help="keep following until interrupted")
+    for name, text in (
+        ("rebuild", "rebuild a view aside and swap it in"),
+        ("verify", "compare a view with a rebuild"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("view", choices=VIEW_NAMES)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found, 2 bad input."""
+    args = _parser().parse_args(argv)
+    console = Console(highlight=False)
+    url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
+    try:
+        with open_store(url) as store:
+            return _COMMANDS[args.command](store, args, console)
+    except StepLogError as error:
+        Console(stderr=True, highlight=False).print(f"[bold red]steplog:[/] {error}")
+        return 2
+
+
+# -- demo and raw log ------------------------------------------------------------------------
+
+
+def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    from kernel._clock import uuid_ids
+    from kernel._demo import run_demo
+
+    instance_id = args.instance or f"orders-{uuid_ids()[:8]}"
+    console.rule("[bold]steplog demo: the stale-write bug (Agent Framework #7859)")
+    console.print(
+        "Run 1: the handler stages [bold]secret[/] and then raises.\n"
+        "Run 2: the same workflow object runs again and succeeds.\n"
+        "Upstream, run 2 committed run 1's pending write. Here is what steplog's log says.\n"
+    )
+    wf, outcome = asyncio.run(run_demo(store, instance_id))
+    console.print(f"store: {store.url}   instance: [bold]{instance_id}[/]")
+    console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
+    console.print(f"run 2 outputs: {outcome.second_outputs}\n")
+    events = wf.events()
+    console.print(_events_table(events, title=f"the log of {instance_id}"))
+    console.print(f"\ncommitted state: {outcome.committed_state}\n")
+    console.print(_blame_table(fold_blame(events), "secret", instance_id))
+    if outcome.leaked:
+        console.print("[bold red]LEAK: 'secret' is in committed state[/]")
+        return 1
+    console.print(
+        "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep was "
+        "aborted (failed), and no commit exists for it."
+    )
+    return 0
+
+
+def _instances(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    for instance in store.instances():
+        console.print(instance)
+    return 0
+
+
+def _require_events(store: EventStore, instance: str) -> list[EventBase]:
+    events = store.read(instance)
+    if not events:
+        raise UsageError(f"no instance {instance!r} in {store.url}")
+    return events
+
+
+def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    events = _require_events(store, args.instance)
+    if args.json:
+        for event in events:
+            sys.stdout.write(event.model_dump_json() + "\n")
+        return 0
+    console.print(_events_table(events, title=f"the log of {args.instance}"))
+    return 0
+
+
+# -- audit and time travel -------------------------------------------------------------------
+
+
+def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    events = _require_events(store, args.instance)
+    point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
+    at = state_at(events, point)
+    table = Table(title=f"{args.instance}: {at.label}")
+    table.add_column("key")
+    table.add_column("value (JSON)", overflow="fold")
+    for key in sorted(at.values):
+        table.add_row(key, _json(at.values[key]))
+    console.print(table)
+    return 0
+
+
+def _history(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    history = fold_history(_require_events(store, args.instance))
+    table = Table(title=f"runs of {args.instance}", expand=True)
+    for column in ("run", "status", "started / ended", "steps", "ok", "aborted"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("error", overflow="fold", ratio=1)
+    for run in history.runs():
+        error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        table.add_row(
+            run.run_id[:8],
+            run.status,
+            f"{_time(run.started_at)}\n{_time(run.ended_at)}",
+            str(run.supersteps),
+            str(run.committed),
+            str(run.aborted),
+            error,
+        )
+    console.print(table)
+    steps = Table(title="supersteps", expand=True)
+    for column in ("run", "#", "superstep", "status", "executors", "keys written"):
+        steps.add_column(column, overflow="fold")
+    for step in history.supersteps():
+        status = step.status + (f" ({step.reason})" if step.reason else "")
+        steps.add_row(
+            step.run_id[:8],
+            str(step.index),
+            step.superstep_id[:8],
+            status,
+            ", ".join(step.executors),
+            ", ".join(step.keys),
+        )
+    console.print(steps)
+    return 0
+
+
+def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    blame = fold_blame(_require_events(store, args.instance))
+    if not blame.writes(args.key):
+        raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
+    console.print(_blame_table(blame, args.key, args.instance))
+    return 0
+
+
+def _blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
+    table = Table(title=f"blame of {key!r} in {instance}", expand=True)
+    for column in ("#", "counted?", "run / time", "executor", "op"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("value", overflow="fold", ratio=1)
+    for write in blame.writes(key):
+        verdict = write.status + (f" ({write.reason})" if write.reason else "")
+        colour = "green" if write.status == "committed" else "red"
+        table.add_row(
+            str(write.position),
+            f"[{colour}]{verdict}[/]",
+            f"{write.run_id[:8]}\n{_time(write.timestamp)}",
+            write.executor_id,
+            write.op,
+            "" if write.op == "delete" else _json(write.value),
+        )
+    return table
+
+
+def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    events = _require_events(store, args.instance)
+    changes = diff_points(events, parse_point(args.before, events), parse_point(args.after, events))
+    table = Table(title=f"{args.instance}: {args.before} -> {args.after}")
+    for column in ("key", "change", "before", "after"):
+        table.add_column(column, overflow="fold")
+    for key, value in sorted(changes.added.items()):
+        table.add_row(key, "[green]added[/]", "", _json(value))
+    for key, value in sorted(changes.removed.items()):
+        table.add_row(key, "[red]removed[/]", _json(value), "")
+    for key, change in sorted(changes.changed.items()):
+        table.add_row(key, "[yellow]changed[/]", _json(change.old), _json(change.new))
+    console.print(table if changes else "no difference")
+    return 0
+
+
+def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    events = _require_events(store, args.instance)
+    key = args.key
+    if args.equals is None:
+        predicate: Callable[[Mapping[str, Any]], bool] = lambda state: key in state  # noqa: E731
+        wanted = f"{key!r} has a value"
+    else:
+        try:
+            expected = ValueCodec().decode(orjson.loads(args.equals))
+        except orjson.JSONDecodeError as error:
+            raise UsageError(f"--equals must be JSON, got {args.equals!r}: {error}") from error
+        predicate = lambda state: key in state and state[key] == expected  # noqa: E731
+        wanted = f"{key!r} == {args.equals}"
+    found = bisect(events, predicate)
+    if found is None:
+        console.print(f"never: no committed superstep of {args.instance} has {wanted}")
+        return 1
+    console.print(
+        f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
+        f"log position {found.position}, at {_time(found.timestamp)}: {wanted}"
+    )
+    return 0
+
+
+def parse_point(text: str, events: list[EventBase]) -> Point:
+    """Parse ``pos:N``, ``step:ID``, ``run:RUN:K``, ``time:ISO`` or ``inside:ID`` (id prefixes)."""
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "pos":
+            return AtPosition(int(rest))
+        if kind == "step":
+            return AtSuperstep(_unique(rest, _ids(events, "superstep_id"), "superstep"))
+        if kind == "inside":
+            return InsideSuperstep(_unique(rest, _ids(events, "superstep_id"), "superstep"))
+        if kind == "run":
+            run, _, index = rest.rpartition(":")
+            return AtSuperstep(run_id=_unique(run, _ids(events, "run_id"), "run"), index=int(index))
+        if kind == "time":
+            return AtTime(datetime.fromisoformat(rest))
+    except ValueError as error:
+        raise UsageError(f"bad point {text!r}: {error}") from error
+    raise UsageError(
+        f"bad point {text!r}: use pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 or "
+        "inside:SUPERSTEP"
+    )
+
+
+def _ids(events: list[EventBase], field: str) -> set[str]:
+    return {value for e in events if isinstance(value := getattr(e, field, None), str)}
+
+
+def _unique(prefix: str, ids: set[str], what: str) -> str:
+    matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []
+    if len(matches) != 1:
+        found = (
+            "none" if not matches else f"{len(matches)}: {', '.join(m[:12] for m in matches[:5])}"
+        )
+        raise UsageError(
+            f"{what} {prefix!r} must name exactly one {what} of the instance ({found})"
+        )
+    return matches[0]
+
+
+# -- materialized views ----------------------------------------------------------------------
+
+
+def _project(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    names = [n.strip() for n in args.views.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(VIEW_NAMES))
+    if unknown:
+        raise UsageError(f"unknown views {unknown}; choose from {', '.join(VIEW_NAMES)}")
+    projector = Projector(store, names)
+    if not args.follow:
+        projector.catch_up()
+        for name in names:
+            console.print(f"{name}: at global position {projector.position(name)}")
+        return 0
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)")
+    projector.follow(stop)
+    return 0
+
+
+def _rebuild(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    position = Projector(store, [args.view]).rebuild(args.view)
+    console.print(f"{args.view}: rebuilt up to global position {position}")
+    return 0
+
+
+def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    report = Projector(store, [args.view]).verify(args.view)
+    if report.ok:
+        console.print(f"{args.view}: the live view equals a rebuild from the log")
+        return 0
+    console.print(f"[bold red]{args.view}: the live view differs from a rebuild[/]\n{report}")
+    return 1
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def _events_table(events: list[EventBase], *, title: str) -> Table:
+    markers = {
+        getattr(e, "superstep_id", None): e.type  # type: ignore[attr-defined]
+        for e in events
+        if e.type in ("superstep_committed", "superstep_aborted")  # type: ignore[attr-defined]
+    }
+    table = Table(title=title, expand=True)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("run", no_wrap=True)
+    table.add_column("event", no_wrap=True)
+    table.add_column("details", overflow="fold", ratio=1)
+    table.add_column("counts?", no_wrap=True)
+    for event in events:
+        data = event.model_dump(mode="json", exclude=_SKIP)
+        fate = ""
+        if event.type == "state_staged":  # type: ignore[attr-defined]
+            outcome = markers.get(event.superstep_id)  # type: ignore[attr-defined]
+            fate = "[green]yes[/]" if outcome == "superstep_committed" else "[red]no[/]"
+        table.add_row(
+            str(event.position),
+            str(getattr(event, "run_id", ""))[:8],
+            event.type,  # type: ignore[attr-defined]
+            _details(data),
+            fate,
+        )
+    return table
+
+
+def _details(data: dict[str, Any]) -> str:
+    parts = []
+    for key, value in data.items():
+        if value in (None, [], {}) or key == "durability":
+            continue
+        if key == "superstep_id":
+            parts.append(f"step={str(value)[:8]}")
+        elif key == "error":
+            parts.append(f"error={value['type']}: {value['message']}")
+        else:
+            text = _json(value)
+            parts.append(f"{key}={text if len(text) <= 48 else text[:45] + '...'}")
+    return " ".join(parts)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _time(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%H:%M:%S.%f")[:-3]
+
+
+_COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = {
+    "demo": _demo,
+    "instances": _instances,
+    "log": _log,
+    "state": _state,
+    "history": _history,
+    "blame": _blame,
+    "diff": _diff,
+    "bisect": _bisect,
+    "project": _project,
+    "rebuild": _rebuild,
+    "verify": _verify,
+}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
