@@ -1,0 +1,126 @@
+"""What each event did to an instance's supersteps, as decided by the kernel's committed-state fold.
+
+History and blame need more than committed values: which writes were staged in time, which
+superstep a marker closed, which writes a commit made count. ``SuperstepTracker`` wraps the one
+fold (``kernel._fold.CommittedState``) and reports, for each event, an ``Outcome``. The writes that
+count are read from the fold itself (``CommittedState.staged``), so there is no second copy of the
+state rule here; the tracker only adds bookkeeping the fold drops (the status of markers after a
+run ends), and checks it against the fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kernel._errors import LogIntegrityError
+from kernel._events import EventBase, StateStaged
+from kernel._fold import CommittedState
+
+__all__ = ["RUN_END_TYPES", "Outcome", "SuperstepTracker"]
+
+RUN_END_TYPES = frozenset({"run_completed", "run_failed", "run_cancelled", "run_abandoned"})
+
+OutcomeKind = Literal["other", "staged", "late", "committed", "aborted", "ignored", "run_ended"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one event did.
+
+    ``kind`` is ``staged`` (a write that will count if its superstep commits), ``late`` (a write
+    staged after its superstep's marker or its run's end: it never counts), ``committed`` /
+    ``aborted`` (a marker that closed its superstep; ``writes`` are the writes it made count or made
+    inert), ``ignored`` (a second marker, or one after its run ended), ``run_ended``
+    (``unmarked`` lists the superstep ids of the run left without a marker), or ``other``.
+    """
+
+    kind: OutcomeKind
+    writes: tuple[StateStaged, ...] = ()
+    unmarked: tuple[str, ...] = ()
+
+
+class SuperstepTracker:
+    """The committed-state fold plus the status of every superstep marker (JSON-serialisable)."""
+
+    __slots__ = ("_ended", "_open", "_status", "state")
+
+    def __init__(self, state: CommittedState | None = None) -> None:
+        self.state = CommittedState() if state is None else state
+        # superstep id -> "committed" | "aborted", for supersteps that got an effective marker
+        self._status: dict[str, str] = {}
+        # run id -> superstep ids started and not yet marked
+        self._open: dict[str, list[str]] = {}
+        self._ended: set[str] = set()
+
+    def apply(self, event: EventBase) -> Outcome:
+        """Fold ``event`` into the committed state and report what it did."""
+        kind: str = event.type  # type: ignore[attr-defined]
+        state = self.state
+        if kind == "state_staged":
+            assert isinstance(event, StateStaged)
+            state.apply(event)
+            staged = state.staged(event.superstep_id)
+            return Outcome("staged" if staged and staged[-1] is event else "late", (event,))
+        if kind == "superstep_started":
+            run_id: str = event.run_id  # type: ignore[attr-defined]
+            if run_id not in self._ended:
+                self._open.setdefault(run_id, []).append(event.superstep_id)  # type: ignore[attr-defined]
+            state.apply(event)
+            return Outcome("other")
+        if kind in ("superstep_committed", "superstep_aborted"):
+            return self._marker(event, committed=kind == "superstep_committed")
+        if kind in RUN_END_TYPES:
+            run_id = event.run_id  # type: ignore[attr-defined]
+            state.apply(event)
+            if run_id in self._ended:
+                return Outcome("other")
+            self._ended.add(run_id)
+            unmarked = tuple(self._open.pop(run_id, ()))
+            return Outcome("run_ended", unmarked=unmarked)
+        state.apply(event)
+        return Outcome("other")
+
+    def _marker(self, event: EventBase, *, committed: bool) -> Outcome:
+        run_id: str = event.run_id  # type: ignore[attr-defined]
+        superstep_id: str = event.superstep_id  # type: ignore[attr-defined]
+        state = self.state
+        writes = state.staged(superstep_id)
+        before = state.last_committed
+        state.apply(event)
+        effective = run_id not in self._ended and superstep_id not in self._status
+        did_commit = state.last_committed == superstep_id and before != superstep_id
+        if committed and effective != did_commit:
+            raise LogIntegrityError(
+                f"instance {event.instance_id!r} position {event.position}: the commit of "
+                f"superstep {superstep_id!r} disagrees with the committed-state fold"
+            )
+        if not effective:
+            return Outcome("ignored")
+        self._status[superstep_id] = "committed" if committed else "aborted"
+        opened = self._open.get(run_id)
+        if opened is not None and superstep_id in opened:
+            opened.remove(superstep_id)
+        return Outcome("committed" if committed else "aborted", writes)
+
+    def status(self, superstep_id: str) -> str | None:
+        """``committed``, ``aborted``, or None while the superstep has no effective marker."""
+        return self._status.get(superstep_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """The tracker as a JSON tree."""
+        return {
+            "state": self.state.to_snapshot(),
+            "status": dict(self._status),
+            "open": {run_id: list(ids) for run_id, ids in self._open.items()},
+            "ended": sorted(self._ended),
+        }
+
+    @classmethod
+    def from_json(cls, tree: dict[str, Any]) -> SuperstepTracker:
+        """Rebuild a tracker from ``to_json()``."""
+        tracker = cls(CommittedState.from_snapshot(tree["state"]))
+        tracker._status = dict(tree["status"])
+        tracker._open = {run_id: list(ids) for run_id, ids in tree["open"].items()}
+        tracker._ended = set(tree["ended"])
+        return tracker
