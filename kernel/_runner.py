@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kernel._context import WorkflowContext
 from kernel._errors import (
     ConvergenceError,
+    ExecutionError,
     RoutingError,
     StateWriteRejectedError,
     StoreError,
@@ -517,12 +518,19 @@ class Run:
         )
 
     def _log_for(self, cls: type[EventBase], **fields: Any) -> None:
-        """Buffer the next event of the stream (of this run, or of a run this one closes)."""
+        """Buffer the next event of the stream (of this run, or of a run this one closes).
+
+        The runner's own fields are trusted, so the event is constructed without re-validation
+        (the store's mapper validates on the way back); only the injected clock is checked.
+        """
+        timestamp = self.workflow._clock()
+        if timestamp.tzinfo is None:
+            raise ExecutionError(f"the workflow's clock returned a naive datetime: {timestamp!r}")
         self._buffer.append(
-            cls(
+            cls.model_construct(
                 instance_id=self.workflow.instance_id,
                 position=self._version + len(self._buffer) + 1,
-                timestamp=self.workflow._clock(),
+                timestamp=timestamp,
                 **fields,
             )
         )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -85,7 +87,11 @@ class PostgresStore(EventStore):
         self._listeners: list[psycopg.Connection[Any]] = []
         self._listeners_lock = threading.Lock()
         self.schema: str = params["schema"]
-        self._check_reachable(url, connect_timeout)
+        with self._setup_turn(url, connect_timeout):
+            self._open(url, pool_size, max_overflow, connect_timeout)
+
+    def _open(self, url: str, pool_size: int, max_overflow: int, connect_timeout: float) -> None:
+        params = self._params
         self._datastore = PostgresDatastore(
             dbname=params["dbname"],
             host=params["host"],
@@ -121,22 +127,36 @@ class PostgresStore(EventStore):
             autocommit=True,
         )
 
-    def _check_reachable(self, url: str, connect_timeout: float) -> None:
+    @contextmanager
+    def _setup_turn(self, url: str, connect_timeout: float) -> Iterator[None]:
+        """Reach the server, then create the schema and tables while no other process does.
+
+        ``CREATE ... IF NOT EXISTS`` is not safe against the same statement running concurrently
+        (it fails with a duplicate key or "tuple concurrently updated"), so processes opening a
+        new store at once take turns on an advisory lock named after the schema. The lock is
+        released when its connection closes.
+        """
         try:
-            with self._connect(connect_timeout) as conn:
-                conn.execute(
-                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
-                )
+            conn = self._connect(connect_timeout)
         except psycopg.OperationalError as error:
             raise StoreUnavailableError(
                 f"cannot reach PostgreSQL for {_redact(url)}: {str(error).strip()}; check that "
                 "the server is running, the host, port, user and database are right, and that "
                 "this user may connect"
             ) from error
-        except psycopg.Error as error:
-            raise StoreUnavailableError(
-                f"cannot prepare schema {self.schema!r} in {_redact(url)}: {error}"
-            ) from error
+        with conn:
+            try:
+                conn.execute(
+                    "SELECT pg_advisory_lock(hashtext(%s))", (f"steplog setup {self.schema}",)
+                )
+                conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+                )
+            except psycopg.Error as error:
+                raise StoreUnavailableError(
+                    f"cannot prepare schema {self.schema!r} in {_redact(url)}: {error}"
+                ) from error
+            yield
 
     def _stamp_schema_version(self) -> None:
         table = sql.Identifier(self.schema, META_TABLE)
