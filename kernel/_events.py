@@ -12,7 +12,8 @@ a superstep gets exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborte
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+import functools
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -37,10 +38,12 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepStarted",
     "event_adapter",
+    "trusted_event",
 ]
 
 AbortReason = Literal["failed", "cancelled", "abandoned", "crashed"]
 Json = Any  # a JSON tree as written by ValueCodec
+E = TypeVar("E", bound="EventBase")
 
 
 class ErrorInfo(BaseModel):
@@ -234,6 +237,47 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         SuperstepAborted,
     )
 }
+
+
+@functools.cache
+def _defaults(
+    cls: type[EventBase],
+) -> tuple[dict[str, Any], dict[str, Any], frozenset[str], frozenset[str]]:
+    """Per event class: plain defaults, default factories, required and allowed field names."""
+    plain: dict[str, Any] = {}
+    factories: dict[str, Any] = {}
+    required = set()
+    for name, info in cls.model_fields.items():
+        if info.default_factory is not None:
+            factories[name] = info.default_factory
+        elif info.is_required():
+            required.add(name)
+        else:
+            plain[name] = info.default
+    return plain, factories, frozenset(required), frozenset(cls.model_fields)
+
+
+def trusted_event(cls: type[E], fields: dict[str, Any]) -> E | None:
+    """Build an event from fields steplog itself produced, without re-validating each one.
+
+    Returns None when a required field is missing or an unknown one is present; callers then
+    validate in full (``cls.model_validate``), which says what is wrong. Types are not checked:
+    use this only for fields made by the runner or read back from what the mapper wrote.
+    """
+    plain, factories, required, allowed = _defaults(cls)
+    keys = fields.keys()
+    if not (required <= keys <= allowed):
+        return None
+    data = {**plain, **fields}
+    for name, factory in factories.items():
+        if name not in data:
+            data[name] = factory()
+    event = object.__new__(cls)
+    object.__setattr__(event, "__dict__", data)
+    object.__setattr__(event, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(event, "__pydantic_extra__", None)
+    object.__setattr__(event, "__pydantic_private__", None)
+    return event
 
 
 def event_adapter() -> TypeAdapter[Event]:

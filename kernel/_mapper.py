@@ -8,17 +8,19 @@ remaining fields as compact JSON in ``state``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import orjson
 from eventsourcing.persistence import StoredEvent
-from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic import BaseModel, ValidationError
 
 from kernel._errors import DecodeError, EncodingError, SchemaVersionError
-from kernel._events import EVENT_TYPES, EventBase
+from kernel._events import EVENT_TYPES, ErrorInfo, EventBase, trusted_event
 
 __all__ = ["EventMapper", "Upcaster"]
+
+_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 _ENVELOPE = frozenset({"type", "instance_id", "position", "schema_version"})
 
@@ -36,11 +38,18 @@ class EventMapper:
         self._upcasters = dict(upcasters or {})
 
     def to_stored(self, event: EventBase) -> StoredEvent:
+        """The stored record of ``event``. Raises ``EncodingError`` if a value is not a JSON tree.
+
+        Fields are written straight from the event with orjson (the event was validated when it
+        was made); a datetime, dataclass or set inside a value is refused rather than silently
+        turned into a string or list.
+        """
         type_name: str = event.type  # type: ignore[attr-defined]
+        payload = {k: v for k, v in event.__dict__.items() if k not in _ENVELOPE}
+        payload["timestamp"] = event.timestamp.isoformat()
         try:
-            payload = event.model_dump(mode="json", exclude=set(_ENVELOPE))
-            state = orjson.dumps(payload)
-        except (TypeError, PydanticSerializationError) as error:
+            state = orjson.dumps(payload, default=_nested_model, option=_STRICT)
+        except TypeError as error:
             raise EncodingError(
                 f"cannot store {type_name} event {event.instance_id!r}#{event.position}: {error}; "
                 "values in events must be JSON trees (encode them with ValueCodec first)"
@@ -82,6 +91,10 @@ class EventMapper:
             version += 1
         payload["instance_id"] = str(stored.originator_id)
         payload["position"] = stored.originator_version
+        payload["schema_version"] = version
+        fast = _construct(cls, dict(payload))
+        if fast is not None:
+            return fast
         try:
             return cls.model_validate(payload)
         except ValidationError as error:
@@ -89,3 +102,39 @@ class EventMapper:
                 f"event {stored.originator_id!r}#{stored.originator_version} ({stored.topic}) "
                 f"does not fit its schema: {error}"
             ) from error
+
+
+def _nested_model(value: Any) -> Any:
+    """orjson's fallback: nested pydantic models (``ErrorInfo``) and nothing else."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"Type is not JSON serializable: {type(value).__qualname__}")
+
+
+def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | None:
+    """Build an event from a payload the mapper wrote; None when its shape is off.
+
+    The timestamp and nested errors are parsed here; every other field is taken as written.
+    Anything unexpected returns None, and the caller validates in full (and reports the problem).
+    """
+    stamp = payload.get("timestamp")
+    if type(stamp) is not str or type(payload["position"]) is not int:
+        return None
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    payload["timestamp"] = when
+    error = payload.get("error")
+    if error is not None:
+        if type(error) is not dict or error.keys() != {"type", "message"}:
+            return None
+        payload["error"] = trusted_event_info(error)
+    return trusted_event(cls, payload)
+
+
+def trusted_event_info(error: dict[str, Any]) -> ErrorInfo:
+    """An ``ErrorInfo`` from its stored form."""
+    return ErrorInfo(type=str(error["type"]), message=str(error["message"]))

@@ -49,6 +49,7 @@ from kernel._events import (
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepStarted,
+    trusted_event,
 )
 from kernel._graph import Delivery, FanIn
 
@@ -526,14 +527,13 @@ class Run:
         timestamp = self.workflow._clock()
         if timestamp.tzinfo is None:
             raise ExecutionError(f"the workflow's clock returned a naive datetime: {timestamp!r}")
-        self._buffer.append(
-            cls.model_construct(
-                instance_id=self.workflow.instance_id,
-                position=self._version + len(self._buffer) + 1,
-                timestamp=timestamp,
-                **fields,
-            )
+        fields.update(
+            instance_id=self.workflow.instance_id,
+            position=self._version + len(self._buffer) + 1,
+            timestamp=timestamp,
         )
+        event = trusted_event(cls, fields)
+        self._buffer.append(event if event is not None else cls.model_validate(fields))
 
 
 async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> None:

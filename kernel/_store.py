@@ -63,6 +63,7 @@ class EventStore:
         """The codec shared by everything that writes or reads values through this store."""
         self.url = url
         self._closed = False
+        self._seen_versions: dict[str, int] = {}
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -81,10 +82,11 @@ class EventStore:
             return []
         self._check_batch(instance_id, events, expected_version)
         stored = [self._mapper.to_stored(event) for event in events]
-        if expected_version > 0:
+        if expected_version > self._seen_versions.get(instance_id, 0):
             # The recorders' uniqueness constraint catches a stream that is ahead of
             # expected_version, not one that is behind it (the batch would leave a gap).
-            # Streams only grow, so a stream at or past expected_version now still is at commit.
+            # Streams only grow, so once this store has seen the stream at expected_version or
+            # later, no read is needed: the runner's appends never pay for this check.
             actual = self.version(instance_id)
             if actual < expected_version:
                 raise ConcurrencyConflictError(instance_id, expected_version, actual)
@@ -99,8 +101,14 @@ class EventStore:
                     instance_id, expected_version, self._version_or_none(instance_id)
                 ) from error.__cause__
             raise
+        self._saw(instance_id, expected_version + len(events))
         self._after_append(instance_id)
         return list(ids or [])
+
+    def _saw(self, instance_id: str, version: int) -> None:
+        """Remember that the stream has reached ``version`` (streams only grow)."""
+        if version > self._seen_versions.get(instance_id, 0):
+            self._seen_versions[instance_id] = version
 
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
@@ -132,13 +140,17 @@ class EventStore:
             stored = self._recorder.select_events(
                 instance_id, gt=after or None, lte=upto, limit=limit
             )
+        if stored:
+            self._saw(instance_id, stored[-1].originator_version)
         return [self._mapper.to_event(s) for s in stored]
 
     def version(self, instance_id: str) -> int:
         """The position of the stream's last event, 0 when the stream is empty."""
         with self._translated(f"read the version of {instance_id!r}"):
             last = self._recorder.select_events(instance_id, desc=True, limit=1)
-        return last[0].originator_version if last else 0
+        version = last[0].originator_version if last else 0
+        self._saw(instance_id, version)
+        return version
 
     def _version_or_none(self, instance_id: str) -> int | None:
         try:
