@@ -6,6 +6,7 @@ freezegun controls the clock and tests can swap either for a deterministic facto
 
 from __future__ import annotations
 
+import base64
 import itertools
 import uuid
 from collections.abc import Callable
@@ -23,8 +24,8 @@ def system_clock() -> datetime:
 
 
 def uuid_ids() -> str:
-    """A fresh random identifier (32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh random 128-bit identifier, 22 URL-safe characters (a UUID4 in base64url)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
 
 
 def counter_ids(prefix: str = "id") -> IdFactory:

@@ -315,7 +315,7 @@ def test_defaults_come_from_the_environment_and_fresh_ids(monkeypatch, sqlite_ur
 
     assert wf.store.url == sqlite_url
     assert wf.instance_id != other.instance_id
-    assert len(wf.instance_id) == 32
+    assert len(wf.instance_id) == 22
 
 
 @pytest.mark.parametrize(
