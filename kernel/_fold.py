@@ -13,7 +13,7 @@ view in place: a view belongs to one folder at a time; use ``copy()`` to branch)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from kernel._events import EventBase, StateStaged
 
@@ -30,6 +30,11 @@ class CommittedState:
     """
 
     __slots__ = ("_closed", "_ended_runs", "_pending", "last_committed", "position", "values")
+
+    EVENT_TYPES: ClassVar[frozenset[str]] = frozenset(
+        {"state_staged", "superstep_committed", "superstep_aborted", *_RUN_END}
+    )
+    """The only event types that change this view: reading just these gives the same values."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}

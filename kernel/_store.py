@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,7 +26,7 @@ from kernel._errors import (
     StoreError,
     StoreUnavailableError,
 )
-from kernel._events import EventBase
+from kernel._events import EVENT_TYPES, EventBase
 from kernel._mapper import EventMapper
 
 __all__ = ["DEFAULT_STORE_ENV", "EventStore", "Recorded", "open_store"]
@@ -90,17 +90,19 @@ class EventStore:
             actual = self.version(instance_id)
             if actual < expected_version:
                 raise ConcurrencyConflictError(instance_id, expected_version, actual)
-        try:
-            with self._translated(f"append to {instance_id!r}"):
-                ids = self._recorder.insert_events(stored)
-        except ConcurrencyConflictError:
-            raise
-        except StoreError as error:
-            if isinstance(error.__cause__, IntegrityError):
-                raise ConcurrencyConflictError(
-                    instance_id, expected_version, self._version_or_none(instance_id)
-                ) from error.__cause__
-            raise
+        if self._closed:
+            raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
+        try:  # not self._translated(): this is the hot path, and it needs IntegrityError
+            ids = self._recorder.insert_events(stored)
+        except IntegrityError as error:
+            raise ConcurrencyConflictError(
+                instance_id, expected_version, self._version_or_none(instance_id)
+            ) from error
+        except Exception as error:
+            translated = self._store_error(error, f"append to {instance_id!r}")
+            if translated is error:
+                raise
+            raise translated from error
         self._saw(instance_id, expected_version + len(events))
         self._after_append(instance_id)
         return list(ids or [])
@@ -159,22 +161,44 @@ class EventStore:
             return None
 
     def read_all(
-        self, *, after: int = 0, limit: int = 500, upto: int | None = None
+        self,
+        *,
+        after: int = 0,
+        limit: int = 500,
+        upto: int | None = None,
+        types: Collection[str] = (),
     ) -> list[Recorded]:
-        """One page of events of every stream in global order, with ``global_position > after``."""
+        """One page of events of every stream in global order, with ``global_position > after``.
+
+        ``types`` keeps only events of those ``type`` strings, filtered by the database (a fold
+        that needs a few types, like committed state, then decodes only those).
+        """
         if limit < 1:
             raise StoreConfigError(f"limit must be >= 1, got {limit}")
+        topics = self._topics(types)
         with self._translated("read the global log"):
             notes = self._recorder.select_notifications(
-                start=after, limit=limit, stop=upto, inclusive_of_start=False
+                start=after, limit=limit, stop=upto, topics=topics, inclusive_of_start=False
             )
         return [Recorded(n.id, self._mapper.to_event(n)) for n in notes]
 
-    def iter_all(self, *, after: int = 0, page_size: int = 500) -> Iterator[Recorded]:
-        """Every event after ``after`` in global order, read page by page."""
+    @staticmethod
+    def _topics(types: Collection[str]) -> list[str]:
+        topics: list[str] = []
+        for name in sorted(types):
+            cls = EVENT_TYPES.get(name)
+            if cls is None:
+                raise StoreConfigError(f"unknown event type {name!r}; known: {sorted(EVENT_TYPES)}")
+            topics.extend(f"{name}@{version}" for version in range(1, cls.SCHEMA_VERSION + 1))
+        return topics
+
+    def iter_all(
+        self, *, after: int = 0, page_size: int = 500, types: Collection[str] = ()
+    ) -> Iterator[Recorded]:
+        """Every event after ``after`` in global order (only ``types``, if given), page by page."""
         position = after
         while True:
-            page = self.read_all(after=position, limit=page_size)
+            page = self.read_all(after=position, limit=page_size, types=types)
             yield from page
             if len(page) < page_size:
                 return
@@ -246,15 +270,19 @@ class EventStore:
             raise StoreUnavailableError(f"cannot {action}: the store {self.url} is closed")
         try:
             yield
-        except StepLogError:
-            raise
-        except PersistenceError as error:
-            raise self._translate(error, action) from error
         except Exception as error:
-            translated = self._translate_driver(error, action)
-            if translated is None:
+            translated = self._store_error(error, action)
+            if translated is error:
                 raise
             raise translated from error
+
+    def _store_error(self, error: Exception, action: str) -> Exception:
+        """``error`` in the ``StoreError`` tree; our own errors and unknown ones come back as is."""
+        if isinstance(error, StepLogError):
+            return error
+        if isinstance(error, PersistenceError):
+            return self._translate(error, action)
+        return self._translate_driver(error, action) or error
 
     def _translate(self, error: PersistenceError, action: str) -> StoreError:
         return StoreError(f"cannot {action} in {self.url}: {error}")

@@ -1,0 +1,91 @@
+"""steplog workflows for the benchmarks, written against the runner's API.
+
+Imported only through ``bench._steplog.require_runner`` (it needs ``kernel.WorkflowBuilder``).
+No ``from __future__ import annotations`` here: handlers' annotations are real types, as the
+runner may read them to route messages.
+"""
+
+from typing import Any
+
+from kernel import Executor, WorkflowBuilder, WorkflowContext, handler
+
+__all__ = ["LoopStep", "fanout_workflow", "loop_workflow"]
+
+
+class LoopStep(Executor):
+    """Each superstep: set two keys, send one message; at ``n`` yield the count and stop."""
+
+    def __init__(self, id: str, n: int) -> None:
+        super().__init__(id=id)
+        self.n = n
+
+    @handler
+    async def step(self, message: int, ctx: WorkflowContext[int, int]) -> None:
+        if message >= self.n:
+            await ctx.yield_output(message)
+            return
+        ctx.set_state("a", message)
+        ctx.set_state("b", message)
+        await ctx.send_message(message + 1)
+
+
+def loop_workflow(store: Any, instance_id: str, n: int, durability: str = "superstep") -> Any:
+    a, b = LoopStep("a", n), LoopStep("b", n)
+    return (
+        WorkflowBuilder(
+            start_executor=a,
+            store=store,
+            instance_id=instance_id,
+            max_supersteps=n + 10,
+            durability=durability,
+        )
+        .add_edge(a, b)
+        .add_edge(b, a)
+        .build()
+    )
+
+
+class FanSource(Executor):
+    """Writes ``round`` and sends the round number to every worker, until ``rounds``."""
+
+    def __init__(self, id: str, rounds: int) -> None:
+        super().__init__(id=id)
+        self.rounds = rounds
+
+    @handler
+    async def step(self, message: int, ctx: WorkflowContext[int, int]) -> None:
+        if message >= self.rounds:
+            await ctx.yield_output(message)
+            return
+        ctx.set_state("round", message)
+        await ctx.send_message(message)
+
+
+class FanWorker(Executor):
+    """Writes ``keys`` keys; worker ``w0`` alone sends the next round back to the source."""
+
+    def __init__(self, id: str, keys: int) -> None:
+        super().__init__(id=id)
+        self.keys = keys
+
+    @handler
+    async def step(self, message: int, ctx: WorkflowContext[int]) -> None:
+        for k in range(self.keys):
+            ctx.set_state(f"{self.id}.k{k}", message)
+        if self.id == "w0":
+            await ctx.send_message(message + 1)
+
+
+def fanout_workflow(store: Any, instance_id: str, rounds: int, width: int, keys: int) -> Any:
+    source = FanSource("source", rounds)
+    workers = [FanWorker(f"w{i}", keys) for i in range(width)]
+    builder = WorkflowBuilder(
+        start_executor=source,
+        store=store,
+        instance_id=instance_id,
+        max_supersteps=2 * rounds + 10,
+        durability="superstep",
+    )
+    for worker in workers:
+        builder = builder.add_edge(source, worker)
+    return builder.add_edge(workers[0], source).build()

@@ -1,0 +1,157 @@
+"""Benchmark 2: wide supersteps. One source fans out to W executors, each writing K keys.
+
+Each round is two supersteps: the source writes ``round`` and sends one message to all W
+workers; then the W workers each write K keys and ``w0`` sends the next round back. The per-event
+column divides wall time by the events steplog logged (rows, for the raw baseline).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from bench._core import Benchmark, Case, Config, Measurement, Skipped, expect
+from bench._db import remove_sqlite, sqlite_bytes
+from bench._raw import raw_sqlite_run
+from bench._rows import RowShape, calibrate_from_sqlite, synthetic_fanout
+from bench._steplog import require_runner, runner_available
+from bench._timing import timed_async
+
+__all__ = ["BENCHMARK"]
+
+AF = "agent framework (in-memory)"
+
+
+def _expected_state(cfg: Config) -> dict[str, int]:
+    s = cfg.sizes
+    last = s.fanout_rounds - 1
+    state = {"round": last}
+    state.update({f"w{i}.k{k}": last for i in range(s.fanout_width) for k in range(s.fanout_keys)})
+    return state
+
+
+def _counts(cfg: Config) -> tuple[int, int]:
+    """(supersteps, state writes) of one run."""
+    s = cfg.sizes
+    return 2 * s.fanout_rounds, s.fanout_rounds * (1 + s.fanout_width * s.fanout_keys)
+
+
+def _measure(cfg: Config, seconds: float, events: int | None, grown: int | None) -> Measurement:
+    supersteps, writes = _counts(cfg)
+    extra = {"writes": writes / seconds}
+    if events:
+        extra["us_per_event"] = seconds / events * 1e6
+    return Measurement(
+        supersteps / seconds,
+        bytes_per_step=None if grown is None else grown / supersteps,
+        extra=extra,
+    )
+
+
+def _steplog(cfg: Config, url: str) -> tuple[float, int]:
+    graphs = require_runner()
+    from kernel import open_store
+
+    s = cfg.sizes
+    instance = f"bench-fanout-{uuid.uuid4().hex[:8]}"
+    store = open_store(url)
+    try:
+        wf = graphs.fanout_workflow(store, instance, s.fanout_rounds, s.fanout_width, s.fanout_keys)
+        result, seconds = timed_async(lambda: wf.run(0))
+        expect(result.get_outputs(), [s.fanout_rounds], "steplog fan-out outputs")
+        expect(dict(wf.committed_state()), _expected_state(cfg), "steplog fan-out state")
+        events = store.version(instance)
+    finally:
+        store.close()
+    return seconds, events
+
+
+def steplog_memory(cfg: Config) -> Measurement:
+    seconds, events = _steplog(cfg, "memory://")
+    return _measure(cfg, seconds, events, None)
+
+
+def steplog_sqlite(cfg: Config) -> Measurement:
+    require_runner()
+    from kernel import open_store
+
+    path = cfg.workdir / f"steplog-fanout-{uuid.uuid4().hex[:8]}.db"
+    try:
+        open_store(f"sqlite:///{path}").close()
+        empty = sqlite_bytes(path)
+        seconds, events = _steplog(cfg, f"sqlite:///{path}")
+        grown = sqlite_bytes(path) - empty
+    finally:
+        remove_sqlite(path)
+    return _measure(cfg, seconds, events, grown)
+
+
+def af_memory(cfg: Config) -> Measurement:
+    try:
+        from bench import _af_graphs as af
+    except ImportError as error:
+        raise Skipped(f"agent-framework-core not installed: {error}") from None
+    s = cfg.sizes
+    wf = af.fanout_workflow(s.fanout_rounds, s.fanout_width, s.fanout_keys)
+    result, seconds = timed_async(lambda: wf.run(0))
+    outputs = result.get_outputs()
+    expect(len(outputs), 1, "agent framework fan-out: number of outputs")
+    expect(outputs[0]["count"], s.fanout_rounds, "agent framework fan-out rounds")
+    expect(outputs[0]["state"], _expected_state(cfg), "agent framework fan-out state")
+    return _measure(cfg, seconds, None, None)
+
+
+def raw_sqlite(cfg: Config) -> Measurement:
+    shape: RowShape = cfg.shared["fanout_shape"]
+    supersteps, _ = _counts(cfg)
+    m = raw_sqlite_run(cfg, shape, supersteps, txn_per_row=False)
+    seconds = supersteps / m.value
+    rows = int(shape.rows_per_step * supersteps)
+    return _measure(cfg, seconds, rows, int((m.bytes_per_step or 0) * supersteps))
+
+
+def prepare(cfg: Config) -> str:
+    s = cfg.sizes
+    shape = None
+    if runner_available():
+        graphs = require_runner()
+        from kernel import open_store
+
+        path = cfg.workdir / "calibrate-fanout.db"
+        try:
+            store = open_store(f"sqlite:///{path}")
+            try:
+                wf = graphs.fanout_workflow(store, "calibrate", 6, s.fanout_width, s.fanout_keys)
+                timed_async(lambda: wf.run(0))
+            finally:
+                store.close()
+            shape = calibrate_from_sqlite(path, "calibrate", cycle=2)
+        finally:
+            remove_sqlite(path)
+    cfg.shared["fanout_shape"] = shape or synthetic_fanout(s.fanout_width, s.fanout_keys)
+    return (
+        f"width {s.fanout_width}, {s.fanout_keys} keys each, {s.fanout_rounds} rounds; raw "
+        "baseline writes " + cfg.shared["fanout_shape"].describe()
+    )
+
+
+BENCHMARK = Benchmark(
+    name="fanout",
+    title="2. Fan-out supersteps: 1 source -> 16 executors x 4 keys",
+    description=(
+        "Per-event cost when supersteps are wide. Rate = supersteps / wall time; writes/s "
+        "counts state writes; µs/event = wall time / events logged (raw: rows written)."
+    ),
+    metric="supersteps/s",
+    higher_is_better=True,
+    baseline=AF,
+    show_bytes=True,
+    warmup=True,
+    extra_columns=[("writes", "state writes/s"), ("us_per_event", "µs/event")],
+    prepare=prepare,
+    cases=[
+        Case("steplog memory", steplog_memory, steplog=True),
+        Case("steplog sqlite", steplog_sqlite, steplog=True),
+        Case(AF, af_memory),
+        Case("raw sqlite3 (1 txn/superstep)", raw_sqlite),
+    ],
+)

@@ -1,0 +1,286 @@
+"""Benchmark 3: rebuild from a SQLite log of 1,000,000 events, events/s and peak memory.
+
+Each case runs in a fresh interpreter (``bench._child``) so its peak resident memory is its own.
+Every case must end with the same committed state for every instance as the generator's
+expectation (compared as a digest).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench._child import run_in_child
+from bench._core import Benchmark, Case, Config, Measurement, Target, expect
+from bench._logs import LogSpec, ensure_log, state_digest
+from bench._steplog import require_projections
+
+__all__ = [
+    "BENCHMARK",
+    "child_raw_fold",
+    "child_steplog_fold",
+    "child_steplog_projector_state",
+    "child_steplog_state_history",
+]
+
+RAW = "raw sqlite3 + orjson fold"
+
+
+def _spec(cfg: Config) -> LogSpec:
+    s = cfg.sizes
+    per_instance = round(s.rebuild_events / s.rebuild_instances / (7 + 2 / 1000))
+    return LogSpec("rebuild", s.rebuild_instances, per_instance, run_length=1000)
+
+
+# -- what runs in the child ---------------------------------------------------------------------
+
+
+def child_steplog_fold(path: str, page_size: int = 1000) -> dict[str, Any]:
+    """Committed state of every instance through steplog's own read path and fold."""
+    from kernel import CommittedState, open_store
+
+    start = time.perf_counter()
+    store = open_store(f"sqlite:///{path}")
+    views: dict[str, CommittedState] = {}
+    events = 0
+    try:
+        for recorded in store.iter_all(page_size=page_size):
+            event = recorded.event
+            view = views.get(event.instance_id)
+            if view is None:
+                view = views[event.instance_id] = CommittedState()
+            view.apply(event)
+            events += 1
+    finally:
+        store.close()
+    seconds = time.perf_counter() - start
+    states = {k: v.values for k, v in views.items()}
+    return {"events": events, "seconds": seconds, "digest": state_digest(states)}
+
+
+def child_steplog_state_history(path: str, page_size: int = 1000) -> dict[str, Any]:
+    """Committed state and run history of every instance: steplog's pure folds over the log."""
+    from kernel import CommittedState, open_store
+    from projections import RunHistory
+
+    start = time.perf_counter()
+    store = open_store(f"sqlite:///{path}")
+    views: dict[str, tuple[CommittedState, RunHistory]] = {}
+    events = 0
+    try:
+        for recorded in store.iter_all(page_size=page_size):
+            event = recorded.event
+            pair = views.get(event.instance_id)
+            if pair is None:
+                pair = views[event.instance_id] = (CommittedState(), RunHistory())
+            pair[0].apply(event)
+            pair[1].apply(event)
+            events += 1
+    finally:
+        store.close()
+    seconds = time.perf_counter() - start
+    states = {k: v[0].values for k, v in views.items()}
+    runs = {
+        k: [[r.status, r.supersteps, r.committed, r.aborted] for r in v[1].runs()]
+        for k, v in views.items()
+    }
+    return {
+        "events": events,
+        "seconds": seconds,
+        "digest": state_digest(states),
+        "history_digest": state_digest(runs),
+    }
+
+
+def child_steplog_projector_state(path: str) -> dict[str, Any]:
+    """``Projector.rebuild("state")``: the materialized state view refolded from the whole log
+    into a shadow table (in the log's own database) and swapped in."""
+    from kernel import open_store
+    from projections import Projector
+
+    store = open_store(f"sqlite:///{path}")
+    try:
+        projector = Projector(store, ["state"])
+        start = time.perf_counter()
+        events = projector.rebuild("state")
+        seconds = time.perf_counter() - start
+        states = {i: projector.state(i) for i in store.instances()}
+    finally:
+        store.close()
+    return {"events": events, "seconds": seconds, "digest": state_digest(states)}
+
+
+def child_raw_fold(
+    path: str, page_size: int = 1000, table: str = "steplog_events"
+) -> dict[str, Any]:
+    """The floor: page through the table by rowid, ``orjson.loads`` each state, fold into dicts.
+
+    The fold applies the same commit rule as steplog (a write counts once its superstep's
+    ``superstep_committed`` marker is read; an aborted superstep's writes are dropped), and nothing
+    else: no event objects, no validation.
+    """
+    start = time.perf_counter()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    loads = orjson.loads
+    states: dict[str, dict[str, Any]] = {}
+    staged: dict[str, list[tuple[str, Any]]] = {}
+    events = 0
+    last = 0
+    query = (
+        f"SELECT rowid, originator_id, topic, state FROM {table} "
+        "WHERE rowid > ? ORDER BY rowid LIMIT ?"
+    )
+    try:
+        while True:
+            rows = conn.execute(query, (last, page_size)).fetchall()
+            if not rows:
+                break
+            for _, instance, topic, state in rows:
+                obj = loads(state)
+                if topic.startswith("state_staged"):
+                    staged.setdefault(obj["superstep_id"], []).append((obj["key"], obj["value"]))
+                elif topic.startswith("superstep_committed"):
+                    values = states.setdefault(instance, {})
+                    for key, value in staged.pop(obj["superstep_id"], ()):
+                        values[key] = value
+                elif topic.startswith("superstep_aborted"):
+                    staged.pop(obj["superstep_id"], None)
+            events += len(rows)
+            last = rows[-1][0]
+    finally:
+        conn.close()
+    seconds = time.perf_counter() - start
+    return {"events": events, "seconds": seconds, "digest": state_digest(states)}
+
+
+def _history_digest(cfg: Config) -> str:
+    spec = _spec(cfg)
+    runs = [
+        [
+            "failed" if failed else "completed",
+            last - first + 1,
+            last - first + int(not failed),
+            int(failed),
+        ]
+        for first, last, failed in spec.runs()
+    ]
+    return state_digest({f"{spec.name}-{i:04d}": runs for i in range(spec.instances)})
+
+
+# -- cases --------------------------------------------------------------------------------------
+
+
+def _child_case(cfg: Config, fn: str) -> Measurement:
+    path: Path = cfg.shared["rebuild_log"]
+    meta = cfg.shared["rebuild_meta"]
+    result = run_in_child(fn, {"path": str(path)})
+    expect(result["events"], meta["events"], f"{fn}: events read")
+    expect(result["digest"], meta["digest"], f"{fn}: digest of every instance's committed state")
+    if "history_digest" in result:
+        expect(result["history_digest"], _history_digest(cfg), f"{fn}: digest of the run histories")
+    return Measurement(
+        result["events"] / result["seconds"],
+        extra={"peak_rss_mb": result["peak_rss_mb"], "base_rss_mb": result["base_rss_mb"]},
+    )
+
+
+def steplog_committed(cfg: Config) -> Measurement:
+    return _child_case(cfg, "bench.rebuild:child_steplog_fold")
+
+
+def steplog_history(cfg: Config) -> Measurement:
+    require_projections("RunHistory")
+    m = _child_case(cfg, "bench.rebuild:child_steplog_state_history")
+    return m
+
+
+def steplog_projector_state(cfg: Config) -> Measurement:
+    require_projections("Projector")
+    return _child_case(cfg, "bench.rebuild:child_steplog_projector_state")
+
+
+def raw(cfg: Config) -> Measurement:
+    return _child_case(cfg, "bench.rebuild:child_raw_fold")
+
+
+def prepare(cfg: Config) -> str:
+    spec = _spec(cfg)
+    start = time.perf_counter()
+    path, meta, generated = ensure_log(spec, cfg.cache_dir)
+    cfg.shared["rebuild_log"] = path
+    cfg.shared["rebuild_meta"] = meta
+    how = f"generated in {time.perf_counter() - start:.0f} s" if generated else "cached"
+    size = path.stat().st_size / 2**20
+    return (
+        f"log: {meta['events']:,} events, {spec.instances} instances, {size:,.0f} MiB "
+        f"({how}: {path.name})"
+    )
+
+
+BENCHMARK = Benchmark(
+    name="rebuild",
+    title="3. Rebuild from a SQLite log of 1,000,000 events",
+    description=(
+        "Committed state of every instance rebuilt from the whole log, in a fresh process per "
+        "run. Rate = events / wall time (opening the store included). Peak RSS = VmHWM of that "
+        "process (/proc/self/status); 'after imports' is its resident set before the rebuild "
+        "starts. Cases: the kernel's committed-state fold over store.iter_all; the same plus "
+        "projections.RunHistory (pure folds, in memory); Projector.rebuild('state') (the "
+        "materialized state view, written to tables in the same SQLite file); the floor: raw "
+        "rows by rowid + orjson + the same commit rule."
+    ),
+    metric="events/s",
+    higher_is_better=True,
+    baseline=RAW,
+    extra_columns=[("peak_rss_mb", "peak RSS MB"), ("base_rss_mb", "RSS after imports MB")],
+    max_repeat=3,
+    prepare=prepare,
+    cases=[
+        Case(
+            "steplog committed-state fold (store.iter_all + CommittedState)",
+            steplog_committed,
+            steplog=True,
+        ),
+        Case("steplog rebuild (committed state + run history)", steplog_history, steplog=True),
+        Case(
+            'steplog Projector.rebuild("state") (materialized view)',
+            steplog_projector_state,
+            steplog=True,
+        ),
+        Case(RAW, raw),
+    ],
+    targets=[
+        Target(
+            "rebuild >= 40% of raw sqlite3 + orjson fold",
+            "steplog rebuild (committed state + run history)",
+            ">=",
+            0.4,
+            RAW,
+        ),
+        Target(
+            "rebuild peak memory < 300 MB at 1M events",
+            "steplog rebuild (committed state + run history)",
+            "<=",
+            300,
+            metric="peak_rss_mb",
+        ),
+        Target(
+            "committed-state fold >= 40% of raw fold",
+            "steplog committed-state fold (store.iter_all + CommittedState)",
+            ">=",
+            0.4,
+            RAW,
+        ),
+        Target(
+            "committed-state fold peak memory < 300 MB",
+            "steplog committed-state fold (store.iter_all + CommittedState)",
+            "<=",
+            300,
+            metric="peak_rss_mb",
+        ),
+    ],
+)
