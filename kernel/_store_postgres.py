@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import psycopg
-from eventsourcing.persistence import PersistenceError
+from eventsourcing.persistence import IntegrityError, PersistenceError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
 
@@ -25,6 +25,25 @@ from kernel._store import STORE_SCHEMA_VERSION, EventStore
 __all__ = ["PostgresStore", "postgres_params"]
 
 EVENTS_TABLE = "steplog_events"
+APPEND_FUNCTION = "steplog_append"
+
+# Appends take the table's EXCLUSIVE lock so that notification ids become visible in commit order
+# (readers never skip an id that commits later), wake LISTENing followers, and insert the batch
+# from parallel arrays; called in autocommit mode, the whole append is one round trip.
+_APPEND_FUNCTION_SQL = """
+CREATE OR REPLACE FUNCTION {function}(
+    ids text[], versions bigint[], topics text[], states bytea[]
+) RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE {table} IN EXCLUSIVE MODE;
+    NOTIFY {channel};
+    RETURN QUERY
+        INSERT INTO {table} (originator_id, originator_version, topic, state)
+        SELECT * FROM unnest(ids, versions, topics, states)
+        RETURNING notification_id;
+END;
+$$
+"""
 META_TABLE = "steplog_meta"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -107,13 +126,36 @@ class PostgresStore(EventStore):
         recorder = PostgresApplicationRecorder(self._datastore, events_table_name=EVENTS_TABLE)
         super().__init__(recorder, url=_redact(url))
         self._channel = recorder.channel_name
+        table = sql.Identifier(self.schema, EVENTS_TABLE)
+        function = sql.Identifier(self.schema, APPEND_FUNCTION)
+        self._append_sql = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s)").format(function)
+        self._create_append_sql = sql.SQL(_APPEND_FUNCTION_SQL).format(
+            function=function, table=table, channel=sql.Identifier(self._channel)
+        )
         try:
             with self._translated("create the tables"):
                 recorder.create_table()
                 self._stamp_schema_version()
+                with self._datastore.transaction(commit=True) as cursor:
+                    cursor.execute(self._create_append_sql)
         except BaseException:
             self._datastore.close()
             raise
+
+    def _insert(self, stored: list[StoredEvent]) -> list[int]:
+        """One round trip: the append function locks, notifies and inserts; autocommit commits."""
+        columns = (
+            [str(s.originator_id) for s in stored],
+            [s.originator_version for s in stored],
+            [s.topic for s in stored],
+            [s.state for s in stored],
+        )
+        try:
+            with self._datastore.get_connection() as conn:
+                rows = conn.execute(self._append_sql, columns, prepare=True).fetchall()
+        except IntegrityError:  # the datastore translated psycopg's UniqueViolation
+            raise
+        return [row[APPEND_FUNCTION] for row in rows]
 
     def _connect(self, connect_timeout: float) -> psycopg.Connection[Any]:
         p = self._params
