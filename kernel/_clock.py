@@ -1,6 +1,6 @@
 """Injectable clock and id factories.
 
-The defaults read ``datetime.now(UTC)`` and ``uuid4`` at call time (never at import time), so
+The defaults read ``datetime.now(UTC)`` and ``os.urandom`` at call time (never at import time), so
 freezegun controls the clock and tests can swap either for a deterministic factory.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-import uuid
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -24,8 +24,8 @@ def system_clock() -> datetime:
 
 
 def uuid_ids() -> str:
-    """A fresh random 128-bit identifier, 22 URL-safe characters (a UUID4 in base64url)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+    """A fresh random 128-bit identifier: 22 URL-safe characters (base64url, no padding)."""
+    return base64.urlsafe_b64encode(os.urandom(16))[:22].decode("ascii")
 
 
 def counter_ids(prefix: str = "id") -> IdFactory:

@@ -100,12 +100,29 @@ class Graph:
     executors: dict[str, Executor]
     start: str
     groups: tuple[EdgeGroup, ...]
+    # Deliveries that depend only on the message's type (no conditions on the source's edges).
+    _by_type: dict[tuple[str, type, str | None], Delivery] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def outgoing(self, source: str) -> list[EdgeGroup]:
         return [g for g in self.groups if source in g.sources]
 
     def route(self, source: str, message: object, target_id: str | None) -> Delivery:
-        """Decide where a message sent by ``source`` goes. Raises ``RoutingError`` if it cannot."""
+        """Decide where a message sent by ``source`` goes. Raises ``RoutingError`` if it cannot.
+
+        The returned ``Delivery`` is shared between calls: treat it as read-only.
+        """
+        key = (source, type(message), target_id)
+        cached = self._by_type.get(key)
+        if cached is not None:
+            return cached
+        delivery = self._route(source, message, target_id)
+        if all(_type_only(g) for g in self.outgoing(source)):
+            self._by_type[key] = delivery
+        return delivery
+
+    def _route(self, source: str, message: object, target_id: str | None) -> Delivery:
         groups = self.outgoing(source)
         if not groups:
             raise RoutingError(f"executor {source!r} sent a message but has no outgoing edges")
@@ -156,6 +173,13 @@ class Graph:
             for t in group.targets
             if target_id is None or t == target_id
         )
+
+
+def _type_only(group: EdgeGroup) -> bool:
+    """Whether the group routes by the message's type alone (no condition to evaluate)."""
+    return isinstance(group, FanOut | FanIn) or (
+        isinstance(group, Single) and group.condition is None
+    )
 
 
 def _all_targets(groups: list[EdgeGroup]) -> set[str]:

@@ -239,7 +239,8 @@ class Run:
 
     def log(self, cls: type[EventBase], **fields: Any) -> None:
         """Create the next event of this run; append it now in "write" durability."""
-        self._log_for(cls, run_id=self.run_id, **fields)
+        fields["run_id"] = self.run_id
+        self._log_for(cls, **fields)
         if self._write_through:
             self.flush()
 

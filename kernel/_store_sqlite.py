@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from eventsourcing.persistence import PersistenceError
+from eventsourcing.persistence import PersistenceError, StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
 
 from kernel._errors import (
@@ -66,6 +66,7 @@ class SQLiteStore(EventStore):
         )
         recorder = SQLiteApplicationRecorder(self._datastore, events_table_name=EVENTS_TABLE)
         super().__init__(recorder, url=f"sqlite:///{path}")
+        self._insert_sql = f"INSERT INTO {EVENTS_TABLE} VALUES (?,?,?,?)"
         try:
             with self._translated("create the tables"):
                 recorder.create_table()
@@ -73,6 +74,16 @@ class SQLiteStore(EventStore):
         except BaseException:
             self._datastore.close()
             raise
+
+    def _insert(self, stored: list[StoredEvent]) -> list[int]:
+        """All rows in one ``executemany``; their rowids (global positions) are consecutive,
+        because no other writer can insert while this transaction holds SQLite's write lock."""
+        rows = [(str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored]
+        with self._datastore.transaction(commit=True) as cursor:
+            cursor.executemany(self._insert_sql, rows)
+            cursor.execute("SELECT last_insert_rowid()")
+            last = int(cursor.fetchone()[0])
+        return list(range(last - len(rows) + 1, last + 1))
 
     def _stamp_schema_version(self) -> None:
         with self._datastore.transaction(commit=True) as cursor:
