@@ -263,15 +263,19 @@ def trusted_event(cls: type[E], fields: dict[str, Any]) -> E | None:
     Returns None when a required field is missing or an unknown one is present; callers then
     validate in full (``cls.model_validate``), which says what is wrong. Types are not checked:
     use this only for fields made by the runner or read back from what the mapper wrote.
+    The event takes ownership of ``fields`` (it may become the event's ``__dict__``).
     """
     plain, factories, required, allowed = _defaults(cls)
     keys = fields.keys()
     if not (required <= keys <= allowed):
         return None
-    data = {**plain, **fields}
-    for name, factory in factories.items():
-        if name not in data:
-            data[name] = factory()
+    if len(keys) == len(allowed):
+        data = fields  # every field given (the mapper's case): nothing to fill in
+    else:
+        data = {**plain, **fields}
+        for name, factory in factories.items():
+            if name not in data:
+                data[name] = factory()
     event = object.__new__(cls)
     object.__setattr__(event, "__dict__", data)
     object.__setattr__(event, "__pydantic_fields_set__", set(fields))

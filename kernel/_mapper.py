@@ -36,6 +36,8 @@ class EventMapper:
 
     def __init__(self, upcasters: dict[tuple[str, int], Upcaster] | None = None) -> None:
         self._upcasters = dict(upcasters or {})
+        # Topics of the current schema versions: decoded without parsing the topic.
+        self._current = {f"{name}@{cls.SCHEMA_VERSION}": cls for name, cls in EVENT_TYPES.items()}
 
     def to_stored(self, event: EventBase) -> StoredEvent:
         """The stored record of ``event``. Raises ``EncodingError`` if a value is not a JSON tree.
@@ -62,7 +64,30 @@ class EventMapper:
         )
 
     def to_event(self, stored: StoredEvent) -> EventBase:
-        type_name, _, version_text = stored.topic.partition("@")
+        """The event a stored record holds. Raises ``DecodeError`` or ``SchemaVersionError``."""
+        return self.decode(
+            str(stored.originator_id), stored.originator_version, stored.topic, stored.state
+        )
+
+    def decode(self, instance_id: str, position: int, topic: str, state: bytes) -> EventBase:
+        """The event stored as ``(instance_id, position, topic, state)`` columns."""
+        cls = self._current.get(topic)
+        if cls is None:  # an unknown type, an old version to upcast, or a newer one to refuse
+            return self._decode_other(instance_id, position, topic, state)
+        try:
+            payload = orjson.loads(state)
+        except orjson.JSONDecodeError as error:
+            raise DecodeError(
+                f"event {instance_id!r}#{position} ({topic}) is not valid JSON: {error}"
+            ) from error
+        payload["instance_id"] = instance_id
+        payload["position"] = position
+        payload["schema_version"] = cls.SCHEMA_VERSION
+        return self._build(cls, payload, _Columns(instance_id, position, topic, state))
+
+    def _decode_other(self, instance_id: str, position: int, topic: str, state: bytes) -> EventBase:
+        stored = _Columns(instance_id, position, topic, state)
+        type_name, _, version_text = topic.partition("@")
         cls = EVENT_TYPES.get(type_name)
         if cls is None:
             raise DecodeError(
@@ -89,10 +114,14 @@ class EventMapper:
                 raise DecodeError(f"no upcaster for {type_name} from schema version {version}")
             payload = upcast(payload)
             version += 1
-        payload["instance_id"] = str(stored.originator_id)
-        payload["position"] = stored.originator_version
+        payload["instance_id"] = instance_id
+        payload["position"] = position
         payload["schema_version"] = version
-        fast = _construct(cls, dict(payload))
+        return self._build(cls, payload, stored)
+
+    @staticmethod
+    def _build(cls: type[EventBase], payload: dict[str, Any], stored: _Columns) -> EventBase:
+        fast = _construct(cls, payload)
         if fast is not None:
             return fast
         try:
@@ -109,6 +138,18 @@ def _nested_model(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     raise TypeError(f"Type is not JSON serializable: {type(value).__qualname__}")
+
+
+class _Columns:
+    """The stored columns, named as in eventsourcing's ``StoredEvent`` for error messages."""
+
+    __slots__ = ("originator_id", "originator_version", "state", "topic")
+
+    def __init__(self, instance_id: str, position: int, topic: str, state: bytes) -> None:
+        self.originator_id = instance_id
+        self.originator_version = position
+        self.topic = topic
+        self.state = state
 
 
 def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | None:

@@ -187,9 +187,15 @@ class EventStore:
             raise StoreConfigError(f"limit must be >= 1, got {limit}")
         topics = self._topics(types)
         with self._translated("read the global log"):
-            notes = self._recorder.select_notifications(
-                start=after, limit=limit, stop=upto, topics=topics, inclusive_of_start=False
-            )
+            return self._select_page(after, limit, upto, topics)
+
+    def _select_page(
+        self, after: int, limit: int, upto: int | None, topics: list[str]
+    ) -> list[Recorded]:
+        """One page of the global log; adapters may read their tables directly."""
+        notes = self._recorder.select_notifications(
+            start=after, limit=limit, stop=upto, topics=topics, inclusive_of_start=False
+        )
         return [Recorded(n.id, self._mapper.to_event(n)) for n in notes]
 
     @staticmethod

@@ -20,7 +20,7 @@ from kernel._errors import (
     StoreError,
     StoreUnavailableError,
 )
-from kernel._store import STORE_SCHEMA_VERSION, EventStore
+from kernel._store import STORE_SCHEMA_VERSION, EventStore, Recorded
 
 __all__ = ["SQLiteStore", "sqlite_path"]
 
@@ -84,6 +84,29 @@ class SQLiteStore(EventStore):
             cursor.execute("SELECT last_insert_rowid()")
             last = int(cursor.fetchone()[0])
         return list(range(last - len(rows) + 1, last + 1))
+
+    def _select_page(
+        self, after: int, limit: int, upto: int | None, topics: list[str]
+    ) -> list[Recorded]:
+        """The global log read straight from the table (no intermediate record objects)."""
+        statement = (
+            "SELECT rowid, originator_id, originator_version, topic, state "
+            f"FROM {EVENTS_TABLE} WHERE rowid > ?"
+        )
+        params: list[Any] = [after]
+        if upto is not None:
+            statement += " AND rowid <= ?"
+            params.append(upto)
+        if topics:
+            statement += f" AND topic IN ({','.join('?' * len(topics))})"
+            params.extend(topics)
+        statement += " ORDER BY rowid LIMIT ?"
+        params.append(limit)
+        with self._datastore.transaction(commit=False) as cursor:
+            cursor.execute(statement, params)
+            rows = cursor.fetchall()
+        decode = self._mapper.decode
+        return [Recorded(row[0], decode(row[1], row[2], row[3], row[4])) for row in rows]
 
     def _stamp_schema_version(self) -> None:
         with self._datastore.transaction(commit=True) as cursor:
