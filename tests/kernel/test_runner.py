@@ -264,6 +264,7 @@ async def test_a_failed_stream_yields_failure_events_then_raises_the_original_er
 
     wf = WorkflowBuilder(start_executor=bad, store=store).build()
     received: list[str] = []
+
     async def consume() -> None:
         async for event in wf.run(1, stream=True):
             received.append(event.type)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from kernel import (
     EncodingError,
     Executor,
     StateWriteRejectedError,
+    Workflow,
     WorkflowBuilder,
     WorkflowContext,
     handler,
@@ -109,26 +111,39 @@ class Blocker(Executor):
             raise
 
 
-async def test_cancelling_the_caller_mid_superstep_aborts_it_before_propagating(store):
-    started = asyncio.Event()
-    blocker = Blocker("blocker", started, write_when_cancelled=True)
-    wf = build(store, blocker).build()
-    seen_in_log_while_unwinding: list[str] = []
+async def log_seen_when_cancelled(
+    wf: Workflow, started: asyncio.Event, body: Callable[[], Awaitable[None]]
+) -> list[str]:
+    """Run ``body`` in a task and cancel it once ``started`` is set. Returns the log's event types
+    as they were when the cancellation reached ``body``'s caller, before it propagated further."""
+    seen: list[str] = []
 
-    async def caller() -> None:
+    async def guarded() -> None:
         try:
-            await wf.run(Msg())
+            await body()
         except asyncio.CancelledError:
-            seen_in_log_while_unwinding.extend(kinds(wf.events()))
+            seen.extend(kinds(wf.events()))
             raise
 
-    task = asyncio.create_task(caller())
+    task = asyncio.create_task(guarded())
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    return seen
 
-    assert seen_in_log_while_unwinding[-2:] == ["superstep_aborted", "run_cancelled"]
+
+async def test_cancelling_the_caller_mid_superstep_aborts_it_before_propagating(store):
+    started = asyncio.Event()
+    blocker = Blocker("blocker", started, write_when_cancelled=True)
+    wf = build(store, blocker).build()
+
+    async def caller() -> None:
+        await wf.run(Msg())
+
+    seen = await log_seen_when_cancelled(wf, started, caller)
+
+    assert seen[-2:] == ["superstep_aborted", "run_cancelled"]
     assert fate_of(wf, "before") == ["aborted:cancelled"]
     assert staged(wf, "after") == []
     assert isinstance(blocker.refusal, StateWriteRejectedError)
@@ -219,24 +234,14 @@ async def test_consumer_cancelled_while_failure_events_are_yielded(store):
 async def test_consumer_cancelled_while_waiting_for_the_next_event(store):
     started = asyncio.Event()
     wf = build(store, Blocker("blocker", started)).build()
-    seen_in_log_while_unwinding: list[str] = []
 
     async def consume() -> None:
-        stream = wf.run(Msg(), stream=True)
-        try:
-            async for _ in stream:
-                pass
-        except asyncio.CancelledError:
-            seen_in_log_while_unwinding.extend(kinds(wf.events()))
-            raise
+        async for _ in wf.run(Msg(), stream=True):
+            pass
 
-    task = asyncio.create_task(consume())
-    await started.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    seen = await log_seen_when_cancelled(wf, started, consume)
 
-    assert seen_in_log_while_unwinding[-2:] == ["superstep_aborted", "run_cancelled"]
+    assert seen[-2:] == ["superstep_aborted", "run_cancelled"]
     assert fate_of(wf, "before") == ["aborted:cancelled"]
 
 
