@@ -187,7 +187,41 @@ def _all_targets(groups: list[EdgeGroup]) -> set[str]:
 
 
 def validate(graph: Graph) -> None:
-    """Reject edges that can never deliver: the source never sends a type the target handles."""
+    """Reject edges that can never deliver, and handlers that can never receive a message."""
+    _check_edges(graph)
+    _check_handlers(graph)
+
+
+def _check_handlers(graph: Graph) -> None:
+    """A handler of a non-start executor must accept some type an incoming edge can carry."""
+    incoming: dict[str, list[type]] = {}
+    unknown: set[str] = set()  # targets with a source whose sent types are not declared
+    for group in graph.groups:
+        for target in group.targets:
+            kinds = incoming.setdefault(target, [])
+            if isinstance(group, FanIn):
+                kinds.append(list)
+                continue
+            for source in group.sources:
+                sent = _sent_types(graph.executors[source])
+                if sent is None:
+                    unknown.add(target)
+                else:
+                    kinds.extend(sent)
+    for target, kinds in incoming.items():
+        if target == graph.start or target in unknown:
+            continue
+        for spec in graph.executors[target].handlers:
+            if spec.accepts is not None and not any(spec.accepts_type(k) for k in kinds):
+                accepted = ", ".join(t.__qualname__ for t in spec.accepts) or "nothing"
+                raise DefinitionError(
+                    f"handler {target}.{spec.name} accepts {accepted}, but no edge into "
+                    f"{target!r} ever carries that: it can never receive a message"
+                )
+
+
+def _check_edges(graph: Graph) -> None:
+    """Reject edges whose source never sends a type the target handles."""
     for group in graph.groups:
         for source in group.sources:
             sent = _sent_types(graph.executors[source])

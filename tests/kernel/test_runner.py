@@ -372,3 +372,15 @@ async def test_sending_without_edges_fails_the_superstep_with_a_routing_error(st
     with pytest.raises(RoutingError, match="has no outgoing edges"):
         await wf.run(1)
     assert set(markers(wf).values()) == {"aborted:failed"}
+
+
+def test_build_rejects_a_handler_that_no_incoming_edge_can_ever_feed():
+    class TwoHandlers(Executor):
+        @handler
+        async def numbers(self, n: int, ctx: WorkflowContext[Any]) -> None: ...
+
+        @handler
+        async def texts(self, text: str, ctx: WorkflowContext[Any]) -> None: ...
+
+    with pytest.raises(DefinitionError, match=r"handler two\.texts accepts str, but no edge"):
+        WorkflowBuilder(start_executor=Router("a")).add_edge("a", TwoHandlers("two")).build()
