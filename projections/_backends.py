@@ -1,6 +1,7 @@
 """Where materialized views keep their rows: memory, SQLite or PostgreSQL, next to the event store.
 
-Every view is one table of JSON documents keyed by ``(instance_id, key)``; the position of every
+Every view is one table of JSON documents keyed by ``(instance_id, key)`` (a view may keep one
+document per instance, or many: one per run, per superstep, per write); the position of every
 table (the last global position it has folded in) is a row of ``steplog_view_positions``. A
 ``ViewTx`` changes rows and the position in one database transaction, so a view and its position
 never disagree. ``swap`` replaces a table by another one (a rebuilt shadow) atomically.
@@ -98,6 +99,11 @@ class ViewBackend(ABC):
         """The document with the greatest key in ``[low, high]`` (an indexed lookup), or None."""
 
     @abstractmethod
+    def documents(self, table: str, instance_id: str) -> dict[str, Json]:
+        """Every committed document of ``instance_id`` in ``table`` by key, read in one
+        statement (an indexed range of the primary key)."""
+
+    @abstractmethod
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         """``table``'s position and every row, read consistently (for ``verify``)."""
 
@@ -183,6 +189,11 @@ class MemoryViewBackend(ViewBackend):
                 return None
             key = max(keys)
             return key, orjson.loads(self.tables[table][(instance_id, key)])
+
+    def documents(self, table: str, instance_id: str) -> dict[str, Json]:
+        with self._lock:
+            stored = self.tables.get(table, {})
+            return {k: orjson.loads(doc) for (i, k), doc in stored.items() if i == instance_id}
 
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         with self._lock:
@@ -354,6 +365,16 @@ class _SQLBackend(ViewBackend):
         if row is None:
             return None
         return self.column(row, "key"), orjson.loads(self.column(row, "doc"))
+
+    def documents(self, table: str, instance_id: str) -> dict[str, Json]:
+        self.ensure(table)
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT key, doc FROM {self.name(table)} WHERE instance_id={self.mark}",
+                (instance_id,),
+            )
+            found = cursor.fetchall()
+        return {self.column(r, "key"): orjson.loads(self.column(r, "doc")) for r in found}
 
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         self.ensure(table)

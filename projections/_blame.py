@@ -33,10 +33,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from kernel._errors import ProjectionError
 from kernel._events import EventBase, StateStaged, SuperstepAborted
-from projections._tracker import SuperstepTracker
+from projections._tracker import RUN_END_TYPES, SuperstepTracker
 
 __all__ = ["KeyBlame", "WriteRecord", "WriteStatus", "fold_blame"]
+
+_BLAME_TYPES = frozenset(
+    {"state_staged", "superstep_started", "superstep_committed", "superstep_aborted"}
+    | RUN_END_TYPES
+)
 
 WriteStatus = Literal["committed", "superseded", "aborted", "late", "unmarked", "pending"]
 
@@ -60,55 +66,90 @@ class WriteRecord(BaseModel):
 
 
 class KeyBlame:
-    """Every write of every key of one instance (see the module docstring)."""
+    """Every write of every key of one instance (see the module docstring).
 
-    __slots__ = ("_by_superstep", "_current", "_keys", "_tracker")
+    With ``keys``, only the writes of those keys are kept, and the writes of other keys are
+    skipped before anything else looks at them (the answers for ``keys`` are the same).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_by_superstep", "_current", "_keys", "_only", "_tracker")
+
+    def __init__(self, keys: Iterable[str] | None = None) -> None:
         self._keys: dict[str, list[WriteRecord]] = {}
-        # superstep id -> positions of its pending writes, by key then position
+        # superstep id -> its pending writes, by position
         self._by_superstep: dict[str, dict[int, WriteRecord]] = {}
         # key -> its write that currently counts
         self._current: dict[str, WriteRecord] = {}
+        self._only: frozenset[str] | None = None if keys is None else frozenset(keys)
         self._tracker = SuperstepTracker()
+
+    @property
+    def only(self) -> frozenset[str] | None:
+        """The keys this view is restricted to, or None for every key."""
+        return self._only
+
+    # -- record access (a materialized view loads records from its rows here) ----------------
+
+    def _add(self, record: WriteRecord) -> None:
+        self._keys.setdefault(record.key, []).append(record)
+        if record.status == "pending":
+            self._by_superstep.setdefault(record.superstep_id, {})[record.position] = record
+
+    def _take_pending(self, superstep_id: str) -> dict[int, WriteRecord]:
+        return self._by_superstep.pop(superstep_id, {})
+
+    def _current_of(self, key: str) -> WriteRecord | None:
+        return self._current.get(key)
+
+    def _set_current(self, record: WriteRecord) -> None:
+        self._current[record.key] = record
+
+    # -- folding ------------------------------------------------------------------------------
 
     def apply(self, event: EventBase) -> KeyBlame:
         """Fold one event in; return the view."""
+        only = self._only
+        if only is not None and (
+            event.type not in _BLAME_TYPES  # type: ignore[attr-defined]
+            or (isinstance(event, StateStaged) and event.key not in only)
+        ):
+            return self  # nothing else changes what happens to these keys' writes
         outcome = self._tracker.apply(event)
         kind = outcome.kind
         if isinstance(event, StateStaged):
-            record = WriteRecord(
-                key=event.key,
-                position=event.position,
-                run_id=event.run_id,
-                superstep_id=event.superstep_id,
-                executor_id=event.executor_id,
-                timestamp=event.timestamp,
-                op=event.op,
-                value=event.value,
-                status="pending" if kind == "staged" else "late",
+            self._add(
+                WriteRecord.model_construct(
+                    key=event.key,
+                    position=event.position,
+                    run_id=event.run_id,
+                    superstep_id=event.superstep_id,
+                    executor_id=event.executor_id,
+                    timestamp=event.timestamp,
+                    op=event.op,
+                    value=event.value,
+                    status="pending" if kind == "staged" else "late",
+                    reason=None,
+                    superseded_by=None,
+                )
             )
-            self._keys.setdefault(event.key, []).append(record)
-            if kind == "staged":
-                self._by_superstep.setdefault(event.superstep_id, {})[event.position] = record
         elif kind == "committed":
-            pending = self._by_superstep.pop(event.superstep_id, {})  # type: ignore[attr-defined]
+            pending = self._take_pending(event.superstep_id)  # type: ignore[attr-defined]
             for write in outcome.writes:
                 record = pending[write.position]
-                previous = self._current.get(record.key)
+                previous = self._current_of(record.key)
                 if previous is not None:
                     previous.status = "superseded"
                     previous.superseded_by = record.position
                 record.status = "committed"
-                self._current[record.key] = record
+                self._set_current(record)
         elif kind == "aborted":
             assert isinstance(event, SuperstepAborted)
-            for record in self._by_superstep.pop(event.superstep_id, {}).values():
+            for record in self._take_pending(event.superstep_id).values():
                 record.status = "aborted"
                 record.reason = event.reason
         elif kind == "run_ended":
             for superstep_id in outcome.unmarked:
-                for record in self._by_superstep.pop(superstep_id, {}).values():
+                for record in self._take_pending(superstep_id).values():
                     record.status = "unmarked"
         return self
 
@@ -129,24 +170,36 @@ class KeyBlame:
     # -- persistence --------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The view as a JSON tree (for materialized views)."""
+        """The view as a JSON tree (one document; the materialized view keeps rows instead)."""
         return {
             "writes": [w.model_dump(mode="json") for ws in self._keys.values() for w in ws],
-            "tracker": self._tracker.to_json(),
+            **self.tracker_json(),
         }
 
     @classmethod
     def from_json(cls, tree: dict[str, Any]) -> KeyBlame:
         """Rebuild the view from ``to_json()``."""
-        view = cls()
-        for raw in tree["writes"]:
-            record = WriteRecord.model_validate(raw)
-            view._keys.setdefault(record.key, []).append(record)
-            if record.status == "pending":
-                view._by_superstep.setdefault(record.superstep_id, {})[record.position] = record
-            elif record.status == "committed":
+        return cls.from_rows(tree["writes"], tree)
+
+    def tracker_json(self) -> dict[str, Any]:
+        """What the fold needs besides its write records, as a JSON tree (see ``from_rows``)."""
+        return {
+            "tracker": self._tracker.to_json(),
+            "only": None if self._only is None else sorted(self._only),
+        }
+
+    @classmethod
+    def from_rows(cls, writes: Iterable[dict[str, Any]], tracker: dict[str, Any]) -> KeyBlame:
+        """Rebuild the view from its write rows (``WriteRecord`` JSON, any order) and
+        ``tracker_json()``."""
+        only = tracker.get("only")
+        view = cls(None if only is None else only)
+        records = sorted((WriteRecord.model_validate(raw) for raw in writes), key=_position)
+        for record in records:
+            view._add(record)
+            if record.status == "committed":
                 view._current[record.key] = record
-        view._tracker = SuperstepTracker.from_json(tree["tracker"])
+        view._tracker = SuperstepTracker.from_json(tracker["tracker"])
         return view
 
     def __eq__(self, other: object) -> bool:
@@ -158,9 +211,26 @@ class KeyBlame:
         return f"KeyBlame(keys={len(self._keys)})"
 
 
-def fold_blame(events: Iterable[EventBase], view: KeyBlame | None = None) -> KeyBlame:
-    """Fold one instance's ``events`` (in stream order) into a ``KeyBlame``."""
-    view = KeyBlame() if view is None else view
+def _position(record: WriteRecord) -> int:
+    return record.position
+
+
+def fold_blame(
+    events: Iterable[EventBase],
+    view: KeyBlame | None = None,
+    *,
+    keys: Iterable[str] | None = None,
+) -> KeyBlame:
+    """Fold one instance's ``events`` (in stream order) into a ``KeyBlame``.
+
+    ``keys`` restricts a new view to those keys: other keys' writes are skipped on sight, which
+    makes the blame of one key of a long history much cheaper (see ``blame_keys`` for reading
+    only the events blame needs from a store).
+    """
+    if view is None:
+        view = KeyBlame(keys)
+    elif keys is not None and view.only != frozenset(keys):
+        raise ProjectionError(f"the view is restricted to {view.only}, not to {sorted(keys)}")
     for event in events:
         view.apply(event)
     return view

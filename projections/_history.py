@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -97,15 +98,181 @@ _END_STATUS: dict[str, RunStatus] = {
 }
 
 
-class RunHistory:
-    """The runs of one instance and their supersteps (see the module docstring)."""
+@dataclass(slots=True)
+class _Step:
+    """A superstep as the fold keeps it: plain slots and tuples, a ``SuperstepRecord`` on demand.
 
-    __slots__ = ("_runs", "_steps", "_tracker")
+    ``n`` is its start ordinal in the instance (the order of ``supersteps()``).
+    """
+
+    superstep_id: str
+    run_id: str
+    index: int
+    started_at: datetime
+    n: int
+    status: Literal["open", "committed", "aborted"] = "open"
+    reason: str | None = None
+    error: ErrorInfo | None = None
+    ended_at: datetime | None = None
+    position: int | None = None
+    executors: tuple[str, ...] = ()
+    failed_executors: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    outputs: tuple[Any, ...] = ()
+
+    def record(self) -> SuperstepRecord:
+        return SuperstepRecord.model_construct(
+            superstep_id=self.superstep_id,
+            run_id=self.run_id,
+            index=self.index,
+            status=self.status,
+            reason=self.reason,
+            error=self.error,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            position=self.position,
+            executors=list(self.executors),
+            failed_executors=list(self.failed_executors),
+            keys=list(self.keys),
+            outputs=list(self.outputs),
+        )
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "superstep_id": self.superstep_id,
+            "run_id": self.run_id,
+            "index": self.index,
+            "started_at": self.started_at.isoformat(),
+            "n": self.n,
+            "status": self.status,
+            "reason": self.reason,
+            "error": None if self.error is None else self.error.model_dump(mode="json"),
+            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
+            "position": self.position,
+            "executors": list(self.executors),
+            "failed_executors": list(self.failed_executors),
+            "keys": list(self.keys),
+            "outputs": list(self.outputs),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> _Step:
+        return cls(
+            superstep_id=row["superstep_id"],
+            run_id=row["run_id"],
+            index=row["index"],
+            started_at=datetime.fromisoformat(row["started_at"]),
+            n=row["n"],
+            status=row["status"],
+            reason=row["reason"],
+            error=_error(row["error"]),
+            ended_at=_time(row["ended_at"]),
+            position=row["position"],
+            executors=tuple(row["executors"]),
+            failed_executors=tuple(row["failed_executors"]),
+            keys=tuple(row["keys"]),
+            outputs=tuple(row["outputs"]),
+        )
+
+
+@dataclass(slots=True)
+class _Run:
+    """A run as the fold keeps it. ``outputs`` and ``superstep_ids`` follow from its supersteps,
+    so a row (``to_row``) leaves them out and a reader rebuilds them (``RunHistory.from_rows``)."""
+
+    run_id: str
+    workflow_name: str
+    started_at: datetime
+    n: int
+    status: RunStatus = "running"
+    ended_at: datetime | None = None
+    supersteps: int = 0
+    committed: int = 0
+    aborted: int = 0
+    error: ErrorInfo | None = None
+    closed_by: str | None = None
+    outputs: list[Any] = field(default_factory=list)
+    superstep_ids: list[str] = field(default_factory=list)
+
+    def record(self) -> RunRecord:
+        return RunRecord.model_construct(
+            run_id=self.run_id,
+            workflow_name=self.workflow_name,
+            status=self.status,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            supersteps=self.supersteps,
+            committed=self.committed,
+            aborted=self.aborted,
+            outputs=list(self.outputs),
+            error=self.error,
+            closed_by=self.closed_by,
+            superstep_ids=list(self.superstep_ids),
+        )
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "workflow_name": self.workflow_name,
+            "started_at": self.started_at.isoformat(),
+            "n": self.n,
+            "status": self.status,
+            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
+            "supersteps": self.supersteps,
+            "committed": self.committed,
+            "aborted": self.aborted,
+            "error": None if self.error is None else self.error.model_dump(mode="json"),
+            "closed_by": self.closed_by,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> _Run:
+        return cls(
+            run_id=row["run_id"],
+            workflow_name=row["workflow_name"],
+            started_at=datetime.fromisoformat(row["started_at"]),
+            n=row["n"],
+            status=row["status"],
+            ended_at=_time(row["ended_at"]),
+            supersteps=row["supersteps"],
+            committed=row["committed"],
+            aborted=row["aborted"],
+            error=_error(row["error"]),
+            closed_by=row["closed_by"],
+        )
+
+
+def _time(raw: str | None) -> datetime | None:
+    return None if raw is None else datetime.fromisoformat(raw)
+
+
+def _error(raw: dict[str, Any] | None) -> ErrorInfo | None:
+    return None if raw is None else ErrorInfo.model_validate(raw)
+
+
+class RunHistory:
+    """The runs of one instance and their supersteps (see the module docstring).
+
+    The fold keeps compact records; ``runs()``, ``supersteps()`` and friends build the pydantic
+    ``RunRecord`` / ``SuperstepRecord`` objects when asked (changing them changes no view).
+    """
+
+    __slots__ = ("_run_count", "_runs", "_step_count", "_steps", "_tracker")
 
     def __init__(self) -> None:
-        self._runs: dict[str, RunRecord] = {}
-        self._steps: dict[str, SuperstepRecord] = {}
+        self._runs: dict[str, _Run] = {}
+        self._steps: dict[str, _Step] = {}
+        self._run_count = 0
+        self._step_count = 0
         self._tracker = SuperstepTracker()
+
+    # -- record access (a materialized view loads records from its rows here) ----------------
+
+    def _get_run(self, run_id: str) -> _Run | None:
+        return self._runs.get(run_id)
+
+    def _get_step(self, superstep_id: str) -> _Step | None:
+        return self._steps.get(superstep_id)
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -113,14 +280,11 @@ class RunHistory:
         """Fold one event in; return the view."""
         outcome = self._tracker.apply(event)
         if isinstance(event, RunStarted):
-            self._runs.setdefault(
-                event.run_id,
-                RunRecord(
-                    run_id=event.run_id,
-                    workflow_name=event.workflow_name,
-                    started_at=event.timestamp,
-                ),
-            )
+            if self._get_run(event.run_id) is None:
+                self._runs[event.run_id] = _Run(
+                    event.run_id, event.workflow_name, event.timestamp, self._run_count
+                )
+                self._run_count += 1
         elif isinstance(event, SuperstepStarted):
             self._start_superstep(event)
         elif isinstance(event, ExecutorInvoked | ExecutorFailed | StateStaged | OutputYielded):
@@ -132,41 +296,40 @@ class RunHistory:
         return self
 
     def _start_superstep(self, event: SuperstepStarted) -> None:
-        run = self._runs.get(event.run_id)
-        if run is None or run.status != "running" or event.superstep_id in self._steps:
+        run = self._get_run(event.run_id)
+        if run is None or run.status != "running" or self._get_step(event.superstep_id) is not None:
             return
-        self._steps[event.superstep_id] = SuperstepRecord(
-            superstep_id=event.superstep_id,
-            run_id=event.run_id,
-            index=event.index,
-            started_at=event.timestamp,
+        self._steps[event.superstep_id] = _Step(
+            event.superstep_id, event.run_id, event.index, event.timestamp, self._step_count
         )
+        self._step_count += 1
         run.supersteps += 1
         run.superstep_ids.append(event.superstep_id)
 
     def _note(self, event: EventBase, kind: str) -> None:
-        step = self._steps.get(event.superstep_id)  # type: ignore[attr-defined]
+        step = self._get_step(event.superstep_id)  # type: ignore[attr-defined]
         if step is None:
             return
         if isinstance(event, ExecutorInvoked):
-            step.executors.append(event.executor_id)
+            step.executors += (event.executor_id,)
         elif isinstance(event, ExecutorFailed):
-            step.failed_executors.append(event.executor_id)
+            step.failed_executors += (event.executor_id,)
         elif isinstance(event, StateStaged):
             if event.key not in step.keys:
-                step.keys.append(event.key)
+                step.keys += (event.key,)
         elif isinstance(event, OutputYielded) and step.status == "open" and kind == "other":
-            run = self._runs.get(step.run_id)
+            run = self._get_run(step.run_id)
             if run is not None and run.status == "running":
-                step.outputs.append(event.value)
+                step.outputs += (event.value,)
 
     def _close(self, event: EventBase, kind: str) -> None:
-        step = self._steps.get(event.superstep_id)  # type: ignore[attr-defined]
+        step = self._get_step(event.superstep_id)  # type: ignore[attr-defined]
         if step is None:
             return
         step.position = event.position
         step.ended_at = event.timestamp
-        run = self._runs[step.run_id]
+        run = self._get_run(step.run_id)
+        assert run is not None
         if kind == "committed":
             step.status = "committed"
             run.committed += 1
@@ -179,7 +342,7 @@ class RunHistory:
             run.aborted += 1
 
     def _end_run(self, event: EventBase) -> None:
-        run = self._runs.get(event.run_id)  # type: ignore[attr-defined]
+        run = self._get_run(event.run_id)  # type: ignore[attr-defined]
         if run is None:
             return
         run.ended_at = event.timestamp
@@ -197,30 +360,32 @@ class RunHistory:
 
     def runs(self) -> list[RunRecord]:
         """Every run, in start order."""
-        return list(self._runs.values())
+        return [run.record() for run in self._runs.values()]
 
     def run(self, run_id: str) -> RunRecord | None:
         """One run, or None."""
-        return self._runs.get(run_id)
+        run = self._runs.get(run_id)
+        return None if run is None else run.record()
 
     def supersteps(self, run_id: str | None = None) -> list[SuperstepRecord]:
         """The supersteps of ``run_id`` (of every run when None), in start order."""
         if run_id is None:
-            return list(self._steps.values())
+            return [step.record() for step in self._steps.values()]
         run = self._runs.get(run_id)
-        return [] if run is None else [self._steps[s] for s in run.superstep_ids]
+        return [] if run is None else [self._steps[s].record() for s in run.superstep_ids]
 
     def superstep(self, superstep_id: str) -> SuperstepRecord | None:
         """One superstep, or None."""
-        return self._steps.get(superstep_id)
+        step = self._steps.get(superstep_id)
+        return None if step is None else step.record()
 
     # -- persistence --------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The view as a JSON tree (for materialized views)."""
+        """The view as a JSON tree (one document; the materialized view keeps rows instead)."""
         return {
-            "runs": [run.model_dump(mode="json") for run in self._runs.values()],
-            "steps": [step.model_dump(mode="json") for step in self._steps.values()],
+            "runs": [run.model_dump(mode="json") for run in self.runs()],
+            "steps": [step.model_dump(mode="json") for step in self.supersteps()],
             "tracker": self._tracker.to_json(),
         }
 
@@ -228,14 +393,81 @@ class RunHistory:
     def from_json(cls, tree: dict[str, Any]) -> RunHistory:
         """Rebuild the view from ``to_json()``."""
         view = cls()
-        for run in tree["runs"]:
-            record = RunRecord.model_validate(run)
-            view._runs[record.run_id] = record
-        for step in tree["steps"]:
-            srecord = SuperstepRecord.model_validate(step)
-            view._steps[srecord.superstep_id] = srecord
+        for n, raw in enumerate(tree["runs"]):
+            run = RunRecord.model_validate(raw)
+            view._runs[run.run_id] = _Run(
+                run.run_id,
+                run.workflow_name,
+                run.started_at,
+                n,
+                status=run.status,
+                ended_at=run.ended_at,
+                supersteps=run.supersteps,
+                committed=run.committed,
+                aborted=run.aborted,
+                error=run.error,
+                closed_by=run.closed_by,
+                outputs=run.outputs,
+                superstep_ids=run.superstep_ids,
+            )
+        for n, raw in enumerate(tree["steps"]):
+            step = SuperstepRecord.model_validate(raw)
+            view._steps[step.superstep_id] = _Step(
+                step.superstep_id,
+                step.run_id,
+                step.index,
+                step.started_at,
+                n,
+                status=step.status,
+                reason=step.reason,
+                error=step.error,
+                ended_at=step.ended_at,
+                position=step.position,
+                executors=tuple(step.executors),
+                failed_executors=tuple(step.failed_executors),
+                keys=tuple(step.keys),
+                outputs=tuple(step.outputs),
+            )
+        view._run_count = len(view._runs)
+        view._step_count = len(view._steps)
         view._tracker = SuperstepTracker.from_json(tree["tracker"])
         return view
+
+    def tracker_json(self) -> dict[str, Any]:
+        """What the fold needs besides its records, as a small JSON tree (see ``from_rows``)."""
+        return {
+            "tracker": self._tracker.to_json(),
+            "runs": self._run_count,
+            "steps": self._step_count,
+        }
+
+    @classmethod
+    def from_rows(
+        cls,
+        runs: Iterable[dict[str, Any]],
+        steps: Iterable[dict[str, Any]],
+        tracker: dict[str, Any],
+    ) -> RunHistory:
+        """Rebuild the view from its rows (``_Run.to_row``, ``_Step.to_row``) and
+        ``tracker_json()``: a run's ``superstep_ids`` and ``outputs`` follow from its supersteps."""
+        view = cls()
+        for run in sorted((_Run.from_row(r) for r in runs), key=lambda r: r.n):
+            view._runs[run.run_id] = run
+        ordered = sorted((_Step.from_row(s) for s in steps), key=lambda s: s.n)
+        for step in ordered:
+            view._steps[step.superstep_id] = step
+            view._runs[step.run_id].superstep_ids.append(step.superstep_id)
+        committed = [s for s in ordered if s.status == "committed"]
+        committed.sort(key=lambda s: s.position or 0)
+        for step in committed:
+            view._runs[step.run_id].outputs.extend(step.outputs)
+        view._load_tracker(tracker)
+        return view
+
+    def _load_tracker(self, tree: dict[str, Any]) -> None:
+        self._tracker = SuperstepTracker.from_json(tree["tracker"])
+        self._run_count = int(tree["runs"])
+        self._step_count = int(tree["steps"])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RunHistory):

@@ -47,8 +47,10 @@ class SuperstepTracker:
 
     def __init__(self, state: CommittedState | None = None) -> None:
         self.state = CommittedState() if state is None else state
-        # superstep id -> "committed" | "aborted", for supersteps that got an effective marker
-        self._status: dict[str, str] = {}
+        # run id -> superstep id -> "committed" | "aborted", for the supersteps of runs that have
+        # not ended that got an effective marker (once a run ends every later marker is inert, so
+        # its entries are dropped: the tracker grows with the live runs, not with the history)
+        self._status: dict[str, dict[str, str]] = {}
         # run id -> superstep ids started and not yet marked
         self._open: dict[str, list[str]] = {}
         self._ended: set[str] = set()
@@ -76,6 +78,7 @@ class SuperstepTracker:
             if run_id in self._ended:
                 return Outcome("other")
             self._ended.add(run_id)
+            self._status.pop(run_id, None)
             unmarked = tuple(self._open.pop(run_id, ()))
             return Outcome("run_ended", unmarked=unmarked)
         state.apply(event)
@@ -88,7 +91,8 @@ class SuperstepTracker:
         writes = state.staged(superstep_id)
         before = state.last_committed
         state.apply(event)
-        effective = run_id not in self._ended and superstep_id not in self._status
+        marked = self._status.get(run_id)
+        effective = run_id not in self._ended and (marked is None or superstep_id not in marked)
         did_commit = state.last_committed == superstep_id and before != superstep_id
         if committed and effective != did_commit:
             raise LogIntegrityError(
@@ -97,21 +101,22 @@ class SuperstepTracker:
             )
         if not effective:
             return Outcome("ignored")
-        self._status[superstep_id] = "committed" if committed else "aborted"
+        self._status.setdefault(run_id, {})[superstep_id] = "committed" if committed else "aborted"
         opened = self._open.get(run_id)
         if opened is not None and superstep_id in opened:
             opened.remove(superstep_id)
         return Outcome("committed" if committed else "aborted", writes)
 
-    def status(self, superstep_id: str) -> str | None:
-        """``committed``, ``aborted``, or None while the superstep has no effective marker."""
-        return self._status.get(superstep_id)
+    def status(self, run_id: str, superstep_id: str) -> str | None:
+        """``committed`` or ``aborted`` for a marked superstep of a run that has not ended; None
+        while the superstep has no effective marker, and once its run has ended."""
+        return self._status.get(run_id, {}).get(superstep_id)
 
     def to_json(self) -> dict[str, Any]:
         """The tracker as a JSON tree."""
         return {
             "state": self.state.to_snapshot(),
-            "status": dict(self._status),
+            "status": {run_id: dict(marked) for run_id, marked in self._status.items()},
             "open": {run_id: list(ids) for run_id, ids in self._open.items()},
             "ended": sorted(self._ended),
         }
@@ -120,7 +125,7 @@ class SuperstepTracker:
     def from_json(cls, tree: dict[str, Any]) -> SuperstepTracker:
         """Rebuild a tracker from ``to_json()``."""
         tracker = cls(CommittedState.from_snapshot(tree["state"]))
-        tracker._status = dict(tree["status"])
+        tracker._status = {run_id: dict(marked) for run_id, marked in tree["status"].items()}
         tracker._open = {run_id: list(ids) for run_id, ids in tree["open"].items()}
         tracker._ended = set(tree["ended"])
         return tracker

@@ -223,14 +223,14 @@ class Projector:
         return {} if doc is None else dict(doc["values"])
 
     def history(self, instance_id: str) -> RunHistory:
-        """The run history of ``instance_id`` in the ``history`` view."""
-        doc = self._doc("history", instance_id)
-        return RunHistory() if doc is None else RunHistory.from_json(doc)
+        """The run history of ``instance_id`` in the ``history`` view (read in one statement)."""
+        docs = self.backend.documents(self._spec("history").table, instance_id)
+        return HistoryView.read(docs)
 
     def blame(self, instance_id: str) -> KeyBlame:
-        """The key provenance of ``instance_id`` in the ``blame`` view."""
-        doc = self._doc("blame", instance_id)
-        return KeyBlame() if doc is None else KeyBlame.from_json(doc)
+        """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement)."""
+        docs = self.backend.documents(self._spec("blame").table, instance_id)
+        return BlameView.read(docs)
 
 
 def run_follower(

@@ -230,3 +230,30 @@ def test_a_run_closed_without_a_marker_leaves_its_writes_unmarked():
     seen = state_at(events, InsideSuperstep("inst-s1"))
     assert (seen.status, seen.values) == ("unmarked", {"a": 1})
     assert fold_committed(events).values == {}
+
+
+@given(logs, st.sampled_from(["a", "b", "plan"]))
+def test_blame_of_one_key_equals_the_full_blame_filtered(events, key):
+    full = fold_blame(events)
+    one = fold_blame(events, keys={key})
+    assert one.writes(key) == full.writes(key)
+    assert one.current(key) == full.current(key)
+    assert one.written_keys() == ([key] if full.writes(key) else [])
+
+
+@settings(max_examples=30)
+@given(logs)
+def test_history_records_are_built_on_demand_and_changing_them_changes_nothing(events):
+    history = fold_history(events)
+    for run in history.runs():
+        run.outputs.append("tampered")
+        run.superstep_ids.clear()
+    for step in history.supersteps():
+        step.keys.append("tampered")
+    assert history == fold_history(events)
+
+
+def test_a_restricted_blame_cannot_be_folded_on_for_other_keys():
+    events = flatten(build_events("inst", [], ticking_clock()))
+    with pytest.raises(ProjectionError):
+        fold_blame(events, fold_blame(events, keys={"a"}), keys={"b"})
