@@ -145,16 +145,29 @@ class EventStore:
     # -- reading ------------------------------------------------------------------------------
 
     def read(
-        self, instance_id: str, *, after: int = 0, upto: int | None = None, limit: int | None = None
+        self,
+        instance_id: str,
+        *,
+        after: int = 0,
+        upto: int | None = None,
+        limit: int | None = None,
+        types: Collection[str] = (),
     ) -> list[EventBase]:
-        """The events of ``instance_id`` with ``after < position <= upto``, in stream order."""
+        """The events of ``instance_id`` with ``after < position <= upto``, in stream order.
+
+        ``types`` keeps only events of those ``type`` strings; the others are dropped before they
+        are decoded. Stream positions are contiguous, so page a filtered read by position windows
+        (``after=k, upto=k + n``) rather than with ``limit``, which counts rows before filtering.
+        """
+        topics = set(self._topics(types))
         with self._translated(f"read {instance_id!r}"):
             stored = self._recorder.select_events(
                 instance_id, gt=after or None, lte=upto, limit=limit
             )
         if stored:
             self._saw(instance_id, stored[-1].originator_version)
-        return [self._mapper.to_event(s) for s in stored]
+        decode = self._mapper.to_event
+        return [decode(s) for s in stored if not topics or s.topic in topics]
 
     def version(self, instance_id: str) -> int:
         """The position of the stream's last event, 0 when the stream is empty."""

@@ -1,11 +1,9 @@
 """The blame of a few keys of one instance, read from a store: only what those keys need.
 
 ``fold_blame(events, keys=...)`` skips the writes of other keys on sight; ``blame_keys`` feeds it
-from a store in bounded pages. By default it pages through the instance's stream
-(``store.read(instance_id, after=..., limit=...)``). With ``global_scan=True`` it reads the global
-log with the store's type filter instead (``store.iter_all(types=BLAME_TYPES)``): only the event
-types blame needs are decoded, but every instance's are, so this pays off only when the instance
-holds most of the log.
+from a store in bounded pages: windows of the instance's stream read with the store's type filter
+(``store.read(instance_id, after=k, upto=k + n, types=BLAME_TYPES)``), so only the event types
+blame needs are decoded.
 
 Example::
 
@@ -34,7 +32,6 @@ def blame_keys(
     keys: Iterable[str],
     *,
     page_size: int = 2000,
-    global_scan: bool = False,
 ) -> KeyBlame:
     """The ``KeyBlame`` of ``instance_id`` restricted to ``keys`` (see the module docstring).
 
@@ -44,16 +41,10 @@ def blame_keys(
     if page_size < 1:
         raise ProjectionError(f"page_size must be >= 1, got {page_size}")
     view = KeyBlame(keys)
-    if global_scan:
-        for recorded in store.iter_all(types=BLAME_TYPES, page_size=page_size):
-            if recorded.event.instance_id == instance_id:
-                view.apply(recorded.event)
-        return view
-    after = 0
-    while True:
-        page = store.read(instance_id, after=after, limit=page_size)
-        for event in page:
+    end = store.version(instance_id)
+    for after in range(0, end, page_size):  # position windows: filtered pages may be short
+        for event in store.read(
+            instance_id, after=after, upto=after + page_size, types=BLAME_TYPES
+        ):
             view.apply(event)
-        if len(page) < page_size:
-            return view
-        after = page[-1].position
+    return view

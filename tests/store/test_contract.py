@@ -265,6 +265,32 @@ def test_read_windows_by_after_upto_and_limit(store: EventStore) -> None:
     assert {e.instance_id for e in store.read("a")} == {"a"}
 
 
+def test_reads_filtered_by_type_equal_filtering_a_full_read(store: EventStore) -> None:
+    events = one_of_each("a", store.codec)
+    store.append("a", events, expected_version=0)
+    store.append("b", one_of_each("b", store.codec), expected_version=0)
+    wanted = {"state_staged", "superstep_committed", "run_failed"}
+
+    def kept(found: list[EventBase]) -> list[EventBase]:
+        return [e for e in found if e.type in wanted]  # type: ignore[attr-defined]
+
+    assert store.read("a", types=wanted) == kept(events)
+    assert store.read("a", after=4, upto=11, types=wanted) == kept(events[4:11])
+    assert [r.event for r in store.read_all(types=wanted)] == kept(store.read("a")) + kept(
+        store.read("b")
+    )
+    assert [r.event for r in store.iter_all(page_size=2, types=wanted)] == [
+        r.event for r in store.read_all(types=wanted)
+    ]
+
+
+def test_an_unknown_event_type_in_a_filter_is_refused(store: EventStore) -> None:
+    with pytest.raises(StoreConfigError, match="unknown event type 'state_stagged'"):
+        store.read_all(types={"state_stagged"})
+    with pytest.raises(StoreConfigError, match="unknown event type"):
+        store.read("a", types={"nope"})
+
+
 def test_an_unknown_stream_is_empty_at_version_zero(store: EventStore) -> None:
     store.append("a", stream("a", 1), expected_version=0)
     assert store.read("nope") == []
