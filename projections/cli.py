@@ -41,6 +41,7 @@ from kernel._events import EventBase
 from kernel._store import DEFAULT_STORE_ENV, EventStore, open_store
 from projections._bisect import bisect
 from projections._blame import KeyBlame, fold_blame
+from projections._keyblame import blame_keys
 from projections._diff import diff_points
 from projections._history import fold_history
 from projections._timetravel import (
@@ -227,7 +228,9 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 
 def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    blame = fold_blame(_require_events(store, args.instance))
+    if store.version(args.instance) == 0:
+        raise UsageError(f"no instance {args.instance!r} in {store.url}")
+    blame = blame_keys(store, args.instance, [args.key])
     if not blame.writes(args.key):
         raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
     console.print(_blame_table(blame, args.key, args.instance))
