@@ -41,9 +41,9 @@ from kernel._events import EventBase
 from kernel._store import DEFAULT_STORE_ENV, EventStore, open_store
 from projections._bisect import bisect
 from projections._blame import KeyBlame, fold_blame
-from projections._keyblame import blame_keys
 from projections._diff import diff_points
 from projections._history import fold_history
+from projections._keyblame import blame_keys
 from projections._timetravel import (
     AtPosition,
     AtSuperstep,
