@@ -1,13 +1,15 @@
 """``python -m bench``: run steplog's benchmarks and write docs/benchmarks-results.md.
 
     python -m bench                    # every benchmark, real sizes, median of 5
-    python -m bench --smoke            # tiny sizes, asserts results, < 60 s (CI)
+    python -m bench --smoke            # tiny sizes, asserts results, < 60 s
+    python -m bench --smoke --strict   # and a skipped case fails too (CI: baselines must run)
     python -m bench --only loop        # one benchmark (loop, fanout, rebuild, timetravel, scaleout)
     python -m bench --only loop --case sqlite   # and only the cases whose name contains "sqlite"
     python -m bench --repeat 3
 
 Exit status: 0 when every case that ran produced the right result; 1 when any case computed a
-wrong result or raised; 2 for bad arguments. Timings never fail a run.
+wrong result or raised (or, with ``--strict``, was skipped); 2 for bad arguments. Timings never
+fail a run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     names = [b.name for b in benchmarks()]
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; assert results only")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="a skipped case (bench extra or PostgreSQL missing) fails the run",
+    )
     parser.add_argument(
         "--only",
         action="append",
@@ -103,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"wrote {out}")
     counts = summary_counts(results)
     failed = [f"{r.benchmark.name}: {c.case.name}" for r in results for c in r.failed]
+    if args.strict:
+        failed += [
+            f"{r.benchmark.name}: {c.case.name} (skipped under --strict)"
+            for r in results
+            for c in r.skipped
+        ]
     console.print(
         f"{len(chosen)} benchmark(s) in {time.perf_counter() - started:.1f} s: "
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

@@ -59,7 +59,7 @@ def run_in_child(fn: str, args: dict[str, Any], timeout: float = 600) -> dict[st
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     if "error" in result:
         kind, message = result["error"]
-        if kind in ("Pending", "Skipped", "WrongResult"):
+        if kind in ("Skipped", "WrongResult"):
             from bench import _core
 
             raise getattr(_core, kind)(message)

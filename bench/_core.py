@@ -2,16 +2,18 @@
 
 A *case* is a plain function ``fn(cfg) -> Measurement``. It builds what it needs, times only the
 work being compared, checks that the work produced the right result (raising ``WrongResult``
-otherwise), and cleans up. It raises ``Pending`` when the steplog API it measures is not there
-yet, and ``Skipped`` when an optional dependency (the bench extra, a PostgreSQL server) is missing.
+otherwise), and cleans up. It raises ``Skipped`` when an optional dependency (the bench extra, a
+PostgreSQL server) is missing.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -20,21 +22,17 @@ __all__ = [
     "Case",
     "Config",
     "Measurement",
-    "Pending",
     "Sizes",
     "Skipped",
     "Target",
     "WrongResult",
+    "bench_extra",
     "expect",
 ]
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE_DIR = BENCH_DIR / ".cache"
-
-
-class Pending(Exception):
-    """The steplog API this case measures is not available yet."""
 
 
 class Skipped(Exception):
@@ -50,6 +48,14 @@ def expect(actual: Any, expected: Any, what: str) -> None:
     if actual != expected:
         a, e = repr(actual), repr(expected)
         raise WrongResult(f"{what}: got {a[:300]}, expected {e[:300]}")
+
+
+def bench_extra(module: str) -> ModuleType:
+    """``bench.<module>``, whose imports need the bench extra; ``Skipped`` when they fail."""
+    try:
+        return importlib.import_module(f"bench.{module}")
+    except ImportError as error:
+        raise Skipped(f"bench extra not installed (pip install -e '.[bench]'): {error}") from None
 
 
 @dataclass(frozen=True)

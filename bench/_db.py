@@ -5,22 +5,26 @@ from __future__ import annotations
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from bench._core import Config, Skipped
 
+T = TypeVar("T")
+
 __all__ = [
     "fresh_schema",
     "pg_connect",
+    "pg_growth",
     "pg_reachable",
     "pg_schema_bytes",
     "pg_server_version",
     "remove_sqlite",
     "sqlite_bytes",
+    "sqlite_growth",
     "url_with_query",
 ]
 
@@ -52,6 +56,23 @@ def remove_sqlite(path: str | os.PathLike[str]) -> None:
         p = Path(f"{path}{suffix}")
         if p.exists():
             p.unlink()
+
+
+def sqlite_growth(
+    path: Path, create: Callable[[Path], object], run: Callable[[Path], T]
+) -> tuple[T, int]:
+    """``run(path)`` and the bytes it added to a fresh SQLite file at ``path``.
+
+    ``create(path)`` makes the empty tables first (not billed to ``run``) and must close its
+    connections; the file is removed at the end.
+    """
+    try:
+        create(path)
+        empty = sqlite_bytes(path)
+        result = run(path)
+        return result, sqlite_bytes(path) - empty
+    finally:
+        remove_sqlite(path)
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -138,3 +159,15 @@ def pg_schema_bytes(url: str, schema: str) -> int:
             (schema,),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+def pg_growth(
+    cfg: Config, prefix: str, create: Callable[[str], object], run: Callable[[str], T]
+) -> tuple[T, int]:
+    """``run(schema)`` and the bytes it added to a fresh schema (``create(schema)`` makes the
+    empty tables first, not billed to ``run``); the schema is dropped at the end."""
+    with fresh_schema(cfg, prefix) as schema:
+        create(schema)
+        empty = pg_schema_bytes(cfg.pg_url, schema)
+        result = run(schema)
+        return result, pg_schema_bytes(cfg.pg_url, schema) - empty

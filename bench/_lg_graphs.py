@@ -1,13 +1,16 @@
 """The loop as a LangGraph ``StateGraph``: nodes A and B alternate, each writing ``a``, ``b``
-and the message channel ``count``; a conditional edge ends the graph at ``n``."""
+and the message channel ``count``; a conditional edge ends the graph at ``n``. Also exports the
+SQLite and PostgreSQL checkpointers (the bench extra installs all three packages)."""
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-__all__ = ["LoopState", "loop_graph"]
+__all__ = ["LoopState", "PostgresSaver", "SqliteSaver", "loop_graph"]
 
 
 class LoopState(TypedDict):

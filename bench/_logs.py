@@ -57,6 +57,24 @@ class LogSpec:
             first, r = last + 1, r + 1
         return out
 
+    def type_counts(self) -> dict[str, int]:
+        """How many events of each ``type`` one instance's stream holds."""
+        runs = len(self.runs())
+        failed = sum(failed for _, _, failed in self.runs())
+        s = self.supersteps
+        return {
+            "run_started": runs,
+            "superstep_started": s,
+            "executor_invoked": s,
+            "state_staged": 2 * s,
+            "message_staged": s,
+            "executor_completed": s,
+            "superstep_committed": s - failed,
+            "superstep_aborted": failed,
+            "run_completed": runs - failed,
+            "run_failed": failed,
+        }
+
     def events_per_instance(self) -> int:
         return self.supersteps * EVENTS_PER_SUPERSTEP + 2 * len(self.runs())
 

@@ -4,30 +4,32 @@ A ``RowShape`` is a cycle of supersteps, each a list of ``(topic, state)`` rows 
 keeps them (``steplog_events``: originator_id, originator_version, topic, state). The raw
 sqlite3/psycopg baselines insert exactly these rows, one transaction per superstep.
 
-Where the rows come from, best first:
-1. ``calibrate_from_sqlite``: the rows of a real steplog run (once the runner exists);
-2. ``--raw-shape ROWSxBYTES`` on the command line;
-3. ``synthetic_*``: the events steplog's event model produces for that superstep, encoded by
-   steplog's own ``EventMapper`` (what the runner is expected to write).
+Where the rows come from: ``calibrate`` runs the benchmark's own workflow on a steplog SQLite
+store and reads back the rows of one cycle of supersteps from the middle of the run;
+``--raw-shape ROWSxBYTES`` on the command line overrides that (``parse_shape``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import sqlite3
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from bench._db import remove_sqlite
+
 __all__ = [
     "RowShape",
+    "calibrate",
     "calibrate_from_sqlite",
     "parse_shape",
     "stamp",
-    "synthetic_fanout",
-    "synthetic_loop",
 ]
 
 Row = tuple[str, bytes]
@@ -58,106 +60,6 @@ class RowShape:
         )
 
 
-def _now() -> dt.datetime:
-    return dt.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
-
-
-def _encode(events: list[object]) -> tuple[Row, ...]:
-    from kernel._mapper import EventMapper
-
-    mapper = EventMapper()
-    rows = []
-    for event in events:
-        stored = mapper.to_stored(event)  # type: ignore[arg-type]
-        rows.append((stored.topic, bytes(stored.state)))
-    return tuple(rows)
-
-
-def synthetic_loop(instance_id: str = "bench-loop") -> RowShape:
-    """The loop benchmark's superstep: started, invoked, 2 state writes, 1 message, completed,
-    committed."""
-    from kernel import (
-        ExecutorCompleted,
-        ExecutorInvoked,
-        MessageStaged,
-        StateStaged,
-        SuperstepCommitted,
-        SuperstepStarted,
-    )
-
-    common = {
-        "instance_id": instance_id,
-        "timestamp": _now(),
-        "run_id": str(uuid.UUID(int=1)),
-        "superstep_id": str(uuid.UUID(int=2)),
-    }
-    pos = iter(range(1, 100))
-    events = [
-        SuperstepStarted(position=next(pos), index=1000, **common),
-        ExecutorInvoked(position=next(pos), executor_id="a", **common),
-        StateStaged(position=next(pos), executor_id="a", key="a", op="set", value=1000, **common),
-        StateStaged(position=next(pos), executor_id="a", key="b", op="set", value=1000, **common),
-        MessageStaged(position=next(pos), source="a", targets=["b"], message=1001, **common),
-        ExecutorCompleted(position=next(pos), executor_id="a", **common),
-        SuperstepCommitted(position=next(pos), **common),
-    ]
-    return RowShape((_encode(events),), "synthetic: steplog's event model, 7 events/superstep")
-
-
-def synthetic_fanout(width: int, keys: int, instance_id: str = "bench-fanout") -> RowShape:
-    """The fan-out benchmark's two supersteps: the source (1 write, 1 message to ``width``
-    targets), then ``width`` executors each writing ``keys`` keys (w0 sends back)."""
-    from kernel import (
-        ExecutorCompleted,
-        ExecutorInvoked,
-        MessageStaged,
-        StateStaged,
-        SuperstepCommitted,
-        SuperstepStarted,
-    )
-
-    targets = [f"w{i}" for i in range(width)]
-
-    def common(step: int) -> dict[str, object]:
-        return {
-            "instance_id": instance_id,
-            "timestamp": _now(),
-            "run_id": str(uuid.UUID(int=1)),
-            "superstep_id": str(uuid.UUID(int=10 + step)),
-        }
-
-    pos = iter(range(1, 10_000))
-    c = common(0)
-    source = [
-        SuperstepStarted(position=next(pos), index=100, **c),
-        ExecutorInvoked(position=next(pos), executor_id="source", **c),
-        StateStaged(position=next(pos), executor_id="source", key="round", op="set", value=50, **c),
-        MessageStaged(position=next(pos), source="source", targets=targets, message=50, **c),
-        ExecutorCompleted(position=next(pos), executor_id="source", **c),
-        SuperstepCommitted(position=next(pos), **c),
-    ]
-    c = common(1)
-    wide: list[object] = [SuperstepStarted(position=next(pos), index=101, **c)]
-    for w in targets:
-        wide.append(ExecutorInvoked(position=next(pos), executor_id=w, **c))
-        for k in range(keys):
-            wide.append(
-                StateStaged(
-                    position=next(pos), executor_id=w, key=f"{w}.k{k}", op="set", value=50, **c
-                )
-            )
-        if w == "w0":
-            wide.append(
-                MessageStaged(position=next(pos), source=w, targets=["source"], message=50, **c)
-            )
-        wide.append(ExecutorCompleted(position=next(pos), executor_id=w, **c))
-    wide.append(SuperstepCommitted(position=next(pos), **c))
-    return RowShape(
-        (_encode(source), _encode(wide)),
-        f"synthetic: steplog's event model, {len(source)}+{len(wide)} events/2 supersteps",
-    )
-
-
 def parse_shape(text: str) -> RowShape:
     """``"7x173"``: 7 rows of 173 state bytes each per superstep (JSON padded to length)."""
     rows_text, _, size_text = text.lower().partition("x")
@@ -169,7 +71,25 @@ def parse_shape(text: str) -> RowShape:
     return RowShape((tuple(("state_staged@1", state) for _ in range(rows)),), f"--raw-shape {text}")
 
 
-def calibrate_from_sqlite(path: Path, instance_id: str, cycle: int = 1) -> RowShape | None:
+def calibrate(workdir: Path, workflow: Callable[[Any, str], Any], cycle: int = 1) -> RowShape:
+    """The rows a real steplog run writes: ``workflow(store, instance_id)`` is built on a fresh
+    SQLite store, run with input 0, and ``cycle`` supersteps of its rows are read back."""
+    from kernel import open_store
+
+    path = workdir / f"calibrate-{uuid.uuid4().hex[:8]}.db"
+    instance = "bench-calibrate"
+    try:
+        store = open_store(f"sqlite:///{path}")
+        try:
+            asyncio.run(workflow(store, instance).run(0))
+        finally:
+            store.close()
+        return calibrate_from_sqlite(path, instance, cycle)
+    finally:
+        remove_sqlite(path)
+
+
+def calibrate_from_sqlite(path: Path, instance_id: str, cycle: int = 1) -> RowShape:
     """The rows of ``cycle`` consecutive supersteps from the middle of a real steplog run."""
     conn = sqlite3.connect(path)
     try:
@@ -191,7 +111,10 @@ def calibrate_from_sqlite(path: Path, instance_id: str, cycle: int = 1) -> RowSh
             steps.append(current)
             current = None
     if len(steps) < 2 * cycle + 1:
-        return None
+        raise ValueError(
+            f"calibration run of {instance_id!r} closed {len(steps)} supersteps; "
+            f"need {2 * cycle + 1} to take a cycle of {cycle} from the middle"
+        )
     middle = (len(steps) // 2 // cycle) * cycle
     chosen = tuple(tuple(s) for s in steps[middle : middle + cycle])
     return RowShape(chosen, f"calibrated from a steplog SQLite run ({len(steps)} supersteps)")

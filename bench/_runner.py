@@ -17,7 +17,6 @@ from bench._core import (
     Case,
     Config,
     Measurement,
-    Pending,
     Sizes,
     Skipped,
     Target,
@@ -26,7 +25,7 @@ from bench._core import (
 
 __all__ = ["BenchResult", "CaseResult", "render_markdown", "render_rich", "run_benchmark"]
 
-OK, PENDING, SKIPPED, WRONG, ERROR = "ok", "pending", "skipped", "WRONG RESULT", "error"
+OK, SKIPPED, WRONG, ERROR = "ok", "skipped", "WRONG RESULT", "error"
 
 
 @dataclass
@@ -69,6 +68,10 @@ class BenchResult:
     def failed(self) -> list[CaseResult]:
         return [c for c in self.cases if c.status in (WRONG, ERROR)]
 
+    @property
+    def skipped(self) -> list[CaseResult]:
+        return [c for c in self.cases if c.status == SKIPPED]
+
 
 def _attempt(
     result: CaseResult, cfg: Config, console: Console, label: str, bench: Benchmark, *, show: bool
@@ -77,10 +80,6 @@ def _attempt(
     os.sync()  # flush earlier cases' writes so they do not land on this case's clock
     try:
         m = result.case.fn(cfg)
-    except Pending as p:
-        result.status, result.message = PENDING, str(p)
-        console.print(f"{label}: [yellow]{p}[/yellow]")
-        return
     except Skipped as s:
         result.status, result.message = SKIPPED, str(s)
         console.print(f"{label}: [yellow]skipped: {s}[/yellow]")
@@ -184,7 +183,7 @@ def _table(res: BenchResult) -> tuple[list[str], list[list[str]]]:
         row += [_fmt(c.median(key)) for key, _ in b.extra_columns]
         notes = [m.note for m in c.runs[:1] if m.note]
         if c.status != OK:
-            notes.insert(0, f"{c.status}: {c.message}" if c.status != PENDING else c.message)
+            notes.insert(0, f"{c.status}: {c.message}")
         row.append("; ".join(notes).replace("|", "/").replace("\n", " ")[:300])
         rows.append(row)
     return headers, rows
@@ -204,7 +203,7 @@ def _target(res: BenchResult, t: Target) -> list[str]:
     if actual is None:
         verdict = "n/a"
         if case is not None and case.status != OK:
-            verdict = case.status if case.status != PENDING else "pending"
+            verdict = case.status
     else:
         ok = actual >= t.value if t.op == ">=" else actual <= t.value
         verdict = "met" if ok else "NOT MET"

@@ -1,6 +1,5 @@
 """steplog workflows for the benchmarks, written against the runner's API.
 
-Imported only through ``bench._steplog.require_runner`` (it needs ``kernel.WorkflowBuilder``).
 No ``from __future__ import annotations`` here: handlers' annotations are real types, as the
 runner may read them to route messages.
 """

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import uuid
 
-from bench._core import Benchmark, Case, Config, Measurement, Skipped, expect
-from bench._db import remove_sqlite, sqlite_bytes
+from bench import _steplog_graphs as graphs
+from bench._core import Benchmark, Case, Config, Measurement, bench_extra, expect
+from bench._db import sqlite_growth
 from bench._raw import raw_sqlite_run
-from bench._rows import RowShape, calibrate_from_sqlite, synthetic_fanout
-from bench._steplog import require_runner, runner_available
+from bench._rows import RowShape, calibrate
 from bench._timing import timed_async
+from kernel import open_store
 
 __all__ = ["BENCHMARK"]
 
@@ -48,9 +49,6 @@ def _measure(cfg: Config, seconds: float, events: int | None, grown: int | None)
 
 
 def _steplog(cfg: Config, url: str) -> tuple[float, int]:
-    graphs = require_runner()
-    from kernel import open_store
-
     s = cfg.sizes
     instance = f"bench-fanout-{uuid.uuid4().hex[:8]}"
     store = open_store(url)
@@ -71,25 +69,16 @@ def steplog_memory(cfg: Config) -> Measurement:
 
 
 def steplog_sqlite(cfg: Config) -> Measurement:
-    require_runner()
-    from kernel import open_store
-
     path = cfg.workdir / f"steplog-fanout-{uuid.uuid4().hex[:8]}.db"
-    try:
-        open_store(f"sqlite:///{path}").close()
-        empty = sqlite_bytes(path)
-        seconds, events = _steplog(cfg, f"sqlite:///{path}")
-        grown = sqlite_bytes(path) - empty
-    finally:
-        remove_sqlite(path)
+    url = f"sqlite:///{path}"
+    (seconds, events), grown = sqlite_growth(
+        path, lambda _: open_store(url).close(), lambda _: _steplog(cfg, url)
+    )
     return _measure(cfg, seconds, events, grown)
 
 
 def af_memory(cfg: Config) -> Measurement:
-    try:
-        from bench import _af_graphs as af
-    except ImportError as error:
-        raise Skipped(f"agent-framework-core not installed: {error}") from None
+    af = bench_extra("_af_graphs")
     s = cfg.sizes
     wf = af.fanout_workflow(s.fanout_rounds, s.fanout_width, s.fanout_keys)
     result, seconds = timed_async(lambda: wf.run(0))
@@ -111,26 +100,17 @@ def raw_sqlite(cfg: Config) -> Measurement:
 
 def prepare(cfg: Config) -> str:
     s = cfg.sizes
-    shape = None
-    if runner_available():
-        graphs = require_runner()
-        from kernel import open_store
-
-        path = cfg.workdir / "calibrate-fanout.db"
-        try:
-            store = open_store(f"sqlite:///{path}")
-            try:
-                wf = graphs.fanout_workflow(store, "calibrate", 6, s.fanout_width, s.fanout_keys)
-                timed_async(lambda: wf.run(0))
-            finally:
-                store.close()
-            shape = calibrate_from_sqlite(path, "calibrate", cycle=2)
-        finally:
-            remove_sqlite(path)
-    cfg.shared["fanout_shape"] = shape or synthetic_fanout(s.fanout_width, s.fanout_keys)
+    shape = calibrate(
+        cfg.workdir,
+        lambda store, instance: graphs.fanout_workflow(
+            store, instance, 6, s.fanout_width, s.fanout_keys
+        ),
+        cycle=2,
+    )
+    cfg.shared["fanout_shape"] = shape
     return (
         f"width {s.fanout_width}, {s.fanout_keys} keys each, {s.fanout_rounds} rounds; raw "
-        "baseline writes " + cfg.shared["fanout_shape"].describe()
+        "baseline writes " + shape.describe()
     )
 
 

@@ -6,23 +6,26 @@ final count and final state (``a == b == N - 1``).
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
 
-from bench._core import Benchmark, Case, Config, Measurement, Skipped, Target, expect
-from bench._db import (
-    fresh_schema,
-    pg_schema_bytes,
-    remove_sqlite,
-    require_pg,
-    sqlite_bytes,
-    url_with_query,
-)
+from bench import _steplog_graphs as graphs
+from bench._core import Benchmark, Case, Config, Measurement, Target, bench_extra, expect
+from bench._db import pg_growth, sqlite_growth, url_with_query
 from bench._raw import raw_psycopg_run, raw_sqlite_run
-from bench._rows import RowShape, calibrate_from_sqlite, synthetic_loop
-from bench._steplog import require_runner, runner_available
+from bench._rows import RowShape, calibrate
 from bench._timing import timed, timed_async
+from kernel import open_store
 
-__all__ = ["BENCHMARK"]
+__all__ = ["BENCHMARK", "loop_shape"]
+
+# A durable case's growth: ``measure(create, run)`` -> (seconds, bytes added); ``create`` and
+# ``run`` take where the run goes (a SQLite path or a PostgreSQL schema).
+Measure = Callable[[Callable[[Any], object], Callable[[Any], float]], tuple[float, int]]
 
 AF = "agent framework (in-memory)"
 AF_CP = "agent framework + InMemoryCheckpointStorage"
@@ -41,13 +44,24 @@ def _shape(cfg: Config) -> RowShape:
     return shape
 
 
+def _per_step(cfg: Config, seconds: float, grown: int | None = None) -> Measurement:
+    n = cfg.sizes.loop_n
+    return Measurement(n / seconds, bytes_per_step=None if grown is None else grown / n)
+
+
+def _on_sqlite(cfg: Config, prefix: str) -> Measure:
+    path = cfg.workdir / f"{prefix}-{uuid.uuid4().hex[:8]}.db"  # workdir is absolute
+    return lambda create, run: sqlite_growth(path, create, run)
+
+
+def _on_postgres(cfg: Config, prefix: str) -> Measure:
+    return lambda create, run: pg_growth(cfg, prefix, create, run)
+
+
 # -- steplog ------------------------------------------------------------------------------------
 
 
 def _steplog_run(cfg: Config, url: str, durability: str = "superstep") -> float:
-    graphs = require_runner()
-    from kernel import open_store
-
     n = cfg.sizes.loop_n
     store = open_store(url)
     try:
@@ -60,74 +74,55 @@ def _steplog_run(cfg: Config, url: str, durability: str = "superstep") -> float:
     return seconds
 
 
+def _steplog_durable(
+    cfg: Config, measure: Measure, url: Callable[[Any], str], durability: str = "superstep"
+) -> Measurement:
+    """The empty store's tables are created first: not billed to the supersteps."""
+    seconds, grown = measure(
+        lambda where: open_store(url(where)).close(),
+        lambda where: _steplog_run(cfg, url(where), durability),
+    )
+    return _per_step(cfg, seconds, grown)
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"  # an absolute path: sqlite:////abs/path
+
+
 def steplog_memory(cfg: Config) -> Measurement:
-    seconds = _steplog_run(cfg, "memory://")
-    return Measurement(cfg.sizes.loop_n / seconds)
-
-
-def _steplog_sqlite(cfg: Config, durability: str) -> Measurement:
-    require_runner()
-    from kernel import open_store
-
-    path = cfg.workdir / f"steplog-loop-{uuid.uuid4().hex[:8]}.db"
-    url = f"sqlite:///{path}"  # workdir is absolute: sqlite:////abs/path
-    try:
-        open_store(url).close()  # the empty store's tables: not billed to the supersteps
-        empty = sqlite_bytes(path)
-        seconds = _steplog_run(cfg, url, durability)
-        grown = sqlite_bytes(path) - empty
-    finally:
-        remove_sqlite(path)
-    n = cfg.sizes.loop_n
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+    return _per_step(cfg, _steplog_run(cfg, "memory://"))
 
 
 def steplog_sqlite(cfg: Config) -> Measurement:
-    return _steplog_sqlite(cfg, "superstep")
+    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), _sqlite_url)
 
 
 def steplog_sqlite_write(cfg: Config) -> Measurement:
-    return _steplog_sqlite(cfg, "write")
+    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), _sqlite_url, "write")
 
 
 def steplog_postgres(cfg: Config) -> Measurement:
-    require_runner()
-    from kernel import open_store
-
-    with fresh_schema(cfg, "steplog") as schema:
-        url = url_with_query(cfg.pg_url, schema=schema)
-        open_store(url).close()
-        empty = pg_schema_bytes(cfg.pg_url, schema)
-        seconds = _steplog_run(cfg, url)
-        grown = pg_schema_bytes(cfg.pg_url, schema) - empty
-    n = cfg.sizes.loop_n
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+    return _steplog_durable(
+        cfg,
+        _on_postgres(cfg, "steplog"),
+        lambda schema: url_with_query(cfg.pg_url, schema=schema),
+    )
 
 
 # -- Agent Framework ----------------------------------------------------------------------------
 
 
-def _af() -> object:
-    try:
-        from bench import _af_graphs
-    except ImportError as error:
-        raise Skipped(
-            f"agent-framework-core not installed (pip install -e '.[bench]'): {error}"
-        ) from None
-    return _af_graphs
-
-
 def _af_run(cfg: Config, checkpointing: bool) -> Measurement:
-    af = _af()
+    af = bench_extra("_af_graphs")
     n = cfg.sizes.loop_n
-    storage = af.InMemoryCheckpointStorage() if checkpointing else None  # type: ignore[attr-defined]
-    wf = af.loop_workflow(n, storage)  # type: ignore[attr-defined]
+    storage = af.InMemoryCheckpointStorage() if checkpointing else None
+    wf = af.loop_workflow(n, storage)
     result, seconds = timed_async(lambda: wf.run(0))
     outputs = result.get_outputs()
     expect(len(outputs), 1, "agent framework loop: number of outputs")
     expect(outputs[0]["count"], n, "agent framework loop count")
     expect(outputs[0]["state"], _expected_state(n), "agent framework loop state")
-    return Measurement(n / seconds)
+    return _per_step(cfg, seconds)
 
 
 def af_memory(cfg: Config) -> Measurement:
@@ -141,18 +136,10 @@ def af_checkpointed(cfg: Config) -> Measurement:
 # -- LangGraph ----------------------------------------------------------------------------------
 
 
-def _lg() -> object:
-    try:
-        from bench import _lg_graphs
-    except ImportError as error:
-        raise Skipped(f"langgraph not installed (pip install -e '.[bench]'): {error}") from None
-    return _lg_graphs
-
-
 def _lg_invoke(cfg: Config, checkpointer: object, durability: str | None) -> float:
-    lg = _lg()
+    lg = bench_extra("_lg_graphs")
     n = cfg.sizes.loop_n
-    app = lg.loop_graph(n, checkpointer)  # type: ignore[attr-defined]
+    app = lg.loop_graph(n, checkpointer)
     config = {"recursion_limit": n + 10, "configurable": {"thread_id": uuid.uuid4().hex}}
     kwargs = {"durability": durability} if durability else {}
     result, seconds = timed(lambda: app.invoke({"count": 0, "a": -1, "b": -1}, config, **kwargs))
@@ -165,33 +152,45 @@ def _lg_invoke(cfg: Config, checkpointer: object, durability: str | None) -> flo
 
 
 def lg_memory(cfg: Config) -> Measurement:
-    return Measurement(cfg.sizes.loop_n / _lg_invoke(cfg, None, None))
+    return _per_step(cfg, _lg_invoke(cfg, None, None))
+
+
+def _lg_durable(
+    cfg: Config,
+    measure: Measure,
+    saver: Callable[[Any], AbstractContextManager[Any]],
+    durability: str,
+) -> Measurement:
+    """``saver(where)`` opens a checkpointer whose tables exist; the first one only creates
+    them (not billed to the supersteps)."""
+
+    def create(where: Any) -> None:
+        with saver(where):
+            pass
+
+    def run(where: Any) -> float:
+        with saver(where) as checkpointer:
+            return _lg_invoke(cfg, checkpointer, durability)
+
+    seconds, grown = measure(create, run)
+    return _per_step(cfg, seconds, grown)
 
 
 def _lg_sqlite(cfg: Config, durability: str) -> Measurement:
-    _lg()
-    try:
-        from langgraph.checkpoint.sqlite import SqliteSaver
-    except ImportError as error:
-        raise Skipped(f"langgraph-checkpoint-sqlite not installed: {error}") from None
-    import sqlite3
+    lg = bench_extra("_lg_graphs")
 
-    path = cfg.workdir / f"langgraph-{uuid.uuid4().hex[:8]}.db"
-    try:
+    @contextmanager
+    def saver(path: Path) -> Iterator[Any]:
         conn = sqlite3.connect(path, check_same_thread=False)
         try:
-            saver = SqliteSaver(conn)
-            saver.setup()  # WAL; synchronous stays at SQLite's default FULL
+            checkpointer = lg.SqliteSaver(conn)
+            checkpointer.setup()  # WAL; synchronous stays at SQLite's default FULL
             conn.commit()
-            empty = sqlite_bytes(path)
-            seconds = _lg_invoke(cfg, saver, durability)
+            yield checkpointer
         finally:
             conn.close()
-        grown = sqlite_bytes(path) - empty
-    finally:
-        remove_sqlite(path)
-    n = cfg.sizes.loop_n
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+
+    return _lg_durable(cfg, _on_sqlite(cfg, "langgraph"), saver, durability)
 
 
 def lg_sqlite(cfg: Config) -> Measurement:
@@ -203,21 +202,16 @@ def lg_sqlite_sync(cfg: Config) -> Measurement:
 
 
 def _lg_postgres(cfg: Config, durability: str) -> Measurement:
-    _lg()
-    try:
-        from langgraph.checkpoint.postgres import PostgresSaver
-    except ImportError as error:
-        raise Skipped(f"langgraph-checkpoint-postgres not installed: {error}") from None
-    require_pg(cfg)
-    with fresh_schema(cfg, "langgraph") as schema:
+    lg = bench_extra("_lg_graphs")
+
+    @contextmanager
+    def saver(schema: str) -> Iterator[Any]:
         url = url_with_query(cfg.pg_url, options=f"-csearch_path={schema}")
-        with PostgresSaver.from_conn_string(url) as saver:
-            saver.setup()
-            empty = pg_schema_bytes(cfg.pg_url, schema)
-            seconds = _lg_invoke(cfg, saver, durability)
-        grown = pg_schema_bytes(cfg.pg_url, schema) - empty
-    n = cfg.sizes.loop_n
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+        with lg.PostgresSaver.from_conn_string(url) as checkpointer:
+            checkpointer.setup()
+            yield checkpointer
+
+    return _lg_durable(cfg, _on_postgres(cfg, "langgraph"), saver, durability)
 
 
 def lg_postgres(cfg: Config) -> Measurement:
@@ -246,33 +240,18 @@ def raw_psycopg(cfg: Config) -> Measurement:
 # -- preparation --------------------------------------------------------------------------------
 
 
+def loop_shape(cfg: Config) -> RowShape:
+    """The rows the raw baselines write per superstep: ``--raw-shape`` if given, else a real
+    40-superstep steplog loop's (calibrated once per invocation)."""
+    if "loop_shape" not in cfg.shared:
+        cfg.shared["loop_shape"] = cfg.shared.get("loop_shape_override") or calibrate(
+            cfg.workdir, lambda store, instance: graphs.loop_workflow(store, instance, 40)
+        )
+    return _shape(cfg)
+
+
 def prepare(cfg: Config) -> str:
-    """Choose the raw baselines' rows: a real steplog run's when the runner exists."""
-    if "loop_shape_override" in cfg.shared:
-        cfg.shared["loop_shape"] = cfg.shared["loop_shape_override"]
-    elif runner_available():
-        cfg.shared["loop_shape"] = _calibrate(cfg) or synthetic_loop()
-    else:
-        cfg.shared["loop_shape"] = synthetic_loop()
-    return "raw baselines write " + cfg.shared["loop_shape"].describe()
-
-
-def _calibrate(cfg: Config) -> RowShape | None:
-    graphs = require_runner()
-    from kernel import open_store
-
-    path = cfg.workdir / "calibrate-loop.db"
-    instance = "bench-calibrate"
-    try:
-        store = open_store(f"sqlite:///{path}")
-        try:
-            wf = graphs.loop_workflow(store, instance, 40)
-            timed_async(lambda: wf.run(0))
-        finally:
-            store.close()
-        return calibrate_from_sqlite(path, instance)
-    finally:
-        remove_sqlite(path)
+    return "raw baselines write " + loop_shape(cfg).describe()
 
 
 BENCHMARK = Benchmark(

@@ -27,8 +27,8 @@ import orjson
 from bench._core import Benchmark, Case, Config, Measurement, WrongResult, expect
 from bench._db import fresh_schema, pg_connect, url_with_query
 from bench._raw import PG_TABLE_DDL
-from bench._rows import RowShape, stamp, synthetic_loop
-from bench._steplog import require_projections, require_runner
+from bench._rows import stamp
+from bench.loop import loop_shape
 
 __all__ = ["BENCHMARK"]
 
@@ -108,7 +108,7 @@ def _raw_follower(url: str, schema: str, expected: int, ready: Any, out: Any) ->
     out.put(("follower", time.time(), seen, versions, _lag_stats(lags)))
 
 
-# -- steplog processes (written against the runner's API; pending until it lands) ---------------
+# -- steplog processes --------------------------------------------------------------------------
 
 
 def _steplog_worker(url: str, instance: str, supersteps: int, go: Any, out: Any) -> None:
@@ -202,7 +202,7 @@ def _drive(
 
 def raw_case(cfg: Config, workers: int) -> Measurement:
     s = cfg.sizes.scale_supersteps
-    shape: RowShape = cfg.shared.get("loop_shape") or synthetic_loop()
+    shape = loop_shape(cfg)
     steps = [list(step) for step in shape.steps]
     for step in steps:
         for _, state in step:
@@ -248,8 +248,6 @@ def _result(
 
 
 def steplog_case(cfg: Config, workers: int) -> Measurement:
-    require_runner()
-    require_projections("Projector")
     from kernel import open_store
 
     s = cfg.sizes.scale_supersteps
@@ -281,7 +279,7 @@ def steplog_case(cfg: Config, workers: int) -> Measurement:
 def _events_per_run(supersteps: int) -> int:
     import asyncio
 
-    graphs = require_runner()
+    from bench import _steplog_graphs as graphs
     from kernel import open_store
 
     store = open_store("memory://")

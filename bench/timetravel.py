@@ -18,16 +18,18 @@ from typing import Any
 
 import orjson
 
-from bench._core import Benchmark, Case, Config, Measurement, Pending, Target, expect
+import projections as p
+from bench._core import Benchmark, Case, Config, Measurement, Target, expect
 from bench._db import remove_sqlite, sqlite_bytes
 from bench._logs import LogSpec, ensure_log
-from bench._steplog import require_projections
+from kernel import CommittedState, fold_committed, open_store
 
 __all__ = ["BENCHMARK"]
 
-FULL_FOLD = "full fold (store.read(upto) + fold_committed)"
+FULL_FOLD = "full fold (store.read pages up to the point + fold_committed)"
 SNAPSHOTS = "steplog state as of superstep (with snapshots)"
 SNAPSHOT_EVERY = 50
+FOLD_PAGE = 1000
 
 
 def _spec(cfg: Config) -> LogSpec:
@@ -61,17 +63,22 @@ def _latencies(samples: list[int], cfg: Config, query: Any) -> Measurement:
 
 
 def full_fold(cfg: Config) -> Measurement:
-    """What steplog can do today: read the stream up to the point and fold it."""
-    from kernel import fold_committed, open_store
-
-    store = open_store(f"sqlite:///{cfg.shared['tt_snap_log']}")
+    """What a fold without snapshots costs: the stream up to the point, read page by page
+    (``store.read(after=..., upto=..., limit=...)``) and folded as it streams, never held."""
+    store = _open(cfg)
     instance = _instance(cfg)
+
+    def query(upto: int) -> dict[str, Any]:
+        view, after = CommittedState(), 0
+        while True:
+            page = store.read(instance, after=after, upto=upto, limit=FOLD_PAGE)
+            fold_committed(page, view)
+            if len(page) < FOLD_PAGE:
+                return dict(view.values)
+            after = page[-1].position
+
     try:
-        return _latencies(
-            _samples(cfg, "full_fold", cfg.sizes.tt_fold_samples),
-            cfg,
-            lambda upto: dict(fold_committed(store.read(instance, upto=upto)).values),
-        )
+        return _latencies(_samples(cfg, "full_fold", cfg.sizes.tt_fold_samples), cfg, query)
     finally:
         store.close()
 
@@ -107,13 +114,10 @@ def raw_fold(cfg: Config) -> Measurement:
 
 
 def _open(cfg: Config) -> Any:
-    from kernel import open_store
-
     return open_store(f"sqlite:///{cfg.shared['tt_snap_log']}")
 
 
 def _travel(cfg: Config, *, snapshots: bool) -> Measurement:
-    p = require_projections("TimeTravel", "AtPosition")
     store = _open(cfg)
     instance = _instance(cfg)
     try:
@@ -140,15 +144,15 @@ def steplog_as_of_plain(cfg: Config) -> Measurement:
 
 
 def steplog_blame(cfg: Config) -> Measurement:
-    """Every write of one key with its fate: ``fold_blame(store.read(id)).writes(key)``."""
-    p = require_projections("fold_blame")
+    """Every write of one key with its fate: ``blame_keys(store, id, [key]).writes(key)`` (reads
+    only ``BLAME_TYPES``, page by page, and keeps only that key)."""
     spec = _spec(cfg)
     key = "k7"
     want = [g for g in range(1, spec.supersteps + 1) if spec.second_key(g) == key]
     store = _open(cfg)
     try:
         start = time.perf_counter()
-        writes = p.fold_blame(store.read(_instance(cfg))).writes(key)
+        writes = p.blame_keys(store, _instance(cfg), [key]).writes(key)
         ms = (time.perf_counter() - start) * 1000
     finally:
         store.close()
@@ -165,7 +169,6 @@ def steplog_blame(cfg: Config) -> Measurement:
 
 def steplog_diff(cfg: Config) -> Measurement:
     """Diff of two distant points: two ``TimeTravel`` lookups (snapshots) and ``diff``."""
-    p = require_projections("TimeTravel", "AtPosition", "diff")
     spec = _spec(cfg)
     store = _open(cfg)
     instance = _instance(cfg)
@@ -213,11 +216,7 @@ def prepare(cfg: Config) -> str:
         f"one instance, {spec.supersteps:,} supersteps, {meta['events']:,} events, "
         f"{len(spec.runs())} runs ({how}: {path.name})"
     )
-    cfg.shared["tt_snap_log"] = path
-    try:
-        snap_path, snap_note = _ensure_snapshots(cfg, path)
-    except Pending as pending:
-        return f"{note}; snapshots: {pending}"
+    snap_path, snap_note = _ensure_snapshots(cfg, path)
     cfg.shared["tt_snap_log"] = snap_path
     return f"{note}; {snap_note}"
 
@@ -225,7 +224,6 @@ def prepare(cfg: Config) -> str:
 def _ensure_snapshots(cfg: Config, log: Path) -> tuple[Path, str]:
     """A copy of the log with ``SnapshotView`` built by ``Projector.catch_up`` (cached, keyed by
     the projections code, so a change to it rebuilds the snapshots)."""
-    p = require_projections("Projector", "SnapshotView")
     root = Path(__file__).resolve().parent.parent / "projections"
     digest = hashlib.sha256()
     for source in sorted(root.glob("*.py")):
@@ -238,8 +236,6 @@ def _ensure_snapshots(cfg: Config, log: Path) -> tuple[Path, str]:
     partial = path.with_suffix(".partial")
     remove_sqlite(partial)
     shutil.copyfile(log, partial)
-    from kernel import open_store
-
     start = time.perf_counter()
     store = open_store(f"sqlite:///{partial}")
     try:
@@ -260,8 +256,9 @@ BENCHMARK = Benchmark(
     title="4. Time travel at 100,000 supersteps",
     description=(
         "Latency of one query at a random superstep (median over the samples of a run, then "
-        "the median over runs). The full fold reads and folds the stream up to the point: the "
-        "cost without snapshots."
+        "the median over runs). The full fold streams the instance up to the point in pages of "
+        f"{FOLD_PAGE} (store.read(after, upto, limit)) and folds each page: the cost without "
+        "snapshots."
     ),
     metric="ms per query",
     higher_is_better=False,
