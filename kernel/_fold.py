@@ -26,7 +26,8 @@ class CommittedState:
     """The committed user state of one workflow instance, as JSON trees (see ``ValueCodec``).
 
     ``values`` maps keys to their committed wire values; ``position`` is the stream position of
-    the last event applied; ``last_committed`` the id of the last committed superstep.
+    the last event of ``EVENT_TYPES`` applied (so reading only those types gives an identical
+    view); ``last_committed`` the id of the last committed superstep.
     """
 
     __slots__ = ("_closed", "_ended_runs", "_pending", "last_committed", "position", "values")
@@ -50,6 +51,8 @@ class CommittedState:
     def apply(self, event: EventBase) -> CommittedState:
         """Fold one event in; return the view."""
         kind: str = event.type  # type: ignore[attr-defined]
+        if kind not in self.EVENT_TYPES:
+            return self  # cannot change committed state (nor, so, ``position``)
         self.position = max(self.position, event.position)
         if kind == "state_staged":
             assert isinstance(event, StateStaged)

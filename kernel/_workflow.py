@@ -132,7 +132,7 @@ class Workflow:
 
     def _catch_up(self) -> OpenRun:
         """Fold events appended since the last look (by this process or any other)."""
-        events = self.store.read(self.instance_id, after=self._committed.position)
+        events = self.store.read(self.instance_id, after=self._head.version)
         self._fold(events)
         return self._head
 

@@ -140,12 +140,20 @@ class Locator:
         self.superstep_id = superstep_id
         self.run_id = run_id
         self.stop_event: EventBase | None = None
+        self.last = 0  # the position of the last event accepted
         if isinstance(point, AtSuperstep | InsideSuperstep) and point.superstep_id is not None:
             self.superstep_id = point.superstep_id
         if isinstance(point, AtSuperstep) and point.run_id is not None:
             self.run_id = point.run_id
 
     def accept(self, event: EventBase) -> bool:
+        """Whether to fold ``event`` in (False: stop before it)."""
+        accepted = self._accept(event)
+        if accepted:
+            self.last = event.position
+        return accepted
+
+    def _accept(self, event: EventBase) -> bool:
         point = self.point
         if isinstance(point, AtPosition):
             if event.position > point.position:
@@ -188,7 +196,7 @@ class Locator:
     def result(self, state: CommittedState, instance_id: str) -> StateAt:
         """The answer once the scan has stopped (or the events ran out)."""
         point = self.point
-        last = state.position
+        last = max(state.position, self.last)
         if isinstance(point, AtPosition):
             return StateAt(point, dict(state.values), last, f"committed state at position {last}")
         if isinstance(point, AtTime):

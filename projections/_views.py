@@ -129,18 +129,25 @@ class Projector:
         done = 0
         while True:
             position = self.backend.position(table)
-            if upto is not None and position >= upto:
+            # Everything up to the horizon is scanned by the time a page comes back short, even
+            # when the view reads only some event types: the position then moves to the horizon.
+            horizon = self.store.last_position()
+            if upto is not None:
+                horizon = min(horizon, upto)
+            if position >= horizon:
                 return done
-            page = self.store.read_all(after=position, limit=self.page_size, upto=upto)
-            if not page:
-                return done
+            page = self.store.read_all(
+                after=position, limit=self.page_size, upto=horizon, types=spec.event_types
+            )
+            complete = len(page) < self.page_size
             with self.backend.transaction() as tx:
                 if not tx.claim(table, position):
                     continue  # another projector folded this page first: read on from its position
-                self._fold_page(spec, tx, table, page)
-                tx.set_position(table, page[-1].global_position)
+                if page:
+                    self._fold_page(spec, tx, table, page)
+                tx.set_position(table, horizon if complete else page[-1].global_position)
             done += len(page)
-            if len(page) < self.page_size:
+            if complete:
                 return done
 
     @staticmethod

@@ -41,6 +41,8 @@ class ViewSpec(ABC):
     """A materialized view: its ``name`` and how to fold events into its rows."""
 
     name: ClassVar[str]
+    event_types: ClassVar[frozenset[str]] = frozenset()
+    """The event types the view folds; empty for all. Catch-up reads only these."""
 
     @property
     def table(self) -> str:
@@ -90,6 +92,7 @@ class StateView(DocumentView):
     """Committed state per instance, by the kernel's own fold."""
 
     name = "state"
+    event_types = CommittedState.EVENT_TYPES
 
     def new(self) -> CommittedState:
         return CommittedState()

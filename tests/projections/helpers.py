@@ -58,6 +58,7 @@ class CrashingView(ViewSpec):
         self.inner = inner
         self.left = after
         self.name = inner.name  # type: ignore[misc]
+        self.event_types = inner.event_types  # type: ignore[misc]
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> Any:
         return self.inner.load(tx, table, instance_id)
