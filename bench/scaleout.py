@@ -146,12 +146,16 @@ def _steplog_follower(url: str, expected: int, ready: Any, out: Any) -> None:
     try:
         projector = Projector(store, ["state"], page_size=500)
         ready.set()
-        while seen < expected and time.time() < deadline:
-            folded = projector.catch_up()
-            if not folded:
+        while time.time() < deadline:
+            # The state view reads only the event types it folds, so progress is its position:
+            # done when every worker's events are in the log and the view has scanned them all.
+            if not projector.catch_up():
+                total = sum(store.version(i) for i in store.instances())
+                if total >= expected and projector.position("state") >= store.last_position():
+                    seen = total
+                    break
                 time.sleep(0.002)
                 continue
-            seen += folded
             position = projector.position("state")
             newest = store.read_all(after=position - 1, limit=1)
             if newest:
