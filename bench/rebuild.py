@@ -223,7 +223,14 @@ def steplog_history(cfg: Config) -> Measurement:
 
 
 def steplog_projector_state(cfg: Config) -> Measurement:
-    return _child_case(cfg, "bench.rebuild:child_steplog_projector_state")
+    from projections import StateView
+
+    return _child_case(
+        cfg,
+        "bench.rebuild:child_steplog_projector_state",
+        StateView.event_types,
+        note="the state view reads only the event types it folds (StateView.event_types)",
+    )
 
 
 def raw(cfg: Config) -> Measurement:
