@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,6 +98,18 @@ _END_STATUS: dict[str, RunStatus] = {
 }
 
 
+R = TypeVar("R", bound=BaseModel)
+
+
+def _record_of(entry: Any, cls: type[R]) -> R:
+    """The pydantic record of a slotted fold entry: its fields by name, sequences as lists."""
+    fields: dict[str, Any] = {}
+    for name in cls.model_fields:
+        value = getattr(entry, name)
+        fields[name] = list(value) if isinstance(value, tuple | list) else value
+    return cls.model_construct(**fields)
+
+
 @dataclass(slots=True)
 class _Step:
     """A superstep as the fold keeps it: plain slots and tuples, a ``SuperstepRecord`` on demand.
@@ -121,21 +133,7 @@ class _Step:
     outputs: tuple[Any, ...] = ()
 
     def record(self) -> SuperstepRecord:
-        return SuperstepRecord.model_construct(
-            superstep_id=self.superstep_id,
-            run_id=self.run_id,
-            index=self.index,
-            status=self.status,
-            reason=self.reason,
-            error=self.error,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            position=self.position,
-            executors=list(self.executors),
-            failed_executors=list(self.failed_executors),
-            keys=list(self.keys),
-            outputs=list(self.outputs),
-        )
+        return _record_of(self, SuperstepRecord)
 
     def to_row(self) -> dict[str, Any]:
         return {
@@ -195,20 +193,7 @@ class _Run:
     superstep_ids: list[str] = field(default_factory=list)
 
     def record(self) -> RunRecord:
-        return RunRecord.model_construct(
-            run_id=self.run_id,
-            workflow_name=self.workflow_name,
-            status=self.status,
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-            supersteps=self.supersteps,
-            committed=self.committed,
-            aborted=self.aborted,
-            outputs=list(self.outputs),
-            error=self.error,
-            closed_by=self.closed_by,
-            superstep_ids=list(self.superstep_ids),
-        )
+        return _record_of(self, RunRecord)
 
     def to_row(self) -> dict[str, Any]:
         return {
