@@ -28,9 +28,9 @@ def test_the_examples_run_in_order_in_one_namespace(doc, tmp_path, monkeypatch):
         exec(compile(block, f"{doc.name}[example {number}]", "exec"), namespace)
 
 
-def test_the_readme_example_is_at_most_twenty_lines():
+def test_the_readme_example_is_at_most_sixteen_lines():
     (example,) = python_blocks(ROOT / "README.md")
-    assert len(example.strip().splitlines()) <= 20
+    assert len(example.strip().splitlines()) <= 16
 
 
 def test_every_test_the_guarantees_name_exists():
