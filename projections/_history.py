@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -99,6 +100,10 @@ _END_STATUS: dict[str, RunStatus] = {
 
 
 R = TypeVar("R", bound=BaseModel)
+E = TypeVar("E")
+
+# A run's outputs and superstep ids follow from its supersteps: its row leaves them out.
+_DERIVED = frozenset({"outputs", "superstep_ids"})
 
 
 def _record_of(entry: Any, cls: type[R]) -> R:
@@ -108,6 +113,18 @@ def _record_of(entry: Any, cls: type[R]) -> R:
         value = getattr(entry, name)
         fields[name] = list(value) if isinstance(value, tuple | list) else value
     return cls.model_construct(**fields)
+
+
+def _entry_of(cls: type[E], record_cls: type[BaseModel], row: dict[str, Any]) -> E:
+    """The fold entry of a row (a record's JSON plus its ordinal ``n``): the converse of
+    ``to_row``. Tuple fields of the entry get tuples, list fields fresh lists."""
+    record = record_cls.model_validate({k: v for k, v in row.items() if k != "n"})
+    values: dict[str, Any] = {"n": row["n"]}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name != "n":
+            value = getattr(record, f.name)
+            values[f.name] = tuple(value) if f.default == () else value
+    return cls(**values)
 
 
 @dataclass(slots=True)
@@ -136,41 +153,11 @@ class _Step:
         return _record_of(self, SuperstepRecord)
 
     def to_row(self) -> dict[str, Any]:
-        return {
-            "superstep_id": self.superstep_id,
-            "run_id": self.run_id,
-            "index": self.index,
-            "started_at": self.started_at.isoformat(),
-            "n": self.n,
-            "status": self.status,
-            "reason": self.reason,
-            "error": None if self.error is None else self.error.model_dump(mode="json"),
-            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
-            "position": self.position,
-            "executors": list(self.executors),
-            "failed_executors": list(self.failed_executors),
-            "keys": list(self.keys),
-            "outputs": list(self.outputs),
-        }
+        return {**self.record().model_dump(mode="json"), "n": self.n}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> _Step:
-        return cls(
-            superstep_id=row["superstep_id"],
-            run_id=row["run_id"],
-            index=row["index"],
-            started_at=datetime.fromisoformat(row["started_at"]),
-            n=row["n"],
-            status=row["status"],
-            reason=row["reason"],
-            error=_error(row["error"]),
-            ended_at=_time(row["ended_at"]),
-            position=row["position"],
-            executors=tuple(row["executors"]),
-            failed_executors=tuple(row["failed_executors"]),
-            keys=tuple(row["keys"]),
-            outputs=tuple(row["outputs"]),
-        )
+        return _entry_of(cls, SuperstepRecord, row)
 
 
 @dataclass(slots=True)
@@ -196,43 +183,11 @@ class _Run:
         return _record_of(self, RunRecord)
 
     def to_row(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "workflow_name": self.workflow_name,
-            "started_at": self.started_at.isoformat(),
-            "n": self.n,
-            "status": self.status,
-            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
-            "supersteps": self.supersteps,
-            "committed": self.committed,
-            "aborted": self.aborted,
-            "error": None if self.error is None else self.error.model_dump(mode="json"),
-            "closed_by": self.closed_by,
-        }
+        return {**self.record().model_dump(mode="json", exclude=set(_DERIVED)), "n": self.n}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> _Run:
-        return cls(
-            run_id=row["run_id"],
-            workflow_name=row["workflow_name"],
-            started_at=datetime.fromisoformat(row["started_at"]),
-            n=row["n"],
-            status=row["status"],
-            ended_at=_time(row["ended_at"]),
-            supersteps=row["supersteps"],
-            committed=row["committed"],
-            aborted=row["aborted"],
-            error=_error(row["error"]),
-            closed_by=row["closed_by"],
-        )
-
-
-def _time(raw: str | None) -> datetime | None:
-    return None if raw is None else datetime.fromisoformat(raw)
-
-
-def _error(raw: dict[str, Any] | None) -> ErrorInfo | None:
-    return None if raw is None else ErrorInfo.model_validate(raw)
+        return _entry_of(cls, RunRecord, row)
 
 
 class RunHistory:
@@ -379,40 +334,11 @@ class RunHistory:
         """Rebuild the view from ``to_json()``."""
         view = cls()
         for n, raw in enumerate(tree["runs"]):
-            run = RunRecord.model_validate(raw)
-            view._runs[run.run_id] = _Run(
-                run.run_id,
-                run.workflow_name,
-                run.started_at,
-                n,
-                status=run.status,
-                ended_at=run.ended_at,
-                supersteps=run.supersteps,
-                committed=run.committed,
-                aborted=run.aborted,
-                error=run.error,
-                closed_by=run.closed_by,
-                outputs=run.outputs,
-                superstep_ids=run.superstep_ids,
-            )
+            run = _entry_of(_Run, RunRecord, {**raw, "n": n})
+            view._runs[run.run_id] = run
         for n, raw in enumerate(tree["steps"]):
-            step = SuperstepRecord.model_validate(raw)
-            view._steps[step.superstep_id] = _Step(
-                step.superstep_id,
-                step.run_id,
-                step.index,
-                step.started_at,
-                n,
-                status=step.status,
-                reason=step.reason,
-                error=step.error,
-                ended_at=step.ended_at,
-                position=step.position,
-                executors=tuple(step.executors),
-                failed_executors=tuple(step.failed_executors),
-                keys=tuple(step.keys),
-                outputs=tuple(step.outputs),
-            )
+            step = _entry_of(_Step, SuperstepRecord, {**raw, "n": n})
+            view._steps[step.superstep_id] = step
         view._run_count = len(view._runs)
         view._step_count = len(view._steps)
         view._tracker = SuperstepTracker.from_json(tree["tracker"])
