@@ -83,6 +83,8 @@ class EventStore:
         Returns the events' global positions. Raises ``ConcurrencyConflictError`` (writing nothing)
         when the stream is not at ``expected_version``.
         """
+        if self._closed:
+            raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
         if not events:
             return []
         self._check_batch(instance_id, events, expected_version)
@@ -95,8 +97,6 @@ class EventStore:
             actual = self.version(instance_id)
             if actual < expected_version:
                 raise ConcurrencyConflictError(instance_id, expected_version, actual)
-        if self._closed:
-            raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
         try:  # not self._translated(): this is the hot path, and it needs IntegrityError
             ids = self._insert(stored)
         except IntegrityError as error:

@@ -6,7 +6,12 @@ appended superstep survives a power cut.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -44,6 +49,34 @@ def sqlite_path(url: str) -> str:
     return path
 
 
+@contextmanager
+def _setup_turn(directory: Path, *, deadline: float) -> Iterator[None]:
+    """Take turns creating tables: processes opening a new file at once otherwise get "database
+    is locked" without SQLite's busy wait (a transaction that read the schema cannot upgrade to a
+    write while another holds it). An exclusive ``flock`` on the directory serializes setups; it is
+    independent of SQLite's own (fcntl) locks, and is released when the descriptor is closed."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield  # SQLite reports the real problem (missing or unreadable directory)
+        return
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailableError(
+                        f"another process has been creating a store in {directory} for too "
+                        "long; retry, or raise lock_timeout"
+                    ) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
 class SQLiteStore(EventStore):
     """Events in one SQLite file, shared safely by several processes on one machine."""
 
@@ -68,7 +101,10 @@ class SQLiteStore(EventStore):
         super().__init__(recorder, url=f"sqlite:///{path}")
         self._insert_sql = f"INSERT INTO {EVENTS_TABLE} VALUES (?,?,?,?)"
         try:
-            with self._translated("create the tables"):
+            with (
+                _setup_turn(directory, deadline=time.monotonic() + lock_timeout),
+                self._translated("create the tables"),
+            ):
                 recorder.create_table()
                 self._stamp_schema_version()
         except BaseException:
