@@ -152,20 +152,27 @@ class _PagedHistory(RunHistory):
         tx.put(table, instance_id, TRACKER_KEY, self.tracker_json())
 
 
-class HistoryView(ViewSpec):
-    """Run history per instance (``RunHistory``), one row per run and per superstep."""
+class _RowView(ViewSpec):
+    """A view kept as rows by a paged fold (``paged``: loads the rows a page touches, folds,
+    and ``save()`` writes them back)."""
 
-    name = "history"
+    paged: ClassVar[type[_PagedHistory | _PagedBlame]]
 
-    def load(self, tx: ViewTx, table: str, instance_id: str) -> _PagedHistory:
-        return _PagedHistory(tx, table, instance_id)
+    def load(self, tx: ViewTx, table: str, instance_id: str) -> Any:
+        return self.paged(tx, table, instance_id)
 
     def apply(self, state: Any, event: EventBase) -> Any:
         return state.apply(event)
 
     def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
-        paged: _PagedHistory = state
-        paged.save()
+        state.save()
+
+
+class HistoryView(_RowView):
+    """Run history per instance (``RunHistory``), one row per run and per superstep."""
+
+    name = "history"
+    paged = _PagedHistory
 
     @staticmethod
     def read(docs: dict[str, Any]) -> RunHistory:
@@ -234,20 +241,11 @@ def write_key(position: int) -> str:
     return f"w:{position:012d}"
 
 
-class BlameView(ViewSpec):
+class BlameView(_RowView):
     """Key provenance per instance (``KeyBlame``), one row per write."""
 
     name = "blame"
-
-    def load(self, tx: ViewTx, table: str, instance_id: str) -> _PagedBlame:
-        return _PagedBlame(tx, table, instance_id)
-
-    def apply(self, state: Any, event: EventBase) -> Any:
-        return state.apply(event)
-
-    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
-        paged: _PagedBlame = state
-        paged.save()
+    paged = _PagedBlame
 
     @staticmethod
     def read(docs: dict[str, Any]) -> KeyBlame:
