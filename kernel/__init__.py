@@ -28,6 +28,9 @@ from kernel._errors import (
     StoreUnavailableError,
 )
 from kernel._events import (
+    EVENT_TYPES,
+    RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
     AbortReason,
     ErrorInfo,
     Event,
@@ -40,21 +43,26 @@ from kernel._events import (
     RunAbandoned,
     RunCancelled,
     RunCompleted,
+    RunEvent,
     RunFailed,
     RunStarted,
     StateStaged,
     SuperstepAborted,
     SuperstepCommitted,
+    SuperstepEvent,
     SuperstepStarted,
 )
 from kernel._executor import Executor, FunctionExecutor, executor, handler
-from kernel._fold import CommittedState, OpenRun, apply_committed, fold_committed
+from kernel._fold import CommittedState, Fold, OpenRun, apply_committed, fold_committed, folds
 from kernel._graph import Case, Default
 from kernel._runner import RunResult, WorkflowEvent
 from kernel._store import EventStore, Recorded, open_store
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
+    "EVENT_TYPES",
+    "RUN_END_TYPES",
+    "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
     "Case",
     "Clock",
@@ -74,6 +82,7 @@ __all__ = [
     "ExecutorCompleted",
     "ExecutorFailed",
     "ExecutorInvoked",
+    "Fold",
     "FunctionExecutor",
     "IdFactory",
     "LogIntegrityError",
@@ -86,6 +95,7 @@ __all__ = [
     "RunAbandoned",
     "RunCancelled",
     "RunCompleted",
+    "RunEvent",
     "RunFailed",
     "RunInProgressError",
     "RunResult",
@@ -100,6 +110,7 @@ __all__ = [
     "StoreUnavailableError",
     "SuperstepAborted",
     "SuperstepCommitted",
+    "SuperstepEvent",
     "SuperstepStarted",
     "ValueCodec",
     "Workflow",
@@ -110,6 +121,7 @@ __all__ = [
     "counter_ids",
     "executor",
     "fold_committed",
+    "folds",
     "handler",
     "open_store",
     "system_clock",

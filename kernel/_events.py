@@ -19,6 +19,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
     "EVENT_TYPES",
+    "RUN_END_TYPES",
+    "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
     "ErrorInfo",
     "Event",
@@ -31,11 +33,13 @@ __all__ = [
     "RunAbandoned",
     "RunCancelled",
     "RunCompleted",
+    "RunEvent",
     "RunFailed",
     "RunStarted",
     "StateStaged",
     "SuperstepAborted",
     "SuperstepCommitted",
+    "SuperstepEvent",
     "SuperstepStarted",
     "event_adapter",
     "trusted_event",
@@ -72,21 +76,27 @@ class EventBase(BaseModel):
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
+    type: str
+    """The event's stable type name (``"state_staged"``); each event class fixes it."""
     schema_version: int = 1
     instance_id: str
     position: int = Field(ge=1)
     timestamp: AwareDatetime
 
 
-class _RunEvent(EventBase):
+class RunEvent(EventBase):
+    """An event that belongs to one run of its instance."""
+
     run_id: str
 
 
-class _SuperstepEvent(_RunEvent):
+class SuperstepEvent(RunEvent):
+    """An event that belongs to one superstep; ``superstep_id`` is unique across all runs."""
+
     superstep_id: str
 
 
-class RunStarted(_RunEvent):
+class RunStarted(RunEvent):
     """A run began. ``owner`` names the process that ran it (``host:pid``)."""
 
     type: Literal["run_started"] = "run_started"
@@ -97,14 +107,14 @@ class RunStarted(_RunEvent):
     durability: Literal["superstep", "write"] = "superstep"
 
 
-class RunCompleted(_RunEvent):
+class RunCompleted(RunEvent):
     """A run ended normally: no message was left to deliver."""
 
     type: Literal["run_completed"] = "run_completed"
     supersteps: int
 
 
-class RunFailed(_RunEvent):
+class RunFailed(RunEvent):
     """A run ended with an error (an executor's, or the convergence limit)."""
 
     type: Literal["run_failed"] = "run_failed"
@@ -113,14 +123,14 @@ class RunFailed(_RunEvent):
     superstep_id: str | None = None
 
 
-class RunCancelled(_RunEvent):
+class RunCancelled(RunEvent):
     """The task consuming the run was cancelled."""
 
     type: Literal["run_cancelled"] = "run_cancelled"
     superstep_id: str | None = None
 
 
-class RunAbandoned(_RunEvent):
+class RunAbandoned(RunEvent):
     """A run was found unfinished and closed: its stream was dropped, or its process died.
 
     ``closed_by`` is the run that closed it, when a later run did.
@@ -132,30 +142,30 @@ class RunAbandoned(_RunEvent):
     closed_by: str | None = None
 
 
-class SuperstepStarted(_SuperstepEvent):
+class SuperstepStarted(SuperstepEvent):
     """A superstep opened: ``index`` counts from 1 in its run; ``superstep_id`` is unique."""
 
     type: Literal["superstep_started"] = "superstep_started"
     index: int = Field(ge=1)
 
 
-class ExecutorInvoked(_SuperstepEvent):
+class ExecutorInvoked(SuperstepEvent):
     type: Literal["executor_invoked"] = "executor_invoked"
     executor_id: str
 
 
-class ExecutorCompleted(_SuperstepEvent):
+class ExecutorCompleted(SuperstepEvent):
     type: Literal["executor_completed"] = "executor_completed"
     executor_id: str
 
 
-class ExecutorFailed(_SuperstepEvent):
+class ExecutorFailed(SuperstepEvent):
     type: Literal["executor_failed"] = "executor_failed"
     executor_id: str
     error: ErrorInfo
 
 
-class StateStaged(_SuperstepEvent):
+class StateStaged(SuperstepEvent):
     """A write to state, staged in a superstep. It counts only if that superstep commits."""
 
     type: Literal["state_staged"] = "state_staged"
@@ -165,7 +175,7 @@ class StateStaged(_SuperstepEvent):
     value: Json = None
 
 
-class MessageStaged(_SuperstepEvent):
+class MessageStaged(SuperstepEvent):
     """A message sent in a superstep, for delivery in the next one (only if this one commits).
 
     ``target`` is the target the sender named, if any; ``targets`` the executors it is routed to.
@@ -178,7 +188,7 @@ class MessageStaged(_SuperstepEvent):
     message: Json = None
 
 
-class OutputYielded(_SuperstepEvent):
+class OutputYielded(SuperstepEvent):
     """A workflow output. It is delivered to the caller only if its superstep commits."""
 
     type: Literal["output_yielded"] = "output_yielded"
@@ -186,13 +196,13 @@ class OutputYielded(_SuperstepEvent):
     value: Json = None
 
 
-class SuperstepCommitted(_SuperstepEvent):
+class SuperstepCommitted(SuperstepEvent):
     """The superstep's staged writes, messages and outputs now count."""
 
     type: Literal["superstep_committed"] = "superstep_committed"
 
 
-class SuperstepAborted(_SuperstepEvent):
+class SuperstepAborted(SuperstepEvent):
     """The superstep's staged writes, messages and outputs are inert, forever."""
 
     type: Literal["superstep_aborted"] = "superstep_aborted"
@@ -237,6 +247,15 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         SuperstepAborted,
     )
 }
+
+
+RUN_END_TYPES: frozenset[str] = frozenset(
+    {"run_completed", "run_failed", "run_cancelled", "run_abandoned"}
+)
+"""The event types that end a run: after one of them, nothing of that run counts any more."""
+
+SUPERSTEP_MARKER_TYPES: frozenset[str] = frozenset({"superstep_committed", "superstep_aborted"})
+"""The event types that decide a superstep: the first one for a superstep id is final."""
 
 
 @functools.cache

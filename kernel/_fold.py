@@ -12,17 +12,78 @@ view in place: a view belongs to one folder at a time; use ``copy()`` to branch)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Self, TypeVar
 
-from kernel._events import EventBase, StateStaged
+from kernel._events import (
+    RUN_END_TYPES,
+    EventBase,
+    RunEvent,
+    RunStarted,
+    StateStaged,
+    SuperstepAborted,
+    SuperstepCommitted,
+    SuperstepEvent,
+    SuperstepStarted,
+)
 
-__all__ = ["CommittedState", "OpenRun", "apply_committed", "fold_committed"]
+__all__ = ["CommittedState", "Fold", "OpenRun", "apply_committed", "fold_committed", "folds"]
 
-_RUN_END = frozenset({"run_completed", "run_failed", "run_cancelled", "run_abandoned"})
+F = TypeVar("F", bound=Callable[..., None])
 
 
-class CommittedState:
+def folds(*types: str) -> Callable[[F], F]:
+    """Mark a method of a ``Fold`` as the one that applies events of ``types``."""
+
+    def mark(method: F) -> F:
+        method.__steplog_folds__ = types  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+class Fold:
+    """Base of the pure folds: ``apply(event)`` hands the event to the method marked for its type.
+
+    Subclasses mark one method per event type with ``@folds("state_staged", ...)``; events of
+    other types are ignored. ``EVENT_TYPES`` is the set of types some method applies, so reading
+    only those types from a store gives the same view as reading everything. Every fold in the
+    kernel and in ``projections`` dispatches this way.
+    """
+
+    __slots__ = ()
+
+    EVENT_TYPES: ClassVar[frozenset[str]] = frozenset()
+    _DISPATCH: ClassVar[dict[str, Callable[[Any, Any], None]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dispatch: dict[str, Callable[[Any, Any], None]] = {}
+        for klass in reversed(cls.__mro__):
+            for member in vars(klass).values():
+                for kind in getattr(member, "__steplog_folds__", ()):
+                    dispatch[kind] = member
+        cls._DISPATCH = dispatch
+        cls.EVENT_TYPES = frozenset(dispatch)
+
+    def apply(self, event: EventBase) -> Self:
+        """Fold one event in; return the fold (updated in place)."""
+        method = self._DISPATCH.get(event.type)
+        if method is not None:
+            method(self, event)
+        return self
+
+    def apply_all(self, events: Iterable[EventBase]) -> Self:
+        """Fold ``events`` (one instance's, in stream order) in; return the fold."""
+        dispatch = self._DISPATCH
+        for event in events:
+            method = dispatch.get(event.type)
+            if method is not None:
+                method(self, event)
+        return self
+
+
+class CommittedState(Fold):
     """The committed user state of one workflow instance, as JSON trees (see ``ValueCodec``).
 
     ``values`` maps keys to their committed wire values; ``position`` is the stream position of
@@ -31,11 +92,6 @@ class CommittedState:
     """
 
     __slots__ = ("_closed", "_ended_runs", "_pending", "last_committed", "position", "values")
-
-    EVENT_TYPES: ClassVar[frozenset[str]] = frozenset(
-        {"state_staged", "superstep_committed", "superstep_aborted", *_RUN_END}
-    )
-    """The only event types that change this view: reading just these gives the same values."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
@@ -48,36 +104,36 @@ class CommittedState:
         # Runs that have ended: anything arriving for them later is inert.
         self._ended_runs: set[str] = set()
 
-    def apply(self, event: EventBase) -> CommittedState:
-        """Fold one event in; return the view."""
-        kind: str = event.type  # type: ignore[attr-defined]
-        if kind not in self.EVENT_TYPES:
-            return self  # cannot change committed state (nor, so, ``position``)
+    @folds("state_staged")
+    def _staged(self, event: StateStaged) -> None:
         self.position = max(self.position, event.position)
-        if kind == "state_staged":
-            assert isinstance(event, StateStaged)
-            if event.run_id in self._ended_runs:
-                return self
-            if event.superstep_id in self._closed.get(event.run_id, ()):
-                return self  # staged after its superstep's marker: never counts
-            self._pending.setdefault(event.superstep_id, []).append(event)
-        elif kind == "superstep_committed":
-            self._mark(event, committed=True)
-        elif kind == "superstep_aborted":
-            self._mark(event, committed=False)
-        elif kind in _RUN_END:
-            run_id: str = event.run_id  # type: ignore[attr-defined]
-            self._ended_runs.add(run_id)
-            for superstep_id in self._closed.pop(run_id, {}):
-                self._pending.pop(superstep_id, None)
-        return self
-
-    def _mark(self, event: EventBase, *, committed: bool) -> None:
-        run_id: str = event.run_id  # type: ignore[attr-defined]
-        superstep_id: str = event.superstep_id  # type: ignore[attr-defined]
-        if run_id in self._ended_runs:
+        if event.run_id in self._ended_runs:
             return
-        closed = self._closed.setdefault(run_id, {})
+        if event.superstep_id in self._closed.get(event.run_id, ()):
+            return  # staged after its superstep's marker: never counts
+        self._pending.setdefault(event.superstep_id, []).append(event)
+
+    @folds("superstep_committed")
+    def _committed(self, event: SuperstepCommitted) -> None:
+        self._mark(event, committed=True)
+
+    @folds("superstep_aborted")
+    def _aborted(self, event: SuperstepAborted) -> None:
+        self._mark(event, committed=False)
+
+    @folds(*RUN_END_TYPES)
+    def _run_ended(self, event: RunEvent) -> None:
+        self.position = max(self.position, event.position)
+        self._ended_runs.add(event.run_id)
+        for superstep_id in self._closed.pop(event.run_id, {}):
+            self._pending.pop(superstep_id, None)
+
+    def _mark(self, event: SuperstepEvent, *, committed: bool) -> None:
+        self.position = max(self.position, event.position)
+        if event.run_id in self._ended_runs:
+            return
+        closed = self._closed.setdefault(event.run_id, {})
+        superstep_id = event.superstep_id
         if superstep_id in closed:
             return  # the first marker is final
         closed[superstep_id] = committed
@@ -161,17 +217,15 @@ def fold_committed(
     events: Iterable[EventBase], view: CommittedState | None = None
 ) -> CommittedState:
     """Fold ``events`` (one instance's, in stream order) into committed state."""
-    view = CommittedState() if view is None else view
-    for event in events:
-        view.apply(event)
-    return view
+    return (CommittedState() if view is None else view).apply_all(events)
 
 
-class OpenRun:
+class OpenRun(Fold):
     """Which run of an instance is unfinished, and which of its supersteps is open: a pure fold.
 
     The runner reads it before starting a run, to close a run whose stream was dropped or whose
-    process died (``RunAbandoned``) before appending anything of its own.
+    process died (``RunAbandoned``) before appending anything of its own. ``version`` is the
+    position of the last event seen, of any type.
     """
 
     __slots__ = ("index", "owner", "run_id", "superstep_id", "version")
@@ -183,20 +237,31 @@ class OpenRun:
         self.superstep_id: str | None = None
         self.index = 0
 
-    def apply(self, event: EventBase) -> OpenRun:
-        kind: str = event.type  # type: ignore[attr-defined]
+    def apply(self, event: EventBase) -> Self:
         self.version = max(self.version, event.position)
-        run_id = getattr(event, "run_id", None)
-        if kind == "run_started":
-            self.run_id, self.owner = run_id, event.owner  # type: ignore[attr-defined]
-            self.superstep_id, self.index = None, 0
-        elif run_id is None or run_id != self.run_id:
-            return self
-        elif kind == "superstep_started":
-            self.superstep_id, self.index = event.superstep_id, event.index  # type: ignore[attr-defined]
-        elif kind in ("superstep_committed", "superstep_aborted"):
-            if event.superstep_id == self.superstep_id:  # type: ignore[attr-defined]
-                self.superstep_id = None
-        elif kind in _RUN_END:
-            self.run_id, self.owner, self.superstep_id, self.index = None, "", None, 0
+        return super().apply(event)
+
+    def apply_all(self, events: Iterable[EventBase]) -> Self:
+        for event in events:
+            self.apply(event)
         return self
+
+    @folds("run_started")
+    def _started(self, event: RunStarted) -> None:
+        self.run_id, self.owner = event.run_id, event.owner
+        self.superstep_id, self.index = None, 0
+
+    @folds("superstep_started")
+    def _superstep_started(self, event: SuperstepStarted) -> None:
+        if event.run_id == self.run_id:
+            self.superstep_id, self.index = event.superstep_id, event.index
+
+    @folds("superstep_committed", "superstep_aborted")
+    def _marked(self, event: SuperstepEvent) -> None:
+        if event.run_id == self.run_id and event.superstep_id == self.superstep_id:
+            self.superstep_id = None
+
+    @folds(*RUN_END_TYPES)
+    def _ended(self, event: RunEvent) -> None:
+        if event.run_id == self.run_id:
+            self.run_id, self.owner, self.superstep_id, self.index = None, "", None, 0

@@ -46,7 +46,7 @@ class EventMapper:
         was made); a datetime, dataclass or set inside a value is refused rather than silently
         turned into a string or list.
         """
-        type_name: str = event.type  # type: ignore[attr-defined]
+        type_name = event.type
         payload = {k: v for k, v in event.__dict__.items() if k not in _ENVELOPE}
         payload["timestamp"] = event.timestamp.isoformat()
         try:

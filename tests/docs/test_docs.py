@@ -10,7 +10,7 @@ import pytest
 
 import kernel
 import projections
-from projections.cli import _COMMANDS
+from projections.cli._commands import _COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kernel._demo import run_demo
 from projections import InsideSuperstep, Projector, fold_blame, fold_history, state_at
+from projections.cli._demo import run_demo
 from tests.projections.reference import Reference
 
 

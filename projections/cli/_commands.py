@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     from kernel._clock import uuid_ids
-    from kernel._demo import run_demo
+    from projections.cli._demo import run_demo
 
     instance_id = args.instance or f"orders-{uuid_ids()[:8]}"
     console.rule("[bold]steplog demo: the stale-write bug (Agent Framework #7859)")

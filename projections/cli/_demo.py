@@ -6,11 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kernel._builder import WorkflowBuilder
-from kernel._context import WorkflowContext
-from kernel._executor import Executor, handler
-from kernel._store import EventStore
-from kernel._workflow import Workflow
+from kernel import EventStore, Executor, Workflow, WorkflowBuilder, WorkflowContext, handler
 
 __all__ = ["Checkout", "DemoOutcome", "Order", "run_demo"]
 
