@@ -110,7 +110,7 @@ class KeyBlame:
         """Fold one event in; return the view."""
         only = self._only
         if only is not None and (
-            event.type not in _BLAME_TYPES  # type: ignore[attr-defined]
+            event.type not in _BLAME_TYPES
             or (isinstance(event, StateStaged) and event.key not in only)
         ):
             return self  # nothing else changes what happens to these keys' writes

@@ -290,7 +290,7 @@ class RunHistory:
             run.status = event.reason
             run.closed_by = event.closed_by
         else:
-            run.status = _END_STATUS[event.type]  # type: ignore[attr-defined]
+            run.status = _END_STATUS[event.type]
         if isinstance(event, RunFailed):
             run.error = event.error
         if isinstance(event, RunCompleted):

@@ -100,7 +100,7 @@ class SnapshotView(ViewSpec):
         stamp = time_key(event.timestamp)
         if fold.max_ts is None or stamp > fold.max_ts:
             fold.max_ts = stamp
-        kind: str = event.type  # type: ignore[attr-defined]
+        kind: str = event.type
         if isinstance(event, SuperstepStarted):
             entry = {
                 "run_id": event.run_id,

@@ -165,7 +165,7 @@ class Locator:
                 self.done = True
                 return False
             return True
-        kind: str = event.type  # type: ignore[attr-defined]
+        kind: str = event.type
         if isinstance(event, SuperstepStarted):
             self._learn(event)
         if kind in _MARKERS and event.superstep_id == self.superstep_id:  # type: ignore[attr-defined]
@@ -251,7 +251,7 @@ class Locator:
             return "open"
         if isinstance(stop, SuperstepAborted):
             return f"aborted: {stop.reason}"
-        if stop.type == "superstep_committed":  # type: ignore[attr-defined]
+        if stop.type == "superstep_committed":
             return "committed"
         return "unmarked"
 

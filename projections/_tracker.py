@@ -57,7 +57,7 @@ class SuperstepTracker:
 
     def apply(self, event: EventBase) -> Outcome:
         """Fold ``event`` into the committed state and report what it did."""
-        kind: str = event.type  # type: ignore[attr-defined]
+        kind: str = event.type
         state = self.state
         if kind == "state_staged":
             assert isinstance(event, StateStaged)

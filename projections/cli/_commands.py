@@ -377,9 +377,9 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
 
 def _events_table(events: list[EventBase], *, title: str) -> Table:
     markers = {
-        getattr(e, "superstep_id", None): e.type  # type: ignore[attr-defined]
+        getattr(e, "superstep_id", None): e.type
         for e in events
-        if e.type in ("superstep_committed", "superstep_aborted")  # type: ignore[attr-defined]
+        if e.type in ("superstep_committed", "superstep_aborted")
     }
     table = Table(title=title, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
@@ -390,13 +390,13 @@ def _events_table(events: list[EventBase], *, title: str) -> Table:
     for event in events:
         data = event.model_dump(mode="json", exclude=_SKIP)
         fate = ""
-        if event.type == "state_staged":  # type: ignore[attr-defined]
+        if event.type == "state_staged":
             outcome = markers.get(event.superstep_id)  # type: ignore[attr-defined]
             fate = "[green]yes[/]" if outcome == "superstep_committed" else "[red]no[/]"
         table.add_row(
             str(event.position),
             str(getattr(event, "run_id", ""))[:8],
-            event.type,  # type: ignore[attr-defined]
+            event.type,
             _details(data),
             fate,
         )
