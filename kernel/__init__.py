@@ -56,10 +56,14 @@ from kernel._executor import Executor, FunctionExecutor, executor, handler
 from kernel._fold import CommittedState, Fold, OpenRun, apply_committed, fold_committed, folds
 from kernel._graph import Case, Default
 from kernel._runner import RunResult, WorkflowEvent
-from kernel._store import EventStore, Recorded, open_store
+from kernel._store import DEFAULT_STORE_ENV, EventStore, Recorded, open_store
+from kernel._store_memory import MemoryStore
+from kernel._store_postgres import PostgresStore
+from kernel._store_sqlite import SQLiteStore
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
+    "DEFAULT_STORE_ENV",
     "EVENT_TYPES",
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
@@ -86,9 +90,11 @@ __all__ = [
     "FunctionExecutor",
     "IdFactory",
     "LogIntegrityError",
+    "MemoryStore",
     "MessageStaged",
     "OpenRun",
     "OutputYielded",
+    "PostgresStore",
     "ProjectionError",
     "Recorded",
     "RoutingError",
@@ -101,6 +107,7 @@ __all__ = [
     "RunResult",
     "RunStarted",
     "RunStream",
+    "SQLiteStore",
     "SchemaVersionError",
     "StateStaged",
     "StateWriteRejectedError",

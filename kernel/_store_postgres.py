@@ -111,7 +111,7 @@ class PostgresStore(EventStore):
 
     def _open(self, url: str, pool_size: int, max_overflow: int, connect_timeout: float) -> None:
         params = self._params
-        self._datastore = PostgresDatastore(
+        self._ds = PostgresDatastore(
             dbname=params["dbname"],
             host=params["host"],
             port=params["port"],
@@ -123,7 +123,7 @@ class PostgresStore(EventStore):
             connect_timeout=connect_timeout,
             originator_id_type="text",
         )
-        recorder = PostgresApplicationRecorder(self._datastore, events_table_name=EVENTS_TABLE)
+        recorder = PostgresApplicationRecorder(self._ds, events_table_name=EVENTS_TABLE)
         super().__init__(recorder, url=_redact(url))
         self._channel = recorder.channel_name
         table = sql.Identifier(self.schema, EVENTS_TABLE)
@@ -136,10 +136,10 @@ class PostgresStore(EventStore):
             with self._translated("create the tables"):
                 recorder.create_table()
                 self._stamp_schema_version()
-                with self._datastore.transaction(commit=True) as cursor:
+                with self._ds.transaction(commit=True) as cursor:
                     cursor.execute(self._create_append_sql)
         except BaseException:
-            self._datastore.close()
+            self._ds.close()
             raise
 
     def _insert(self, stored: list[StoredEvent]) -> list[int]:
@@ -151,7 +151,7 @@ class PostgresStore(EventStore):
             [s.state for s in stored],
         )
         try:
-            with self._datastore.get_connection() as conn:
+            with self._ds.get_connection() as conn:
                 rows = conn.execute(self._append_sql, columns, prepare=True).fetchall()
         except IntegrityError:  # the datastore translated psycopg's UniqueViolation
             raise
@@ -202,7 +202,7 @@ class PostgresStore(EventStore):
 
     def _stamp_schema_version(self) -> None:
         table = sql.Identifier(self.schema, META_TABLE)
-        with self._datastore.transaction(commit=True) as cursor:
+        with self._ds.transaction(commit=True) as cursor:
             cursor.execute(
                 sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, value text NOT NULL)"
@@ -222,11 +222,17 @@ class PostgresStore(EventStore):
                 f"{row['value']}; this steplog knows up to {STORE_SCHEMA_VERSION}); upgrade steplog"
             )
 
+    @property
+    def datastore(self) -> PostgresDatastore:
+        """eventsourcing's datastore behind this store: its connections and transactions, for
+        programs (such as materialized views) that keep their own tables in the same database."""
+        return self._ds
+
     def instances(self) -> list[str]:
         statement = sql.SQL("SELECT DISTINCT originator_id FROM {} ORDER BY 1").format(
             sql.Identifier(self.schema, EVENTS_TABLE)
         )
-        with self._translated("list instances"), self._datastore.transaction() as cursor:
+        with self._translated("list instances"), self._ds.transaction() as cursor:
             cursor.execute(statement)
             return [row["originator_id"] for row in cursor.fetchall()]
 
@@ -257,7 +263,7 @@ class PostgresStore(EventStore):
                 listeners, self._listeners = self._listeners, []
             for listener in listeners:
                 listener.close()
-            self._datastore.close()
+            self._ds.close()
         super().close()
 
     def _translate(self, error: PersistenceError, action: str) -> StoreError:

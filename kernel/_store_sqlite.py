@@ -94,10 +94,10 @@ class SQLiteStore(EventStore):
                 f"cannot open SQLite store {url}: directory {directory} does not exist; create it "
                 "or point the URL elsewhere"
             )
-        self._datastore = SQLiteDatastore(
+        self._ds = SQLiteDatastore(
             str(path), lock_timeout=lock_timeout, originator_id_type="text"
         )
-        recorder = SQLiteApplicationRecorder(self._datastore, events_table_name=EVENTS_TABLE)
+        recorder = SQLiteApplicationRecorder(self._ds, events_table_name=EVENTS_TABLE)
         super().__init__(recorder, url=f"sqlite:///{path}")
         self._insert_sql = f"INSERT INTO {EVENTS_TABLE} VALUES (?,?,?,?)"
         try:
@@ -108,14 +108,14 @@ class SQLiteStore(EventStore):
                 recorder.create_table()
                 self._stamp_schema_version()
         except BaseException:
-            self._datastore.close()
+            self._ds.close()
             raise
 
     def _insert(self, stored: list[StoredEvent]) -> list[int]:
         """All rows in one ``executemany``; their rowids (global positions) are consecutive,
         because no other writer can insert while this transaction holds SQLite's write lock."""
         rows = [(str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored]
-        with self._datastore.transaction(commit=True) as cursor:
+        with self._ds.transaction(commit=True) as cursor:
             cursor.executemany(self._insert_sql, rows)
             cursor.execute("SELECT last_insert_rowid()")
             last = int(cursor.fetchone()[0])
@@ -138,14 +138,14 @@ class SQLiteStore(EventStore):
             params.extend(topics)
         statement += " ORDER BY rowid LIMIT ?"
         params.append(limit)
-        with self._datastore.transaction(commit=False) as cursor:
+        with self._ds.transaction(commit=False) as cursor:
             cursor.execute(statement, params)
             rows = cursor.fetchall()
         decode = self._mapper.decode
         return [Recorded(row[0], decode(row[1], row[2], row[3], row[4])) for row in rows]
 
     def _stamp_schema_version(self) -> None:
-        with self._datastore.transaction(commit=True) as cursor:
+        with self._ds.transaction(commit=True) as cursor:
             cursor.execute(
                 f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
@@ -164,17 +164,23 @@ class SQLiteStore(EventStore):
                     "upgrade steplog to open it"
                 )
 
+    @property
+    def datastore(self) -> SQLiteDatastore:
+        """eventsourcing's datastore behind this store: its connections and transactions, for
+        programs (such as materialized views) that keep their own tables in the same database."""
+        return self._ds
+
     def instances(self) -> list[str]:
         with (
             self._translated("list instances"),
-            self._datastore.transaction(commit=False) as cursor,
+            self._ds.transaction(commit=False) as cursor,
         ):
             cursor.execute(f"SELECT DISTINCT originator_id FROM {EVENTS_TABLE} ORDER BY 1")
             return [row[0] for row in cursor.fetchall()]
 
     def close(self) -> None:
         if not self._closed:
-            self._datastore.close()
+            self._ds.close()
         super().close()
 
     def _translate(self, error: PersistenceError, action: str) -> StoreError:

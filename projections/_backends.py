@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
+from kernel import EventStore, MemoryStore, PostgresStore, SQLiteStore
 from kernel._errors import ProjectionError, StepLogError
-from kernel._store import EventStore
 
 __all__ = [
     "MemoryViewBackend",
@@ -445,10 +445,6 @@ _memory_lock = threading.Lock()
 
 def backend_for(store: EventStore) -> ViewBackend:
     """The view backend in ``store``'s own database (one shared object per memory store)."""
-    from kernel._store_memory import MemoryStore
-    from kernel._store_postgres import PostgresStore
-    from kernel._store_sqlite import SQLiteStore
-
     if isinstance(store, MemoryStore):
         with _memory_lock:
             backend = _memory_backends.get(store)
@@ -456,7 +452,7 @@ def backend_for(store: EventStore) -> ViewBackend:
                 backend = _memory_backends[store] = MemoryViewBackend()
             return backend
     if isinstance(store, SQLiteStore):
-        return SQLiteViewBackend(store._datastore, store.url)
+        return SQLiteViewBackend(store.datastore, store.url)
     if isinstance(store, PostgresStore):
-        return PostgresViewBackend(store._datastore, store.url, store.schema)
+        return PostgresViewBackend(store.datastore, store.url, store.schema)
     raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")
