@@ -5,9 +5,11 @@ Each instance's history is a series of runs of ``run_length`` supersteps. Supers
 across the instance's runs) is executor a/b alternating: started, invoked, two state writes
 (``a = g`` and a second key), one message, completed, committed. Every fifth run fails in its
 last superstep (``superstep_aborted`` + ``run_failed``), so a correct fold must drop that
-superstep's writes. The expected final state of every instance is computed while generating and
-kept in the file's ``bench_meta`` table, with the sizes; a cache file is reused only when its
-parameters and the event model (a hash of kernel/_events.py and kernel/_mapper.py) match.
+superstep's writes. The events are made by ``kernel.testing.LogBuilder`` (unvalidated, its fast
+path). The expected final state of every instance is computed while generating and kept in the
+file's ``bench_meta`` table, with the sizes; a cache file is reused only when its parameters, the
+event model and the builder (a hash of kernel/_events.py, kernel/_mapper.py and
+kernel/testing.py) match.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class LogSpec:
 def _model_hash() -> str:
     kernel = Path(__file__).resolve().parent.parent / "kernel"
     digest = hashlib.sha256()
-    for name in ("_events.py", "_mapper.py"):
+    for name in ("_events.py", "_mapper.py", "testing.py"):
         path = kernel / name
         digest.update(path.read_bytes() if path.exists() else b"")
     return digest.hexdigest()[:12]
@@ -119,100 +121,36 @@ def state_digest(states: dict[str, dict[str, Any]]) -> str:
 
 def _instance_events(spec: LogSpec, instance: str, rng: random.Random) -> Iterator[list[Any]]:
     """The instance's events, one list per superstep (run start/end folded into neighbours)."""
-    from kernel import (
-        ErrorInfo,
-        ExecutorCompleted,
-        ExecutorInvoked,
-        MessageStaged,
-        RunCompleted,
-        RunFailed,
-        RunStarted,
-        StateStaged,
-        SuperstepAborted,
-        SuperstepCommitted,
-        SuperstepStarted,
-    )
+    from kernel import ErrorInfo
+    from kernel.testing import LogBuilder
 
     def new_id() -> str:
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
-    position = 0
-
-    def pos() -> int:
-        nonlocal position
-        position += 1
-        return position
-
+    when = [BASE_TIME]
+    log = LogBuilder(instance, clock=lambda: when[0], ids=new_id, validate=False)
+    error = ErrorInfo(type="RuntimeError", message="injected failure")
     for first, last, failed in spec.runs():
-        run_id = new_id()
-        when = BASE_TIME + dt.timedelta(milliseconds=first)
-        batch: list[Any] = [
-            RunStarted(
-                instance_id=instance,
-                position=pos(),
-                timestamp=when,
-                run_id=run_id,
-                workflow_name="bench-loop",
-                input=first,
-                owner="bench:0",
-            )
-        ]
+        when[0] = BASE_TIME + dt.timedelta(milliseconds=first)
+        log.start_run(first, workflow_name="bench-loop", owner="bench:0")
         for g in range(first, last + 1):
             executor = "a" if g % 2 else "b"
-            other = "b" if g % 2 else "a"
-            common = {
-                "instance_id": instance,
-                "timestamp": BASE_TIME + dt.timedelta(milliseconds=g),
-                "run_id": run_id,
-                "superstep_id": new_id(),
-            }
-            batch += [
-                SuperstepStarted(position=pos(), index=g - first + 1, **common),
-                ExecutorInvoked(position=pos(), executor_id=executor, **common),
-                StateStaged(
-                    position=pos(), executor_id=executor, key="a", op="set", value=g, **common
-                ),
-                StateStaged(
-                    position=pos(),
-                    executor_id=executor,
-                    key=spec.second_key(g),
-                    op="set",
-                    value=g,
-                    **common,
-                ),
-                MessageStaged(
-                    position=pos(), source=executor, targets=[other], message=g + 1, **common
-                ),
-                ExecutorCompleted(position=pos(), executor_id=executor, **common),
-            ]
+            when[0] = BASE_TIME + dt.timedelta(milliseconds=g)
+            log.start_superstep()
+            log.invoke(executor)
+            log.write("a", g)
+            log.write(spec.second_key(g), g)
+            log.send(g + 1, targets=["b" if g % 2 else "a"])
+            log.complete()
             if failed and g == last:
-                error = ErrorInfo(type="RuntimeError", message="injected failure")
-                batch += [
-                    SuperstepAborted(position=pos(), reason="failed", error=error, **common),
-                    RunFailed(
-                        instance_id=instance,
-                        position=pos(),
-                        timestamp=common["timestamp"],
-                        run_id=run_id,
-                        error=error,
-                        executor_id=executor,
-                        superstep_id=common["superstep_id"],
-                    ),
-                ]
+                log.abort("failed", error=error)
+                log.fail_run(error, executor_id=executor)
             else:
-                batch.append(SuperstepCommitted(position=pos(), **common))
+                log.commit()
                 if g == last:
-                    batch.append(
-                        RunCompleted(
-                            instance_id=instance,
-                            position=pos(),
-                            timestamp=common["timestamp"],
-                            run_id=run_id,
-                            supersteps=last - first + 1,
-                        )
-                    )
+                    log.complete_run()
+            (batch,) = log.drain()
             yield batch
-            batch = []
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from kernel._builder import WorkflowBuilder
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._context import WorkflowContext
+from kernel._emit import WorkflowEvent
 from kernel._errors import (
     ConcurrencyConflictError,
     ConvergenceError,
@@ -16,6 +17,7 @@ from kernel._errors import (
     DefinitionError,
     EncodingError,
     ExecutionError,
+    InvalidBatchError,
     LogIntegrityError,
     ProjectionError,
     RoutingError,
@@ -25,6 +27,7 @@ from kernel._errors import (
     StepLogError,
     StoreConfigError,
     StoreError,
+    StoreNotFoundError,
     StoreUnavailableError,
 )
 from kernel._events import (
@@ -55,7 +58,7 @@ from kernel._events import (
 from kernel._executor import Executor, FunctionExecutor, executor, handler
 from kernel._fold import CommittedState, Fold, OpenRun, apply_committed, fold_committed, folds
 from kernel._graph import Case, Default
-from kernel._runner import RunResult, WorkflowEvent
+from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, EventStore, Recorded, open_store
 from kernel._store_memory import MemoryStore
 from kernel._store_postgres import PostgresStore
@@ -89,6 +92,7 @@ __all__ = [
     "Fold",
     "FunctionExecutor",
     "IdFactory",
+    "InvalidBatchError",
     "LogIntegrityError",
     "MemoryStore",
     "MessageStaged",
@@ -114,6 +118,7 @@ __all__ = [
     "StepLogError",
     "StoreConfigError",
     "StoreError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "SuperstepAborted",
     "SuperstepCommitted",

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._errors import DefinitionError
-from kernel._executor import Executor
+from kernel._executor import Executor, FunctionExecutor, require_storable
 from kernel._graph import (
     Case,
+    Condition,
     Default,
     EdgeGroup,
     FanIn,
@@ -21,6 +24,7 @@ from kernel._graph import (
     validate,
 )
 from kernel._store import EventStore, open_store
+from kernel._valuetypes import value_classes
 from kernel._workflow import Durability, Workflow
 
 __all__ = ["WorkflowBuilder"]
@@ -59,6 +63,7 @@ class WorkflowBuilder:
         self._durability = durability
         self._clock = clock or system_clock
         self._ids = id_factory or uuid_ids
+        self._value_types: list[type] = []
         if start_executor is not None:
             self.set_start_executor(start_executor)
 
@@ -97,9 +102,12 @@ class WorkflowBuilder:
         self,
         source: ExecutorRef,
         target: ExecutorRef,
-        condition: Callable[[Any], bool] | None = None,
+        condition: Condition | None = None,
     ) -> Self:
-        """Messages from ``source`` go to ``target`` (when ``condition(message)`` is true)."""
+        """Messages from ``source`` go to ``target`` (when ``condition(message)`` is true).
+
+        ``condition`` may be sync or async (``async def``); an async one is awaited.
+        """
         return self._add(Single(self._register(source), self._register(target), condition))
 
     def add_fan_out_edges(self, source: ExecutorRef, targets: Sequence[ExecutorRef]) -> Self:
@@ -118,7 +126,7 @@ class WorkflowBuilder:
         self, source: ExecutorRef, cases: Sequence[Case | Default]
     ) -> Self:
         """Each message from ``source`` goes to the first matching ``Case``, else to ``Default``."""
-        branches: list[tuple[Callable[[Any], bool], str]] = []
+        branches: list[tuple[Condition, str]] = []
         default: str | None = None
         for case in cases:
             if isinstance(case, Default):
@@ -158,6 +166,25 @@ class WorkflowBuilder:
         if len(set(ids)) != len(ids):
             raise DefinitionError(f"{what} must be distinct, got {list(ids)}")
 
+    # -- value types --------------------------------------------------------------------------
+
+    def register_types(self, *types: Any) -> Self:
+        """Let values of these classes be rebuilt when the log is read (see ``ValueCodec``).
+
+        The enums, pydantic models and dataclasses that handlers accept, send and yield are
+        registered by ``build()`` already; name here the others kept in state. Each argument is a
+        class or an annotation (``list[Order] | None``). Raises ``DefinitionError`` for one that
+        holds no such class.
+        """
+        for annotation in types:
+            found = value_classes(annotation)
+            if not found:
+                raise DefinitionError(
+                    f"cannot register {annotation!r}: it holds no enum, pydantic model or dataclass"
+                )
+            self._value_types.extend(found)
+        return self
+
     # -- build --------------------------------------------------------------------------------
 
     def build(self) -> Workflow:
@@ -180,11 +207,17 @@ class WorkflowBuilder:
             raise DefinitionError(
                 f"instance_id must be a non-empty string, got {self._instance_id!r}"
             )
+        for text, what in ((self._name, "a workflow name"), (self._instance_id, "instance_id")):
+            if text is not None:
+                require_storable(text, what)
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
         graph = Graph(dict(self._executors), self._start, tuple(self._groups))
         validate(graph)
         store = self._store if self._store is not None else open_store()
+        store.codec.register(
+            *self._value_types, *value_classes(*_handler_annotations(self._executors.values()))
+        )
         return Workflow(
             graph,
             store=store,
@@ -195,3 +228,19 @@ class WorkflowBuilder:
             clock=self._clock,
             id_factory=self._ids,
         )
+
+
+def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:
+    """Every type the handlers name: what they accept, send and yield, generics included."""
+    found: list[Any] = []
+    for executor in executors:
+        for spec in executor.handlers:
+            found.extend((spec.accepts or ()) + (spec.sends or ()) + (spec.yields or ()))
+            method = (
+                executor.func
+                if isinstance(executor, FunctionExecutor)
+                else getattr(executor, spec.name, None)
+            )
+            with contextlib.suppress(NameError, TypeError):  # named with @handler(input=...)
+                found.extend(typing.get_type_hints(method).values())
+    return found

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, Never
 from typing_extensions import TypeVar
 
 if TYPE_CHECKING:
-    from kernel._runner import Superstep
+    from kernel._superstep import Superstep
 
 __all__ = ["WorkflowContext"]
 
@@ -60,9 +60,14 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
     async def send_message(self, message: OutT, target_id: str | None = None) -> None:
         """Send ``message`` along this executor's edges (or to ``target_id`` only).
 
-        It is delivered in the next superstep, and only if this one commits.
+        It is delivered in the next superstep, and only if this one commits. Edge conditions are
+        evaluated here (an async one is awaited); raises ``RoutingError`` if no edge can take it.
         """
-        self._step.send(self._executor_id, message, target_id)
+        step, source = self._step, self._executor_id
+        delivery = step.router.cached(source, message, target_id)
+        if delivery is None:
+            delivery = await step.route(source, message, target_id)
+        step.send(source, message, target_id, delivery)
 
     async def yield_output(self, output: WorkflowOutT) -> None:
         """Yield a workflow output; the caller receives it once this superstep commits."""

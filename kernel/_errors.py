@@ -13,14 +13,19 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     ├── StoreError                   anything the event store could not do
     │   ├── StoreConfigError         a store URL or option that is wrong
     │   ├── StoreUnavailableError    a server that cannot be reached, a file that cannot be opened
+    │   │   └── StoreNotFoundError   a store that does not exist (opened with create=False)
+    │   ├── InvalidBatchError        an append whose events do not fit its stream and version
     │   ├── ConcurrencyConflictError an append whose expected version was not the stream's version
     │   ├── DecodeError              a stored event that cannot be read back
     │   └── SchemaVersionError       a database or event written by a newer steplog
     └── ProjectionError              a view that cannot be built or queried
         └── LogIntegrityError        a log that breaks the kernel's own invariants
 
-Errors from sqlite3, psycopg and eventsourcing are translated into this tree at the store's edge;
-the driver's exception is kept as ``__cause__``.
+Errors from sqlite3, psycopg and eventsourcing are translated into this tree at the store's edge,
+by class, through one table (``kernel._store``); the driver's exception is kept as ``__cause__``.
+
+Every class here reports ``kernel`` as its ``__module__`` (the package that exports it), so logs
+and ``ErrorInfo.of`` record ``kernel.StoreError``, never a private module path.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "DefinitionError",
     "EncodingError",
     "ExecutionError",
+    "InvalidBatchError",
     "LogIntegrityError",
     "ProjectionError",
     "RoutingError",
@@ -41,6 +47,7 @@ __all__ = [
     "StepLogError",
     "StoreConfigError",
     "StoreError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
 ]
 
@@ -89,6 +96,17 @@ class StoreUnavailableError(StoreError):
     """The store cannot be reached: server down, file not writable, database missing."""
 
 
+class StoreNotFoundError(StoreUnavailableError):
+    """The store does not exist and was not created: no file, tables or schema, opened with
+    ``create=False``; or a PostgreSQL database that does not exist (steplog creates schemas,
+    never databases). Nothing was created."""
+
+
+class InvalidBatchError(StoreError, ValueError):
+    """An append's events do not fit the call: another instance's event, positions that do not
+    follow ``expected_version``, or a negative ``expected_version``. Nothing was written."""
+
+
 class ConcurrencyConflictError(StoreError):
     """An append's expected version did not match the stream. Nothing was written."""
 
@@ -118,3 +136,8 @@ class ProjectionError(StepLogError):
 
 class LogIntegrityError(ProjectionError):
     """The log contradicts an invariant the kernel enforces (say, two markers for one superstep)."""
+
+
+for _name in __all__:
+    globals()[_name].__module__ = "kernel"
+del _name

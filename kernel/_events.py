@@ -60,13 +60,30 @@ class ErrorInfo(BaseModel):
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
+        """The record of ``error``: always storable, whatever the exception holds.
+
+        Text that is not valid Unicode (a lone surrogate) is kept with it escaped (``\\ud800``);
+        an exception whose ``str()`` raises is recorded as ``<unprintable ...>``.
+        """
         kind = type(error)
         name = (
             kind.__qualname__
             if kind.__module__ == "builtins"
             else f"{kind.__module__}.{kind.__qualname__}"
         )
-        return cls(type=name, message=str(error))
+        try:
+            message = str(error)
+        except Exception as unprintable:
+            failure = type(unprintable).__name__
+            message = f"<unprintable {kind.__qualname__}: str() raised {failure}>"
+        return cls(type=_storable_text(name), message=_storable_text(message))
+
+
+def _storable_text(text: str) -> str:
+    """``text``, with what UTF-8 cannot encode (lone surrogates) escaped as ``\\udXXX``."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class EventBase(BaseModel):
@@ -256,6 +273,12 @@ RUN_END_TYPES: frozenset[str] = frozenset(
 
 SUPERSTEP_MARKER_TYPES: frozenset[str] = frozenset({"superstep_committed", "superstep_aborted"})
 """The event types that decide a superstep: the first one for a superstep id is final."""
+
+# The public event classes report the package that exports them, so that logs, reprs of errors and
+# ``ErrorInfo.of`` never record a private module path.
+for _cls in (EventBase, RunEvent, SuperstepEvent, ErrorInfo, *EVENT_TYPES.values()):
+    _cls.__module__ = "kernel"
+del _cls
 
 
 @functools.cache

@@ -80,6 +80,7 @@ class Executor:
     def __init__(self, id: str) -> None:
         if not isinstance(id, str) or not id:
             raise DefinitionError(f"an executor id must be a non-empty string, got {id!r}")
+        require_storable(id, "an executor id")
         self.id = id
         self._handlers: list[tuple[HandlerSpec, Callable[..., Awaitable[None]]]] | None = None
 
@@ -156,6 +157,17 @@ def executor(
         return FunctionExecutor(fn, id=id)
 
     return make(func) if func is not None else make
+
+
+def require_storable(text: str, what: str) -> None:
+    """Refuse text the log cannot store (a lone surrogate): it is written into every event."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise DefinitionError(
+            f"{what} must be valid Unicode text, got {text!r} (a lone surrogate at index "
+            f"{error.start})"
+        ) from None
 
 
 # -- annotations -------------------------------------------------------------------------------

@@ -1,22 +1,37 @@
-"""The workflow graph: edge groups, routing of sent messages, and validation at ``build()``."""
+"""The workflow graph: executors, edge groups, and their validation at ``build()``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from kernel._errors import DefinitionError, RoutingError
+from kernel._errors import DefinitionError
 from kernel._executor import Executor
 
-__all__ = ["Case", "Default", "EdgeGroup", "FanIn", "FanOut", "Graph", "Single", "SwitchCase"]
+__all__ = [
+    "Case",
+    "Condition",
+    "Default",
+    "EdgeGroup",
+    "FanIn",
+    "FanOut",
+    "Graph",
+    "Single",
+    "SwitchCase",
+    "validate",
+]
 
-Condition = Callable[[Any], bool]
+Condition = Callable[[Any], bool | Awaitable[bool]]
+"""An edge condition or switch-case predicate: ``condition(message)``, sync or async."""
 
 
 @dataclass(frozen=True)
 class Case:
-    """A switch-case branch: messages for which ``condition`` is true go to ``target``."""
+    """A switch-case branch: messages for which ``condition`` is true go to ``target``.
+
+    ``condition`` may be sync or async (``async def``); an async one is awaited.
+    """
 
     condition: Condition
     target: Executor | str
@@ -85,105 +100,16 @@ class SwitchCase:
 EdgeGroup = Single | FanOut | FanIn | SwitchCase
 
 
-@dataclass
-class Delivery:
-    """Where one sent message goes: direct targets now, and fan-in groups that buffer it."""
-
-    targets: list[str] = field(default_factory=list)
-    fan_ins: list[FanIn] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class Graph:
-    """A validated graph: executors by id, the start executor, and edge groups by source."""
+    """A validated graph: executors by id, the start executor, and the edge groups.
+
+    Routing over it lives in ``kernel._algo.Router``.
+    """
 
     executors: dict[str, Executor]
     start: str
     groups: tuple[EdgeGroup, ...]
-    # Deliveries that depend only on the message's type (no conditions on the source's edges).
-    _by_type: dict[tuple[str, type, str | None], Delivery] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    def outgoing(self, source: str) -> list[EdgeGroup]:
-        return [g for g in self.groups if source in g.sources]
-
-    def route(self, source: str, message: object, target_id: str | None) -> Delivery:
-        """Decide where a message sent by ``source`` goes. Raises ``RoutingError`` if it cannot.
-
-        The returned ``Delivery`` is shared between calls: treat it as read-only.
-        """
-        key = (source, type(message), target_id)
-        cached = self._by_type.get(key)
-        if cached is not None:
-            return cached
-        delivery = self._route(source, message, target_id)
-        if all(_type_only(g) for g in self.outgoing(source)):
-            self._by_type[key] = delivery
-        return delivery
-
-    def _route(self, source: str, message: object, target_id: str | None) -> Delivery:
-        groups = self.outgoing(source)
-        if not groups:
-            raise RoutingError(f"executor {source!r} sent a message but has no outgoing edges")
-        if target_id is not None and all(target_id not in g.targets for g in groups):
-            raise RoutingError(
-                f"executor {source!r} sent a message to {target_id!r}, but no edge connects them"
-            )
-        delivery = Delivery()
-        typed = False  # some edge could carry this message's type
-        for group in groups:
-            for target in self._candidates(group, message):
-                if target_id is not None and target != target_id:
-                    continue
-                if isinstance(group, FanIn):
-                    typed = True
-                    delivery.fan_ins.append(group)
-                elif self.executors[target].can_handle(message):
-                    typed = True
-                    if target not in delivery.targets:
-                        delivery.targets.append(target)
-            if not typed and self._type_reachable(group, message, target_id):
-                typed = True
-        if not typed:
-            raise RoutingError(
-                f"executor {source!r} sent a {type(message).__qualname__}, which no target "
-                f"connected to it handles ({', '.join(sorted(_all_targets(groups)))})"
-            )
-        return delivery
-
-    def _candidates(self, group: EdgeGroup, message: object) -> list[str]:
-        if isinstance(group, Single):
-            if group.condition is not None and not group.condition(message):
-                return []
-            return [group.target]
-        if isinstance(group, FanOut):
-            return list(group.targets)
-        if isinstance(group, FanIn):
-            return [group.target]
-        for condition, target in group.cases:
-            if condition(message):
-                return [target]
-        return [group.default] if group.default is not None else []
-
-    def _type_reachable(self, group: EdgeGroup, message: object, target_id: str | None) -> bool:
-        """True when a condition (not the message's type) kept the message from every target."""
-        return any(
-            self.executors[t].can_handle(message)
-            for t in group.targets
-            if target_id is None or t == target_id
-        )
-
-
-def _type_only(group: EdgeGroup) -> bool:
-    """Whether the group routes by the message's type alone (no condition to evaluate)."""
-    return isinstance(group, FanOut | FanIn) or (
-        isinstance(group, Single) and group.condition is None
-    )
-
-
-def _all_targets(groups: list[EdgeGroup]) -> set[str]:
-    return {target for group in groups for target in group.targets}
 
 
 def validate(graph: Graph) -> None:
@@ -259,7 +185,3 @@ def _sent_types(executor: Executor) -> tuple[type, ...] | None:
 
 def _handles(executor: Executor, kind: type) -> bool:
     return any(spec.accepts_type(kind) for spec in executor.handlers)
-
-
-def ids_of(items: Sequence[Executor | str]) -> tuple[str, ...]:
-    return tuple(item if isinstance(item, str) else item.id for item in items)

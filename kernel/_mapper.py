@@ -7,10 +7,13 @@ remaining fields as compact JSON in ``state``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
+import annotated_types
 import orjson
 from eventsourcing.persistence import StoredEvent
 from pydantic import BaseModel, ValidationError
@@ -70,67 +73,82 @@ class EventMapper:
         )
 
     def decode(self, instance_id: str, position: int, topic: str, state: bytes) -> EventBase:
-        """The event stored as ``(instance_id, position, topic, state)`` columns."""
+        """The event stored as ``(instance_id, position, topic, state)`` columns.
+
+        Raises ``DecodeError`` naming ``instance_id#position`` for a row that is not what the
+        mapper writes: bad JSON, a payload that is not an object, a field of the wrong type or
+        value, a bad timestamp, an unknown topic; ``SchemaVersionError`` for a newer schema.
+        """
         cls = self._current.get(topic)
         if cls is None:  # an unknown type, an old version to upcast, or a newer one to refuse
             return self._decode_other(instance_id, position, topic, state)
-        try:
-            payload = orjson.loads(state)
-        except orjson.JSONDecodeError as error:
-            raise DecodeError(
-                f"event {instance_id!r}#{position} ({topic}) is not valid JSON: {error}"
-            ) from error
+        payload = _load(instance_id, position, topic, state)
         payload["instance_id"] = instance_id
         payload["position"] = position
         payload["schema_version"] = cls.SCHEMA_VERSION
-        return self._build(cls, payload, _Columns(instance_id, position, topic, state))
+        return _build(cls, payload, instance_id, position, topic)
 
     def _decode_other(self, instance_id: str, position: int, topic: str, state: bytes) -> EventBase:
-        stored = _Columns(instance_id, position, topic, state)
-        type_name, _, version_text = topic.partition("@")
+        where = f"event {instance_id!r}#{position}"
+        type_name, _, version_text = str(topic).partition("@")
         cls = EVENT_TYPES.get(type_name)
         if cls is None:
             raise DecodeError(
-                f"event {stored.originator_id!r}#{stored.originator_version} has unknown type "
-                f"{type_name!r}; it was written by a newer or a different program"
+                f"{where} has unknown type {type_name!r}; it was written by a newer or a "
+                "different program"
             )
-        try:
-            version = int(version_text or 1)
-            payload = orjson.loads(stored.state)
-        except (ValueError, orjson.JSONDecodeError) as error:
-            raise DecodeError(
-                f"event {stored.originator_id!r}#{stored.originator_version} ({stored.topic}) "
-                f"is not valid JSON: {error}"
-            ) from error
+        if not (version_text or "1").isdigit():
+            raise DecodeError(f"{where} has a malformed topic {topic!r} (expected type@version)")
+        version = int(version_text or 1)
+        payload = _load(instance_id, position, topic, state)
         if version > cls.SCHEMA_VERSION:
             raise SchemaVersionError(
-                f"event {stored.originator_id!r}#{stored.originator_version} is {type_name} "
-                f"schema version {version}, newer than this steplog's {cls.SCHEMA_VERSION}; "
-                "upgrade steplog to read this log"
+                f"{where} is {type_name} schema version {version}, newer than this steplog's "
+                f"{cls.SCHEMA_VERSION}; upgrade steplog to read this log"
             )
         while version < cls.SCHEMA_VERSION:
             upcast = self._upcasters.get((type_name, version))
             if upcast is None:
-                raise DecodeError(f"no upcaster for {type_name} from schema version {version}")
+                raise DecodeError(
+                    f"{where}: no upcaster for {type_name} from schema version {version}"
+                )
             payload = upcast(payload)
             version += 1
         payload["instance_id"] = instance_id
         payload["position"] = position
         payload["schema_version"] = version
-        return self._build(cls, payload, stored)
+        return _build(cls, payload, instance_id, position, topic)
 
-    @staticmethod
-    def _build(cls: type[EventBase], payload: dict[str, Any], stored: _Columns) -> EventBase:
-        fast = _construct(cls, payload)
-        if fast is not None:
-            return fast
-        try:
-            return cls.model_validate(payload)
-        except ValidationError as error:
-            raise DecodeError(
-                f"event {stored.originator_id!r}#{stored.originator_version} ({stored.topic}) "
-                f"does not fit its schema: {error}"
-            ) from error
+
+def _load(instance_id: str, position: int, topic: str, state: bytes) -> dict[str, Any]:
+    """The JSON object in a row's ``state`` column."""
+    try:
+        payload = orjson.loads(state)
+    except (orjson.JSONDecodeError, TypeError) as error:
+        raise DecodeError(
+            f"event {instance_id!r}#{position} ({topic}) is not valid JSON: {error}"
+        ) from error
+    if type(payload) is not dict:
+        raise DecodeError(
+            f"event {instance_id!r}#{position} ({topic}) is not a JSON object but a "
+            f"{type(payload).__name__}"
+        )
+    return payload
+
+
+def _build(
+    cls: type[EventBase], payload: dict[str, Any], instance_id: str, position: int, topic: str
+) -> EventBase:
+    built = _construct(cls, payload)
+    if isinstance(built, EventBase):
+        return built
+    where = f"event {instance_id!r}#{position} ({topic})"
+    if built is not None:
+        raise DecodeError(f"{where} does not fit its schema: {built}")
+    try:  # fields missing or unknown: pydantic names them
+        return cls.model_validate(payload, strict=True)
+    except ValidationError as error:
+        raise DecodeError(f"{where} does not fit its schema: {error}") from error
 
 
 def _nested_model(value: Any) -> Any:
@@ -140,38 +158,106 @@ def _nested_model(value: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(value).__qualname__}")
 
 
-class _Columns:
-    """The stored columns, named as in eventsourcing's ``StoredEvent`` for error messages."""
+class _Field(NamedTuple):
+    """What a stored field must be: one of ``types``, and one of ``values`` or ``>= minimum``
+    when those are set; ``items``, the type of every item of a list."""
 
-    __slots__ = ("originator_id", "originator_version", "state", "topic")
-
-    def __init__(self, instance_id: str, position: int, topic: str, state: bytes) -> None:
-        self.originator_id = instance_id
-        self.originator_version = position
-        self.topic = topic
-        self.state = state
+    name: str
+    types: frozenset[type]
+    values: frozenset[Any] | None = None
+    minimum: int | None = None
+    items: type | None = None
 
 
-def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | None:
-    """Build an event from a payload the mapper wrote; None when its shape is off.
+_NONE = type(None)
 
-    The timestamp and nested errors are parsed here; every other field is taken as written.
-    Anything unexpected returns None, and the caller validates in full (and reports the problem).
-    """
-    stamp = payload.get("timestamp")
-    if type(stamp) is not str or type(payload["position"]) is not int:
+
+def _field(name: str, annotation: Any, metadata: list[Any]) -> _Field | None:
+    """The check for one field, None when any JSON value fits it (``Json`` fields)."""
+    if annotation is Any:
         return None
+    args = get_args(annotation)
+    origin = get_origin(annotation)
+    minimum = None
+    for constraint in metadata:
+        if isinstance(constraint, annotated_types.Ge) and isinstance(constraint.ge, int):
+            minimum = constraint.ge
+    if origin is Literal:
+        return _Field(name, frozenset(type(a) for a in args), values=frozenset(args))
+    if origin in (Union, UnionType) and len(args) == 2 and _NONE in args:
+        inner = _field(name, next(a for a in args if a is not _NONE), metadata)
+        if inner is None:
+            return None
+        values = None if inner.values is None else inner.values | {None}
+        return inner._replace(types=inner.types | {_NONE}, values=values)
+    if origin is list and args and args[0] in (str, int):
+        return _Field(name, frozenset({list}), items=args[0])
+    if origin is dict and args[:1] == (str,):
+        return _Field(name, frozenset({dict}))
+    if annotation is ErrorInfo:
+        return _Field(name, frozenset({dict}))
+    if annotation in (str, int, bool, float):
+        return _Field(name, frozenset({annotation}), minimum=minimum)
+    raise TypeError(f"the mapper cannot check field {name!r} of type {annotation!r}")
+
+
+@functools.cache
+def _checks(cls: type[EventBase]) -> tuple[_Field, ...]:
+    """The checks of ``cls``'s stored fields (all but ``timestamp``, parsed apart)."""
+    checks = []
+    for name, info in cls.model_fields.items():
+        if name == "timestamp":
+            continue
+        check = _field(name, info.annotation, info.metadata)
+        if check is not None:
+            checks.append(check)
+    return tuple(checks)
+
+
+def _problem(cls: type[EventBase], payload: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of ``payload`` (the first problem), or None."""
+    for name, types, values, minimum, items in _checks(cls):
+        if name not in payload:
+            continue  # a default fills it; a required one missing is reported by the caller
+        value = payload[name]
+        if type(value) not in types:
+            return f"field {name!r} is a {type(value).__name__}: {value!r:.80}"
+        if values is not None and value not in values:
+            return f"field {name!r} is {value!r:.80}, not one of {sorted(map(repr, values))}"
+        if minimum is not None and value < minimum:
+            return f"field {name!r} is {value!r}, less than {minimum}"
+        if items is not None and any(type(item) is not items for item in value):
+            return f"field {name!r} holds an item that is not a {items.__name__}"
+    return None
+
+
+def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | str | None:
+    """Build an event from a stored payload: the event, or what is wrong with a field (a
+    string), or None when fields are missing or unknown (the caller validates, to name them).
+
+    Every field is checked against its declared type (exactly: JSON has no ``"5"`` for 5), the
+    timestamp parsed and the nested errors rebuilt; then the event is built without pydantic's
+    validation, which would check the same things more slowly.
+    """
+    if "timestamp" not in payload:
+        return None
+    stamp = payload["timestamp"]
+    if type(stamp) is not str:
+        return f"timestamp is {stamp!r:.80}, not an ISO 8601 string"
     try:
         when = datetime.fromisoformat(stamp)
     except ValueError:
-        return None
+        return f"timestamp {stamp!r:.80} is not an ISO 8601 date and time"
     if when.tzinfo is None:
-        return None
+        return f"timestamp {stamp!r:.80} has no time zone"
+    problem = _problem(cls, payload)
+    if problem is not None:
+        return problem
     payload["timestamp"] = when
     error = payload.get("error")
     if error is not None:
-        if type(error) is not dict or error.keys() != {"type", "message"}:
-            return None
+        if error.keys() != {"type", "message"} or not all(type(v) is str for v in error.values()):
+            return f"field 'error' is {error!r:.80}, not {{'type': str, 'message': str}}"
         payload["error"] = trusted_event_info(error)
     return trusted_event(cls, payload)
 

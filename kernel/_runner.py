@@ -1,5 +1,10 @@
 """The superstep runner: drives one run of a workflow and writes its facts to the log.
 
+A ``Run`` knows its instance only through a ``RunnerContext`` (``kernel._instance``); where
+messages go and what the next superstep receives is the step algebra of ``kernel._algo``. The
+loop starts from a ``Position`` (next superstep's index, inbox, fan-in buffers), so a run can be
+driven on from wherever its log says it stands.
+
 The rules it keeps, by construction:
 
 * Every superstep ends with exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborted``.
@@ -8,27 +13,30 @@ The rules it keeps, by construction:
 * A superstep is *closed* the moment its outcome is decided (the first executor failure, a
   cancellation, the commit). From then on ``set_state``, ``send_message`` and ``yield_output``
   raise ``StateWriteRejectedError``; nothing reaches the log for it except its marker.
-* The abort is appended before the caller sees the failure or the cancellation.
-* Committed state is never computed here: after each append the appended events are folded into
-  the workflow's ``CommittedState`` (the same fold projections use).
+* The abort is appended before the caller sees the failure or the cancellation. A superstep's
+  closing events (its marker, and the run's end or the next superstep's start) go in one batch; if
+  the store cannot encode that batch, the superstep's events are appended one by one (as
+  ``"write"`` durability would have), leaving out what cannot be stored, and the superstep is
+  closed as aborted all the same.
+* Committed state is never computed here: the context folds every appended batch into its view.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kernel._algo import Position
 from kernel._context import WorkflowContext
+from kernel._emit import Emit, Put, emitter, silent
 from kernel._errors import (
     ConvergenceError,
+    EncodingError,
     ExecutionError,
     RoutingError,
-    StateWriteRejectedError,
     StoreError,
 )
 from kernel._events import (
@@ -38,55 +46,23 @@ from kernel._events import (
     ExecutorCompleted,
     ExecutorFailed,
     ExecutorInvoked,
-    MessageStaged,
-    OutputYielded,
     RunAbandoned,
     RunCancelled,
     RunCompleted,
     RunFailed,
     RunStarted,
-    StateStaged,
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepStarted,
     trusted_event,
 )
-from kernel._graph import Delivery, FanIn
+from kernel._owner import presumed_reason
+from kernel._superstep import Superstep, SuperstepOutcome
 
 if TYPE_CHECKING:
-    from kernel._workflow import Workflow
+    from kernel._instance import RunnerContext
 
-__all__ = ["RunResult", "Superstep", "WorkflowEvent"]
-
-WorkflowEventType = Literal[
-    "started",
-    "superstep_started",
-    "executor_invoked",
-    "executor_completed",
-    "executor_failed",
-    "output",
-    "superstep_completed",
-    "failed",
-    "cancelled",
-    "completed",
-]
-
-
-@dataclass(frozen=True)
-class WorkflowEvent:
-    """What a streaming run yields. ``type`` says what happened; the other fields say where.
-
-    ``data`` holds the output for ``output`` events; ``error`` the exception for ``executor_failed``
-    and ``failed``.
-    """
-
-    type: WorkflowEventType
-    run_id: str
-    superstep: int | None = None
-    superstep_id: str | None = None
-    executor_id: str | None = None
-    data: Any = None
-    error: BaseException | None = None
+__all__ = ["Run", "RunResult"]
 
 
 @dataclass
@@ -103,169 +79,91 @@ class RunResult:
         return list(self.outputs)
 
 
-Emit = Callable[[WorkflowEvent], Awaitable[None]] | None
-
-
-@dataclass
-class _Sent:
-    source: str
-    message: Any
-    delivery: Delivery
-
-
-class Superstep:
-    """One superstep of a run: its staged writes, messages and outputs, and whether it is closed."""
-
-    def __init__(self, run: Run, index: int, superstep_id: str) -> None:
-        self._run = run
-        self.index = index
-        self.superstep_id = superstep_id
-        self.closed: str | None = None  # None while open; then "committed" or "aborted (why)"
-        self.staged: dict[str, tuple[str, Any]] = {}
-        self.sent: list[_Sent] = []
-        self.outputs: list[tuple[str, Any]] = []
-        self.failure: tuple[str, BaseException] | None = None
-        self.in_flight: set[str] = set()
-        self.cancelling = False
-        self.inline_task: asyncio.Task[Any] | None = None
-
-    @property
-    def run_id(self) -> str:
-        return self._run.run_id
-
-    @property
-    def instance_id(self) -> str:
-        return self._run.workflow.instance_id
-
-    @property
-    def run_kwargs(self) -> dict[str, Any]:
-        return self._run.kwargs
-
-    def _refuse_if_closed(self, executor_id: str, what: str) -> None:
-        if self.closed is None and self.inline_task is not None and self.inline_task.cancelling():
-            # The handler runs in the run's own task, and that task is being cancelled.
-            self.closed = f"aborted ({self._run.cancel_reason or 'cancelled'})"
-        if self.closed is not None:
-            raise StateWriteRejectedError(
-                f"{what} by executor {executor_id!r} refused: superstep {self.index} "
-                f"({self.superstep_id}) of run {self.run_id} is already {self.closed}; "
-                "it will never count"
-            )
-
-    def stage(self, executor_id: str, key: str, op: Literal["set", "delete"], value: Any) -> None:
-        self._refuse_if_closed(executor_id, f"write of state key {key!r}")
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"state keys must be non-empty strings, got {key!r}")
-        wire = None if op == "delete" else self._run.codec.encode(value, what=f"state key {key!r}")
-        self._run.log(
-            StateStaged,
-            superstep_id=self.superstep_id,
-            executor_id=executor_id,
-            key=key,
-            op=op,
-            value=wire,
-        )
-        self.staged[key] = (op, value)
-
-    def read(self, key: str, default: Any) -> Any:
-        staged = self.staged.get(key)
-        if staged is not None:
-            return default if staged[0] == "delete" else staged[1]
-        wire = self._run.workflow._committed.values.get(key, _MISSING)
-        return default if wire is _MISSING else self._run.codec.decode(wire)
-
-    def send(self, source: str, message: Any, target_id: str | None) -> None:
-        self._refuse_if_closed(source, "message")
-        delivery = self._run.workflow.graph.route(source, message, target_id)
-        wire = self._run.codec.encode(message, what=f"message from {source!r}")
-        targets = list(delivery.targets) + [g.target for g in delivery.fan_ins]
-        self._run.log(
-            MessageStaged,
-            superstep_id=self.superstep_id,
-            source=source,
-            target=target_id,
-            targets=targets,
-            message=wire,
-        )
-        self.sent.append(_Sent(source, message, delivery))
-
-    def output(self, executor_id: str, value: Any) -> None:
-        self._refuse_if_closed(executor_id, "output")
-        wire = self._run.codec.encode(value, what=f"output of {executor_id!r}")
-        self._run.log(
-            OutputYielded, superstep_id=self.superstep_id, executor_id=executor_id, value=wire
-        )
-        self.outputs.append((executor_id, value))
-
-    def fail(self, executor_id: str, error: BaseException) -> None:
-        """Record an executor's failure; the first one closes the superstep."""
-        self.in_flight.discard(executor_id)
-        self._run.log(
-            ExecutorFailed,
-            superstep_id=self.superstep_id,
-            executor_id=executor_id,
-            error=ErrorInfo.of(error),
-        )
-        if self.failure is None:
-            self.failure = (executor_id, error)
-            self.closed = "aborted (failed)"
-
-
-_MISSING = object()
-
-
 class Run:
-    """One run of a workflow. ``drive`` executes it; ``log`` and ``flush`` write the log."""
+    """One run on a workflow instance. ``drive`` executes it; ``log`` and ``flush`` write the log.
 
-    def __init__(self, workflow: Workflow, message: Any, kwargs: dict[str, Any]) -> None:
-        self.workflow = workflow
+    ``instance`` is all the run knows of its workflow (see ``RunnerContext``).
+    """
+
+    def __init__(self, instance: RunnerContext, message: Any, kwargs: dict[str, Any]) -> None:
+        self.instance = instance
         self.message = message
         self.kwargs = kwargs
-        self.codec = workflow.store.codec
-        self.run_id = workflow._ids()
+        self.codec = instance.codec
+        self.router = instance.router
+        self.run_id = instance.new_id()
         self.finished = False
         self.cancel_reason: AbortReason | None = None
         self.task: asyncio.Task[Any] | None = None
-        self.previous: Run | None = None  # the run this one replaced on its workflow object
-        self._emit: Emit = None
+        self.previous: Run | None = None  # a run this one replaced and must let finish first
+        self.outputs: list[Any] = []  # of committed supersteps, in order
+        self._emit: Emit = silent
+        self._clock = instance.clock
         self._buffer: list[EventBase] = []
         self._version = 0
         self._open_superstep: Superstep | None = None
         self._open_superstep_id: str | None = None
-        self._fan_in: dict[FanIn, dict[str, list[Any]]] = {}
-        self._write_through = workflow.durability == "write"
+        self._write_through = instance.durability == "write"
 
     # -- the log ------------------------------------------------------------------------------
 
     def log(self, cls: type[EventBase], **fields: Any) -> None:
         """Create the next event of this run; append it now in "write" durability."""
         fields["run_id"] = self.run_id
-        self._log_for(cls, **fields)
+        self._log_for(cls, fields)
         if self._write_through:
             self.flush()
 
     def flush(self) -> None:
-        """Append the buffered events as one atomic batch and fold them into the workflow's view."""
+        """Append the buffered events as one atomic batch (dropped if the append fails)."""
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
-        try:
-            self.workflow.store.append(
-                self.workflow.instance_id, batch, expected_version=self._version
-            )
-        except BaseException:
-            self.workflow._forget_view()
-            raise
+        self.instance.append(batch, expected_version=self._version)
         self._version += len(batch)
-        self.workflow._fold(batch)
+
+    def _flush_closing(
+        self, opened: int, reclose: Callable[[EncodingError], None] | None = None
+    ) -> EncodingError | None:
+        """Append the buffer: the superstep's events before index ``opened``, then its closing.
+
+        If the store cannot encode the batch, append the superstep's events one at a time (leaving
+        out those it cannot encode), then the closing again, or what ``reclose(error)`` logs.
+        Returns the encoding error in that case, None when the batch went in whole.
+        """
+        batch = self._buffer
+        try:
+            self.flush()
+        except EncodingError as error:
+            refused = error
+        else:
+            return None
+        for event in batch[:opened]:
+            self._buffer = [event.model_copy(update={"position": self._version + 1})]
+            with contextlib.suppress(EncodingError):
+                self.flush()
+        self._buffer = []
+        if reclose is not None:
+            reclose(refused)
+        else:
+            for event in batch[opened:]:
+                position = self._version + len(self._buffer) + 1
+                self._buffer.append(event.model_copy(update={"position": position}))
+        self.flush()
+        return refused
 
     # -- driving ------------------------------------------------------------------------------
 
-    async def drive(self, emit: Emit) -> RunResult:
-        """Execute the run to its end. Raises what the run raised, after the log records it."""
-        self._emit = emit
-        workflow = self.workflow
-        start = workflow.graph.executors[workflow.graph.start]
+    async def drive(self, put: Put | None = None) -> RunResult:
+        """Execute the run to its end, handing ``WorkflowEvent``s to ``put`` if given.
+
+        Raises what the run raised, after the log records it.
+        """
+        if put is not None:
+            self._emit = emitter(self.run_id, put)
+        instance = self.instance
+        graph = self.router.graph
+        start = graph.executors[graph.start]
         if not start.can_handle(self.message):
             raise RoutingError(
                 f"start executor {start.id!r} has no handler for a message of type "
@@ -275,72 +173,78 @@ class Run:
         wire_kwargs = {
             k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
         }
-        await workflow._settle_previous(self)
-        head = workflow._catch_up()
+        await self._settle_previous()
+        head = instance.catch_up()
         self._version = head.version
         if head.run_id is not None:
-            self._close_unfinished(
-                head.run_id, head.superstep_id, workflow._presumed_reason(head.owner)
-            )
+            reason = presumed_reason(head.owner)
+            self._close_unfinished(head.run_id, head.superstep_id, reason)
         self.log(
             RunStarted,
-            workflow_name=workflow.name,
+            workflow_name=instance.workflow_name,
             input=wire_input,
             kwargs=wire_kwargs,
-            owner=workflow._owner,
-            durability=workflow.durability,
+            owner=instance.owner,
+            durability=instance.durability,
         )
-        self._open_superstep_id = workflow._ids()
+        self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=1)
         self.flush()
         try:
-            return await self._supersteps(start.id)
+            return await self._supersteps(Position.start(start.id, self.message))
         except asyncio.CancelledError:
             if not self.finished:
-                self._record_cancellation(self.cancel_reason or "cancelled")
+                self._record_end(self.cancel_reason or "cancelled")
+            raise
+        except BaseException as error:  # SystemExit from a handler, a store error mid-superstep
+            if not self.finished:
+                self._record_end("failed", error)
             raise
         finally:
             self.finished = True
 
-    async def _supersteps(self, start_id: str) -> RunResult:
+    async def _settle_previous(self) -> None:
+        """Wait for a dropped stream's run to record its abort before this run appends anything."""
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return
+        task = previous.task
+        if task is not None and not task.done():
+            try:
+                loop = task.get_loop()
+            except RuntimeError:
+                loop = None
+            if loop is asyncio.get_running_loop():
+                previous.cancel_reason = previous.cancel_reason or "abandoned"
+                task.cancel()
+                await asyncio.wait({task})
+
+    async def _supersteps(self, position: Position) -> RunResult:
+        """Run supersteps from ``position`` (whose superstep is open in the log) to the end."""
         emit = self._emit
-        if emit is not None:
-            await emit(WorkflowEvent("started", self.run_id))
-        inbox: dict[str, list[Any]] = {start_id: [self.message]}
-        outputs: list[Any] = []
-        index = 1
+        await emit("started")
         while True:
-            assert self._open_superstep_id is not None
-            step = Superstep(self, index, self._open_superstep_id)
+            superstep_id = self._open_superstep_id
+            assert superstep_id is not None
+            step = Superstep(self, position.index, superstep_id)
             self._open_superstep = step
-            if emit is not None:
-                await emit(
-                    WorkflowEvent("superstep_started", self.run_id, index, step.superstep_id)
-                )
-            await self._execute(step, inbox)
-            inbox = self._commit(step)
-            outputs.extend(value for _, value in step.outputs)
-            if emit is not None:
-                for source, value in step.outputs:
-                    await emit(
-                        WorkflowEvent(
-                            "output", self.run_id, index, step.superstep_id, source, data=value
-                        )
-                    )
-                await emit(
-                    WorkflowEvent("superstep_completed", self.run_id, index, step.superstep_id)
-                )
-            if not inbox:
-                self.finished = True
-                if emit is not None:
-                    await emit(WorkflowEvent("completed", self.run_id, index))
-                return RunResult(self.run_id, "completed", index, outputs)
-            if index >= self.workflow.max_supersteps:
-                error = self._convergence_error(index, inbox)
-                if emit is not None:
-                    await emit(WorkflowEvent("failed", self.run_id, index, error=error))
+            await emit("superstep_started", step.index, superstep_id)
+            await self._execute(step, position.inbox)
+            try:
+                position = self._commit(step, position)
+            except EncodingError as refused:  # recorded: the superstep aborted, the run failed
+                await emit("failed", step.index, superstep_id, error=refused)
+                raise
+            for source, value in step.outputs:
+                await emit("output", step.index, superstep_id, source, value)
+            await emit("superstep_completed", step.index, superstep_id)
+            if not position.inbox:
+                await emit("completed", step.index)
+                return RunResult(self.run_id, "completed", step.index, self.outputs)
+            if step.index >= self.instance.max_supersteps:
+                error = self._convergence_error(step.index, position)
+                await emit("failed", step.index, error=error)
                 raise error
-            index += 1
 
     async def _execute(self, step: Superstep, inbox: dict[str, list[Any]]) -> None:
         if len(inbox) == 1:
@@ -361,7 +265,8 @@ class Run:
                 while pending and step.failure is None:
                     _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:
-                step.closed = step.closed or f"aborted ({self.cancel_reason or 'cancelled'})"
+                if step.outcome is None:
+                    step.outcome = SuperstepOutcome(self.cancel_reason or "cancelled")
                 await _cancel_and_wait(step, pending)
                 raise
             if pending:
@@ -372,19 +277,14 @@ class Run:
     async def _invoke_all(
         self, step: Superstep, executor_id: str, messages: list[Any], *, inline: bool
     ) -> None:
-        executor = self.workflow.graph.executors[executor_id]
+        executor = self.router.graph.executors[executor_id]
         emit = self._emit
         for message in messages:
-            if step.closed is not None:
+            if step.outcome is not None:
                 return
             self.log(ExecutorInvoked, superstep_id=step.superstep_id, executor_id=executor_id)
             step.in_flight.add(executor_id)
-            if emit is not None:
-                await emit(
-                    WorkflowEvent(
-                        "executor_invoked", self.run_id, step.index, step.superstep_id, executor_id
-                    )
-                )
+            await emit("executor_invoked", step.index, step.superstep_id, executor_id)
             try:
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
@@ -397,22 +297,14 @@ class Run:
                 return
             step.in_flight.discard(executor_id)
             self.log(ExecutorCompleted, superstep_id=step.superstep_id, executor_id=executor_id)
-            if emit is not None:
-                await emit(
-                    WorkflowEvent(
-                        "executor_completed",
-                        self.run_id,
-                        step.index,
-                        step.superstep_id,
-                        executor_id,
-                    )
-                )
+            await emit("executor_completed", step.index, step.superstep_id, executor_id)
 
     async def _abort_failed(self, step: Superstep) -> None:
         assert step.failure is not None
         executor_id, error = step.failure
         info = ErrorInfo.of(error)
         self._write_through = False  # the marker and the run's end go in one batch
+        opened = len(self._buffer)
         for sibling in sorted(step.in_flight):
             self.log(
                 ExecutorFailed,
@@ -426,113 +318,113 @@ class Run:
         self.log(RunFailed, error=info, executor_id=executor_id, superstep_id=step.superstep_id)
         self._open_superstep_id = None
         self.finished = True
-        self.flush()
-        if self._emit is not None:
-            await self._emit(
-                WorkflowEvent(
-                    "executor_failed",
-                    self.run_id,
-                    step.index,
-                    step.superstep_id,
-                    executor_id,
-                    error=error,
-                )
-            )
-            await self._emit(
-                WorkflowEvent(
-                    "failed", self.run_id, step.index, step.superstep_id, executor_id, error=error
-                )
-            )
+        self._flush_closing(opened)
+        emit = self._emit
+        await emit("executor_failed", step.index, step.superstep_id, executor_id, error=error)
+        await emit("failed", step.index, step.superstep_id, executor_id, error=error)
         raise error
 
-    def _commit(self, step: Superstep) -> dict[str, list[Any]]:
-        """Close the superstep as committed; open the next one in the same batch if there is one."""
-        step.closed = "committed"
-        inbox = self._next_inbox(step)
+    def _commit(self, step: Superstep, position: Position) -> Position:
+        """Close the superstep as committed, and open the next one or end the run.
+
+        In "superstep" durability the superstep's events and its closing go in one batch.
+
+        Returns the run's position after the superstep. Raises ``EncodingError`` (after recording
+        the superstep as aborted and the run as failed) if the store cannot encode the batch.
+        """
+        step.outcome = SuperstepOutcome.COMMITTED
+        after = position.after(step.sent)
+        opened = len(self._buffer)  # in "write" durability, 0: the closing goes in as it is made
         self.log(SuperstepCommitted, superstep_id=step.superstep_id)
-        if not inbox:
+        if not after.inbox:
             self.log(RunCompleted, supersteps=step.index)
             self._open_superstep_id = None
-        elif step.index >= self.workflow.max_supersteps:
-            error = self._convergence_error(step.index, inbox)
+            self.finished = True
+        elif step.index >= self.instance.max_supersteps:
+            error = self._convergence_error(step.index, after)
             self.log(RunFailed, error=ErrorInfo.of(error))
             self._open_superstep_id = None
             self.finished = True
         else:
-            self._open_superstep_id = self.workflow._ids()
+            self._open_superstep_id = self.instance.new_id()
             self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=step.index + 1)
-        self.flush()
+        refused = self._flush_closing(opened, lambda error: self._log_unstorable(step, error))
         self._open_superstep = None
-        return inbox
+        if refused is not None:
+            self.finished = True
+            raise refused
+        self.outputs.extend(value for _, value in step.outputs)
+        return after
 
-    def _next_inbox(self, step: Superstep) -> dict[str, list[Any]]:
-        inbox: dict[str, list[Any]] = {}
-        for sent in step.sent:
-            for target in sent.delivery.targets:
-                inbox.setdefault(target, []).append(sent.message)
-            for group in sent.delivery.fan_ins:
-                buffer = self._fan_in.setdefault(group, {})
-                buffer.setdefault(sent.source, []).append(sent.message)
-        for group, buffer in self._fan_in.items():
-            if all(buffer.get(source) for source in group.sources):
-                gathered = [m for source in group.sources for m in buffer[source]]
-                buffer.clear()
-                inbox.setdefault(group.target, []).append(gathered)
-        return inbox
+    def _log_unstorable(self, step: Superstep, error: EncodingError) -> None:
+        """The closing of a superstep whose commit batch the store could not encode."""
+        step.outcome = SuperstepOutcome.FAILED
+        info = ErrorInfo.of(error)
+        self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
+        self.log(RunFailed, error=info, superstep_id=step.superstep_id)
+        self._open_superstep_id = None
 
-    def _convergence_error(self, index: int, inbox: dict[str, list[Any]]) -> ConvergenceError:
+    def _convergence_error(self, index: int, position: Position) -> ConvergenceError:
         return ConvergenceError(
-            f"run {self.run_id} of {self.workflow.instance_id!r} did not converge within "
-            f"max_supersteps={self.workflow.max_supersteps}: after superstep {index}, messages "
-            f"were still pending for {', '.join(sorted(inbox))}"
+            f"run {self.run_id} of {self.instance.instance_id!r} did not converge within "
+            f"max_supersteps={self.instance.max_supersteps}: after superstep {index}, messages "
+            f"were still pending for {', '.join(sorted(position.inbox))}"
         )
 
-    def _record_cancellation(self, reason: AbortReason) -> None:
-        """Abort the open superstep and close the run; called while the cancellation unwinds."""
+    def _record_end(self, reason: AbortReason, error: BaseException | None = None) -> None:
+        """Abort the open superstep and close the run, while a cancellation (``error`` None) or an
+        exception that escaped the superstep's own handling unwinds (``reason`` "failed")."""
         self._write_through = False  # the marker and the run's end go in one batch
+        opened = len(self._buffer)
         step = self._open_superstep
-        if step is not None:
-            step.closed = f"aborted ({reason})"
+        if step is not None and step.outcome is None:
+            step.outcome = SuperstepOutcome(reason)
         superstep_id = self._open_superstep_id
+        info = None if error is None else ErrorInfo.of(error)
         if superstep_id is not None:
-            self.log(SuperstepAborted, superstep_id=superstep_id, reason=reason)
-        if reason == "cancelled":
+            self.log(SuperstepAborted, superstep_id=superstep_id, reason=reason, error=info)
+        if info is not None:
+            self.log(RunFailed, error=info, superstep_id=superstep_id)
+        elif reason == "cancelled":
             self.log(RunCancelled, superstep_id=superstep_id)
         else:
             self.log(RunAbandoned, reason="abandoned", superstep_id=superstep_id)
         self._open_superstep_id = None
         self.finished = True
-        # The cancellation must still propagate; if this append fails, the next run closes the run.
-        with contextlib.suppress(StoreError):
-            self.flush()
+        # What unwinds must still propagate; if this append fails, the next run closes the run.
+        with contextlib.suppress(StoreError, EncodingError):
+            self._flush_closing(opened)
 
     def _close_unfinished(self, run_id: str, superstep_id: str | None, reason: AbortReason) -> None:
         """Close a run found unfinished in the log (dropped stream, dead process)."""
-        fields: dict[str, Any] = {"run_id": run_id}
         if superstep_id is not None:
-            self._log_for(SuperstepAborted, superstep_id=superstep_id, reason=reason, **fields)
+            self._log_for(
+                SuperstepAborted, {"run_id": run_id, "superstep_id": superstep_id, "reason": reason}
+            )
+        ended = "crashed" if reason == "crashed" else "abandoned"
         self._log_for(
             RunAbandoned,
-            reason="crashed" if reason == "crashed" else "abandoned",
-            superstep_id=superstep_id,
-            closed_by=self.run_id,
-            **fields,
+            {
+                "run_id": run_id,
+                "reason": ended,
+                "superstep_id": superstep_id,
+                "closed_by": self.run_id,
+            },
         )
 
-    def _log_for(self, cls: type[EventBase], **fields: Any) -> None:
+    def _log_for(self, cls: type[EventBase], fields: dict[str, Any]) -> None:
         """Buffer the next event of the stream (of this run, or of a run this one closes).
 
+        ``fields`` becomes the event's own (no copy is made).
         The runner's own fields are trusted, so the event is constructed without re-validation
         (the store's mapper validates on the way back); only the injected clock is checked.
         """
-        timestamp = self.workflow._clock()
+        timestamp = self._clock()
         if timestamp.tzinfo is None:
             raise ExecutionError(f"the workflow's clock returned a naive datetime: {timestamp!r}")
-        fields.update(
-            instance_id=self.workflow.instance_id,
-            position=self._version + len(self._buffer) + 1,
-            timestamp=timestamp,
-        )
+        fields["instance_id"] = self.instance.instance_id
+        fields["position"] = self._version + len(self._buffer) + 1
+        fields["timestamp"] = timestamp
         event = trusted_event(cls, fields)
         self._buffer.append(event if event is not None else cls.model_validate(fields))
 
@@ -551,25 +443,3 @@ async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> No
             interrupted = True
     if interrupted:
         raise asyncio.CancelledError
-
-
-def process_owner() -> str:
-    """``host:pid`` of this process, recorded in ``RunStarted.owner``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def presumed_reason(owner: str) -> AbortReason:
-    """Presume why a run stopped: crashed if its process is provably gone, else abandoned."""
-    host, _, pid_text = owner.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return "abandoned"
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return "abandoned"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "crashed"
-    except PermissionError:
-        return "abandoned"
-    return "abandoned"

@@ -1,31 +1,40 @@
 """The event store port, and ``open_store``.
 
 One stream per workflow instance. The adapters (``_store_memory``, ``_store_sqlite``,
-``_store_postgres``) wrap eventsourcing's application recorders and pass one contract suite
-(``tests/store``). Every driver error is translated here into the ``StoreError`` tree.
+``_store_postgres``) wrap eventsourcing's application recorders (the SQLite and PostgreSQL ones are
+subclasses with faster inserts and reads, which pass eventsourcing's own recorder test cases) and
+pass one contract suite (``tests/store``).
+
+Every driver and eventsourcing error is translated at this edge into the ``StoreError`` tree, by
+class, through one table per adapter (``PERSISTENCE_ERRORS`` plus the driver's classes): the first
+row whose class the error is an instance of gives the ``StoreError`` class. An adapter may refine
+the class and add a hint from the driver's error code (never from the message text).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from eventsourcing.persistence import (
     ApplicationRecorder,
     IntegrityError,
+    InterfaceError,
+    OperationalError,
     PersistenceError,
-    StoredEvent,
 )
 
 from kernel._codec import ValueCodec
 from kernel._errors import (
     ConcurrencyConflictError,
+    InvalidBatchError,
     StepLogError,
     StoreConfigError,
     StoreError,
@@ -34,11 +43,49 @@ from kernel._errors import (
 from kernel._events import EVENT_TYPES, EventBase
 from kernel._mapper import EventMapper
 
-__all__ = ["DEFAULT_STORE_ENV", "EventStore", "Recorded", "open_store"]
+__all__ = [
+    "DEFAULT_STORE_ENV",
+    "PERSISTENCE_ERRORS",
+    "ErrorTable",
+    "EventStore",
+    "Recorded",
+    "driver_error",
+    "error_class",
+    "open_store",
+]
 
 DEFAULT_STORE_ENV = "STEPLOG_STORE"
 STORE_SCHEMA_VERSION = 1
 """Version of the tables steplog writes. A database stamped with a higher one is refused."""
+
+
+ErrorTable = tuple[tuple[type[BaseException], type[StoreError]], ...]
+"""Rows ``(foreign error class, StoreError class)``, most specific class first."""
+
+PERSISTENCE_ERRORS: ErrorTable = (
+    (OperationalError, StoreUnavailableError),  # the server or file went away, a lock timed out
+    (InterfaceError, StoreUnavailableError),  # no connection could be made
+    (PersistenceError, StoreError),  # IntegrityError, ProgrammingError, DataError, ...
+)
+"""eventsourcing's PEP-249 classes (its datastores map sqlite3 and psycopg errors to them)."""
+
+
+def error_class(error: BaseException, table: ErrorTable) -> type[StoreError] | None:
+    """The ``StoreError`` class of the first row of ``table`` that ``error`` is an instance of."""
+    for foreign, ours in table:
+        if isinstance(error, foreign):
+            return ours
+    return None
+
+
+def driver_error(error: BaseException, driver: type[BaseException]) -> BaseException | None:
+    """``error`` or its first cause that is a ``driver`` error (eventsourcing wraps them)."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; never loop on a cycle
+        if seen is None or isinstance(seen, driver):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +96,16 @@ class Recorded:
     event: EventBase
 
 
-class EventStore:
+class EventStore(ABC):
     """Appends events to instance streams atomically, and reads them back exactly.
 
     Instances are made by ``open_store``. All methods are synchronous and thread-safe; they raise
-    only ``StoreError`` subclasses.
+    only ``StoreError`` subclasses. Each adapter implements the abstract methods, and may replace
+    the recorder calls of the others with faster ones.
     """
+
+    _errors: ClassVar[ErrorTable] = PERSISTENCE_ERRORS
+    """How foreign errors become ``StoreError``s: adapters put their driver's classes first."""
 
     url: str
     """The store's URL, without any password."""
@@ -70,6 +121,12 @@ class EventStore:
         self._closed = False
         self._seen_versions: dict[str, int] = {}
 
+    @property
+    def recorder(self) -> ApplicationRecorder:
+        """eventsourcing's application recorder behind this store, for tools and tests that work
+        on stored records (``StoredEvent``) directly, bypassing ``append``'s checks."""
+        return self._recorder
+
     # -- writing ------------------------------------------------------------------------------
 
     def append(
@@ -81,7 +138,8 @@ class EventStore:
         the events' positions must follow it: ``expected_version + 1``, ``+ 2``, ...
 
         Returns the events' global positions. Raises ``ConcurrencyConflictError`` (writing nothing)
-        when the stream is not at ``expected_version``.
+        when the stream is not at ``expected_version``, and ``InvalidBatchError`` (writing
+        nothing) when an event belongs to another instance or is not at the position that follows.
         """
         if self._closed:
             raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
@@ -98,7 +156,7 @@ class EventStore:
             if actual < expected_version:
                 raise ConcurrencyConflictError(instance_id, expected_version, actual)
         try:  # not self._translated(): this is the hot path, and it needs IntegrityError
-            ids = self._insert(stored)
+            ids = self._recorder.insert_events(stored)
         except IntegrityError as error:
             raise ConcurrencyConflictError(
                 instance_id, expected_version, self._version_or_none(instance_id)
@@ -112,11 +170,6 @@ class EventStore:
         self._after_append(instance_id)
         return list(ids or [])
 
-    def _insert(self, stored: list[StoredEvent]) -> Sequence[int] | None:
-        """Insert stored events in one transaction; raise eventsourcing's ``IntegrityError`` on a
-        duplicate position. Adapters may replace eventsourcing's insert with a faster one."""
-        return self._recorder.insert_events(stored)
-
     def _saw(self, instance_id: str, version: int) -> None:
         """Remember that the stream has reached ``version`` (streams only grow)."""
         if version > self._seen_versions.get(instance_id, 0):
@@ -125,21 +178,21 @@ class EventStore:
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
         if expected_version < 0:
-            raise StoreConfigError(f"expected_version must be >= 0, got {expected_version}")
+            raise InvalidBatchError(f"expected_version must be >= 0, got {expected_version}")
         for offset, event in enumerate(events, start=1):
             if event.instance_id != instance_id:
-                raise StoreConfigError(
+                raise InvalidBatchError(
                     f"event {offset} of the batch belongs to instance {event.instance_id!r}, "
                     f"not {instance_id!r}; a batch goes to one stream"
                 )
             if event.position != expected_version + offset:
-                raise StoreConfigError(
+                raise InvalidBatchError(
                     f"event {offset} of the batch for {instance_id!r} has position "
                     f"{event.position}; after version {expected_version} it must be "
                     f"{expected_version + offset}"
                 )
 
-    def _after_append(self, instance_id: str) -> None:
+    def _after_append(self, instance_id: str) -> None:  # noqa: B027 - optional, empty by default
         """Hook for adapters that wake followers in-process."""
 
     # -- reading ------------------------------------------------------------------------------
@@ -266,9 +319,9 @@ class EventStore:
     def _wait_for_appends(self, position: int, timeout: float, stop: threading.Event) -> None:
         stop.wait(timeout)
 
+    @abstractmethod
     def instances(self) -> list[str]:
         """The ids of every instance with at least one event, sorted."""
-        raise NotImplementedError  # each adapter implements it
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -309,27 +362,39 @@ class EventStore:
         """``error`` in the ``StoreError`` tree; our own errors and unknown ones come back as is."""
         if isinstance(error, StepLogError):
             return error
-        if isinstance(error, PersistenceError):
-            return self._translate(error, action)
-        return self._translate_driver(error, action) or error
+        kind = error_class(error, self._errors)
+        if kind is None:
+            return error
+        kind, hint = self._refine(error, kind)
+        text = " ".join(str(error).split()) or type(error).__name__
+        message = f"cannot {action} in {self._where()}: {text}"
+        return kind(f"{message}; {hint}" if hint else message)
 
-    def _translate(self, error: PersistenceError, action: str) -> StoreError:
-        return StoreError(f"cannot {action} in {self.url}: {error}")
+    def _refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
+        """The class and a hint for ``error``, from the driver's error code where it has one."""
+        return kind, ""
 
-    def _translate_driver(self, error: Exception, action: str) -> StoreError | None:
-        return None
+    def _where(self) -> str:
+        """The store, as error messages name it."""
+        return self.url
 
 
-def open_store(url: str | None = None, **options: Any) -> EventStore:
+def open_store(url: str | None = None, *, create: bool = True, **options: Any) -> EventStore:
     """Open the event store at ``url``.
 
     ``memory://`` keeps events in this process; ``sqlite:///relative.db`` and
-    ``sqlite:////absolute/path.db`` use a SQLite file (created if missing);
+    ``sqlite:////absolute/path.db`` use a SQLite file;
     ``postgresql://user[:password]@host[:port]/database[?schema=name]`` uses PostgreSQL, in the
     ``public`` schema unless one is named. Without a URL, ``$STEPLOG_STORE`` is used, else memory.
 
+    With ``create=True`` (the default) a store that does not exist is created: the SQLite file and
+    its tables, the PostgreSQL schema and tables. With ``create=False`` nothing is ever created
+    (no file, no schema, no table, no row): a missing store raises ``StoreNotFoundError``. Use it
+    for programs that only read. A ``memory://`` store is always new and empty.
+
     Raises ``StoreConfigError`` for a URL that is wrong, ``StoreUnavailableError`` when the
-    database cannot be reached or opened, and ``SchemaVersionError`` when it was written by a newer
+    database cannot be reached or opened, ``StoreNotFoundError`` (one of those) when it does not
+    exist and ``create`` is false, and ``SchemaVersionError`` when it was written by a newer
     steplog.
     """
     if url is None:
@@ -340,15 +405,15 @@ def open_store(url: str | None = None, **options: Any) -> EventStore:
     if scheme == "memory":
         from kernel._store_memory import MemoryStore
 
-        return MemoryStore(url, **options)
+        return MemoryStore(url, create=create, **options)
     if scheme == "sqlite":
         from kernel._store_sqlite import SQLiteStore
 
-        return SQLiteStore(url, **options)
+        return SQLiteStore(url, create=create, **options)
     if scheme in ("postgresql", "postgres"):
         from kernel._store_postgres import PostgresStore
 
-        return PostgresStore(url, **options)
+        return PostgresStore(url, create=create, **options)
     raise StoreConfigError(
         f"unknown store URL {url!r}: use memory://, sqlite:///path/to/file.db or "
         "postgresql://user@host:port/database"

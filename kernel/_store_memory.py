@@ -14,9 +14,13 @@ __all__ = ["MemoryStore"]
 
 
 class MemoryStore(EventStore):
-    """Events kept in this process only. ``memory://`` takes no options."""
+    """Events kept in this process only. ``memory://`` takes no options.
 
-    def __init__(self, url: str = "memory://", **options: Any) -> None:
+    A memory store is always new and empty, so ``create`` changes nothing: with ``create=False``
+    it is not refused (nothing is created anywhere), and it holds no events.
+    """
+
+    def __init__(self, url: str = "memory://", *, create: bool = True, **options: Any) -> None:
         if options:
             raise StoreConfigError(f"memory:// takes no options, got {sorted(options)}")
         super().__init__(POPOApplicationRecorder(), url="memory://")

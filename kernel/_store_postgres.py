@@ -2,27 +2,42 @@
 
 Appends take eventsourcing's table lock, so global positions become visible in commit order and a
 follower never skips an event that commits later with a lower id. Followers wake on
-LISTEN/NOTIFY instead of polling.
+LISTEN/NOTIFY instead of polling. The one-round-trip append lives in ``PostgresRecorder``, a
+subclass of eventsourcing's recorder that passes eventsourcing's own recorder test cases.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import psycopg
-from eventsourcing.persistence import IntegrityError, PersistenceError, StoredEvent
+from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
+from psycopg_pool import PoolTimeout
 
-from kernel._errors import SchemaVersionError, StoreConfigError, StoreError, StoreUnavailableError
-from kernel._store import STORE_SCHEMA_VERSION, EventStore
+from kernel._errors import (
+    SchemaVersionError,
+    StoreConfigError,
+    StoreError,
+    StoreNotFoundError,
+    StoreUnavailableError,
+)
+from kernel._store import (
+    PERSISTENCE_ERRORS,
+    STORE_SCHEMA_VERSION,
+    ErrorTable,
+    EventStore,
+    driver_error,
+    error_class,
+)
 
-__all__ = ["PostgresStore", "postgres_params"]
+__all__ = ["PostgresRecorder", "PostgresStore", "postgres_params"]
 
 EVENTS_TABLE = "steplog_events"
 APPEND_FUNCTION = "steplog_append"
@@ -46,6 +61,34 @@ $$
 """
 META_TABLE = "steplog_meta"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+POSTGRES_ERRORS: ErrorTable = (
+    (psycopg.OperationalError, StoreUnavailableError),  # PoolTimeout is one
+    (psycopg.InterfaceError, StoreUnavailableError),
+    (psycopg.Error, StoreError),
+    *PERSISTENCE_ERRORS,
+)
+"""psycopg's classes, then eventsourcing's (which wrap psycopg's inside its datastore)."""
+
+_SERVER = (
+    "check that the server is running, the host, port, user and database are right, and that "
+    "this user may connect"
+)
+# Hints by SQLSTATE class (first two characters) or code: https://www.postgresql.org/docs/current/errcodes-appendix.html
+_SQLSTATE_HINTS: dict[str, tuple[type[StoreError], str]] = {
+    "08": (StoreUnavailableError, _SERVER),  # connection exception
+    "57": (StoreUnavailableError, _SERVER),  # operator intervention (server shutting down)
+    "53": (StoreUnavailableError, "the server is out of resources (connections, memory, disk)"),
+    "28": (StoreUnavailableError, "check the user name and password"),
+    "3D000": (StoreNotFoundError, "the database does not exist; create it first"),
+    "42501": (StoreUnavailableError, "this user lacks a privilege it needs on the schema"),
+    "55P03": (StoreUnavailableError, "another session holds a lock; retry"),
+    "40P01": (StoreUnavailableError, "a deadlock was broken; retry"),
+}
+_TABLES_SQL = (
+    "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+    "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s)"
+)
 
 
 def postgres_params(url: str) -> dict[str, Any]:
@@ -86,13 +129,61 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+class PostgresRecorder(PostgresApplicationRecorder):
+    """eventsourcing's PostgreSQL application recorder, with steplog's one-round-trip append.
+
+    ``create_table`` also creates the append function (``steplog_append``): it takes the table's
+    EXCLUSIVE lock (as eventsourcing's insert does, so ids become visible in commit order),
+    notifies the channel, and inserts the batch from parallel arrays. ``insert_events`` calls it
+    once, in autocommit mode. Errors are eventsourcing's (``IntegrityError`` for a duplicate).
+    """
+
+    def __init__(
+        self, datastore: PostgresDatastore, *, events_table_name: str = EVENTS_TABLE
+    ) -> None:
+        super().__init__(datastore, events_table_name=events_table_name)
+        schema = self.datastore.schema
+        function = sql.Identifier(schema, APPEND_FUNCTION)
+        self.sql_create_statements.append(
+            sql.SQL(_APPEND_FUNCTION_SQL).format(
+                function=function,
+                table=sql.Identifier(schema, events_table_name),
+                channel=sql.Identifier(self.channel_name),
+            )
+        )
+        self._append_sql = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s)").format(function)
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        if not stored_events:
+            return []
+        columns = (
+            [str(s.originator_id) for s in stored_events],
+            [s.originator_version for s in stored_events],
+            [s.topic for s in stored_events],
+            [s.state for s in stored_events],
+        )
+        with self.datastore.get_connection() as conn:
+            rows = conn.execute(self._append_sql, columns, prepare=True).fetchall()
+        return [row[APPEND_FUNCTION] for row in rows]
+
+
 class PostgresStore(EventStore):
-    """Events in a PostgreSQL schema, shared by any number of processes."""
+    """Events in a PostgreSQL schema, shared by any number of processes.
+
+    With ``create=True`` the schema, tables and append function are created when missing (processes
+    take turns on an advisory lock). With ``create=False`` the server is only asked whether the
+    schema holds steplog's tables: no DDL, no lock, no row; ``StoreNotFoundError`` when it does not.
+    """
+
+    _errors = POSTGRES_ERRORS
 
     def __init__(
         self,
         url: str,
         *,
+        create: bool = True,
         pool_size: int = 2,
         max_overflow: int = 4,
         connect_timeout: float = 5.0,
@@ -106,10 +197,13 @@ class PostgresStore(EventStore):
         self._listeners: list[psycopg.Connection[Any]] = []
         self._listeners_lock = threading.Lock()
         self.schema: str = params["schema"]
-        with self._setup_turn(url, connect_timeout):
-            self._open(url, pool_size, max_overflow, connect_timeout)
+        self.url = _redact(url)
+        with self._setup_turn(connect_timeout, create=create):
+            self._open(pool_size, max_overflow, connect_timeout, create=create)
 
-    def _open(self, url: str, pool_size: int, max_overflow: int, connect_timeout: float) -> None:
+    def _open(
+        self, pool_size: int, max_overflow: int, connect_timeout: float, *, create: bool
+    ) -> None:
         params = self._params
         self._ds = PostgresDatastore(
             dbname=params["dbname"],
@@ -123,55 +217,50 @@ class PostgresStore(EventStore):
             connect_timeout=connect_timeout,
             originator_id_type="text",
         )
-        recorder = PostgresApplicationRecorder(self._ds, events_table_name=EVENTS_TABLE)
-        super().__init__(recorder, url=_redact(url))
-        self._channel = recorder.channel_name
-        table = sql.Identifier(self.schema, EVENTS_TABLE)
-        function = sql.Identifier(self.schema, APPEND_FUNCTION)
-        self._append_sql = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s)").format(function)
-        self._create_append_sql = sql.SQL(_APPEND_FUNCTION_SQL).format(
-            function=function, table=table, channel=sql.Identifier(self._channel)
-        )
         try:
-            with self._translated("create the tables"):
-                recorder.create_table()
-                self._stamp_schema_version()
-                with self._ds.transaction(commit=True) as cursor:
-                    cursor.execute(self._create_append_sql)
+            with self._translated_setup("open the store"):
+                recorder = PostgresRecorder(self._ds, events_table_name=EVENTS_TABLE)
+            super().__init__(recorder, url=self.url)
+            self._channel = recorder.channel_name
+            with self._translated("create the tables" if create else "open the store"):
+                if create:
+                    recorder.create_table()
+                    self._stamp_schema_version()
+                self._check_schema_version()
         except BaseException:
             self._ds.close()
             raise
 
-    def _insert(self, stored: list[StoredEvent]) -> list[int]:
-        """One round trip: the append function locks, notifies and inserts; autocommit commits."""
-        columns = (
-            [str(s.originator_id) for s in stored],
-            [s.originator_version for s in stored],
-            [s.topic for s in stored],
-            [s.state for s in stored],
-        )
+    @contextmanager
+    def _translated_setup(self, action: str) -> Iterator[None]:
+        """``_translated`` for the moments before the base class is initialized."""
         try:
-            with self._ds.get_connection() as conn:
-                rows = conn.execute(self._append_sql, columns, prepare=True).fetchall()
-        except IntegrityError:  # the datastore translated psycopg's UniqueViolation
-            raise
-        return [row[APPEND_FUNCTION] for row in rows]
+            yield
+        except Exception as error:
+            translated = self._store_error(error, action)
+            if translated is error:
+                raise
+            raise translated from error
+
+    def _connect_params(self, connect_timeout: float) -> dict[str, Any]:
+        p = self._params
+        return {
+            "dbname": p["dbname"],
+            "host": p["host"],
+            "port": p["port"],
+            "user": p["user"],
+            "password": p["password"] or None,
+            "connect_timeout": max(1, int(connect_timeout)),
+            "autocommit": True,
+        }
 
     def _connect(self, connect_timeout: float) -> psycopg.Connection[Any]:
-        p = self._params
-        return psycopg.connect(
-            dbname=p["dbname"],
-            host=p["host"],
-            port=p["port"],
-            user=p["user"],
-            password=p["password"] or None,
-            connect_timeout=max(1, int(connect_timeout)),
-            autocommit=True,
-        )
+        return psycopg.connect(**self._connect_params(connect_timeout))
 
     @contextmanager
-    def _setup_turn(self, url: str, connect_timeout: float) -> Iterator[None]:
-        """Reach the server, then create the schema and tables while no other process does.
+    def _setup_turn(self, connect_timeout: float, *, create: bool) -> Iterator[None]:
+        """Reach the server; then, with ``create``, create the schema and tables while no other
+        process does, or, without it, check that they exist.
 
         ``CREATE ... IF NOT EXISTS`` is not safe against the same statement running concurrently
         (it fails with a duplicate key or "tuple concurrently updated"), so processes opening a
@@ -180,25 +269,60 @@ class PostgresStore(EventStore):
         """
         try:
             conn = self._connect(connect_timeout)
-        except psycopg.OperationalError as error:
-            raise StoreUnavailableError(
-                f"cannot reach PostgreSQL for {_redact(url)}: {str(error).strip()}; check that "
-                "the server is running, the host, port, user and database are right, and that "
-                "this user may connect"
+        except psycopg.Error as error:
+            kind = error_class(error, self._errors) or StoreUnavailableError
+            kind, hint = self._refine(error, kind)
+            if self._database_is_missing(connect_timeout):
+                kind, hint = _SQLSTATE_HINTS["3D000"]
+            raise kind(
+                f"cannot reach PostgreSQL for {self.url}: {' '.join(str(error).split())}; "
+                f"{hint or _SERVER}"
             ) from error
         with conn:
             try:
-                conn.execute(
-                    "SELECT pg_advisory_lock(hashtext(%s))", (f"steplog setup {self.schema}",)
-                )
-                conn.execute(
-                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
-                )
+                if create:
+                    conn.execute(
+                        "SELECT pg_advisory_lock(hashtext(%s))", (f"steplog setup {self.schema}",)
+                    )
+                    conn.execute(
+                        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                            sql.Identifier(self.schema)
+                        )
+                    )
+                else:
+                    found = {
+                        row[0]
+                        for row in conn.execute(
+                            _TABLES_SQL, (self.schema, [EVENTS_TABLE, META_TABLE])
+                        )
+                    }
             except psycopg.Error as error:
-                raise StoreUnavailableError(
-                    f"cannot prepare schema {self.schema!r} in {_redact(url)}: {error}"
+                kind, hint = self._refine(error, error_class(error, self._errors) or StoreError)
+                text = " ".join(str(error).split())
+                raise kind(
+                    f"cannot prepare schema {self.schema!r} in {self.url}: {text}"
+                    + (f"; {hint}" if hint else "")
                 ) from error
+            if not create and found != {EVENTS_TABLE, META_TABLE}:
+                raise StoreNotFoundError(
+                    f"{self.url} holds no steplog store in schema {self.schema!r} (no "
+                    f"{EVENTS_TABLE} and {META_TABLE} tables); nothing was created"
+                )
             yield
+
+    def _database_is_missing(self, connect_timeout: float) -> bool:
+        """Whether the server answers, without the database (libpq gives a failed connection no
+        SQLSTATE, so ask the maintenance database rather than read the message)."""
+        try:
+            with psycopg.connect(
+                **{**self._connect_params(connect_timeout), "dbname": "postgres"}
+            ) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_database WHERE datname = %s", (self._params["dbname"],)
+                ).fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and row[0] == 0
 
     def _stamp_schema_version(self) -> None:
         table = sql.Identifier(self.schema, META_TABLE)
@@ -214,6 +338,10 @@ class PostgresStore(EventStore):
                 ).format(table),
                 (str(STORE_SCHEMA_VERSION),),
             )
+
+    def _check_schema_version(self) -> None:
+        table = sql.Identifier(self.schema, META_TABLE)
+        with self._ds.transaction(commit=False) as cursor:
             cursor.execute(sql.SQL("SELECT value FROM {} WHERE key='schema_version'").format(table))
             row = cursor.fetchone()
         if row is not None and int(row["value"]) > STORE_SCHEMA_VERSION:
@@ -266,26 +394,11 @@ class PostgresStore(EventStore):
             self._ds.close()
         super().close()
 
-    def _translate(self, error: PersistenceError, action: str) -> StoreError:
-        text = str(error).strip()
-        if "connection" in text.lower() or "timeout" in text.lower():
-            return StoreUnavailableError(
-                f"cannot {action} in {self.url}: {text}; is the PostgreSQL server still running?"
-            )
-        return StoreError(f"cannot {action} in {self.url}: {text}")
-
-    def _translate_driver(self, error: Exception, action: str) -> StoreError | None:
-        if isinstance(error, psycopg.OperationalError):
-            return StoreUnavailableError(f"cannot {action} in {self.url}: {error}")
-        if isinstance(error, psycopg.Error):
-            return StoreError(f"cannot {action} in {self.url}: {error}")
-        try:
-            from psycopg_pool import PoolTimeout
-        except ImportError:  # pragma: no cover - psycopg_pool is a dependency
-            return None
-        if isinstance(error, PoolTimeout):
-            return StoreUnavailableError(
-                f"cannot {action} in {self.url}: no connection within the timeout ({error}); "
-                "is the PostgreSQL server running?"
-            )
-        return None
+    def _refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
+        if isinstance(driver_error(error, PoolTimeout), PoolTimeout):
+            return StoreUnavailableError, f"no connection within the timeout; {_SERVER}"
+        cause = driver_error(error, psycopg.Error)
+        state = getattr(cause, "sqlstate", None)
+        if not isinstance(state, str):
+            return kind, _SERVER if kind is StoreUnavailableError else ""
+        return _SQLSTATE_HINTS.get(state) or _SQLSTATE_HINTS.get(state[:2]) or (kind, "")

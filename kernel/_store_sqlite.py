@@ -1,36 +1,71 @@
 """The SQLite adapter, the embedded default: eventsourcing's SQLite recorder on a file in WAL mode.
 
 Each append is one transaction, committed with SQLite's default ``synchronous=FULL`` so that an
-appended superstep survives a power cut.
+appended superstep survives a power cut. The fast paths (one ``executemany`` per append, pages of
+the global log read as plain rows) live in ``SQLiteRecorder``, a subclass of eventsourcing's
+recorder that passes eventsourcing's own recorder test cases.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import sqlite3
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+from uuid import UUID
 
-from eventsourcing.persistence import PersistenceError, StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+from eventsourcing.persistence import Notification, StoredEvent
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
+from filelock import FileLock, Timeout
 
 from kernel._errors import (
     SchemaVersionError,
     StoreConfigError,
     StoreError,
+    StoreNotFoundError,
     StoreUnavailableError,
 )
-from kernel._store import STORE_SCHEMA_VERSION, EventStore, Recorded
+from kernel._store import (
+    PERSISTENCE_ERRORS,
+    STORE_SCHEMA_VERSION,
+    ErrorTable,
+    EventStore,
+    Recorded,
+    driver_error,
+)
 
-__all__ = ["SQLiteStore", "sqlite_path"]
+__all__ = ["SQLiteRecorder", "SQLiteStore", "sqlite_path"]
 
 EVENTS_TABLE = "steplog_events"
 META_TABLE = "steplog_meta"
+
+Row = Sequence[Any]
+"""A row of the global log (a ``sqlite3.Row``): rowid, instance id, position, topic, state."""
+
+# Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
+_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
+    3, 5, 6, 8, 10, 11, 13, 14, 26,
+)  # fmt: skip
+_NOT_WRITABLE = "check that the file and its directory exist and are writable by this user"
+_HINTS: dict[int, str] = {
+    _PERM: _NOT_WRITABLE,
+    _READONLY: _NOT_WRITABLE,
+    _CANTOPEN: _NOT_WRITABLE,
+    _BUSY: "another process holds the database lock; retry, or raise lock_timeout",
+    _LOCKED: "another process holds the database lock; retry, or raise lock_timeout",
+    _IOERR: "the disk failed to read or write the file",
+    _FULL: "the disk is full",
+}
+
+SQLITE_ERRORS: ErrorTable = (
+    (sqlite3.OperationalError, StoreUnavailableError),
+    (sqlite3.InterfaceError, StoreUnavailableError),
+    (sqlite3.Error, StoreError),
+    *PERSISTENCE_ERRORS,
+)
+"""sqlite3's classes, then eventsourcing's (which wrap sqlite3's inside its transactions)."""
 
 
 def sqlite_path(url: str) -> str:
@@ -49,38 +84,130 @@ def sqlite_path(url: str) -> str:
     return path
 
 
+class SQLiteRecorder(SQLiteApplicationRecorder):
+    """eventsourcing's SQLite application recorder, with steplog's fast paths.
+
+    ``insert_events`` writes a batch with one ``executemany`` and reads its rowids (consecutive:
+    no other writer can insert while the transaction holds SQLite's write lock);
+    ``select_rows`` reads a page of the global log as plain tuples, and ``select_notifications``
+    is built on it, so eventsourcing's recorder test cases exercise both.
+    """
+
+    def __init__(self, datastore: SQLiteDatastore, events_table_name: str = EVENTS_TABLE) -> None:
+        super().__init__(datastore, events_table_name)
+        self._select_rows_sql = f"SELECT rowid, * FROM {events_table_name}"
+
+    def _insert_events(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **_: Any
+    ) -> Sequence[int] | None:
+        rows = [
+            (
+                s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
+                s.originator_version,
+                s.topic,
+                s.state,
+            )
+            for s in stored_events
+        ]
+        c.executemany(self.insert_events_statement, rows)
+        c.execute("SELECT last_insert_rowid()")
+        last = int(c.fetchone()[0])
+        return list(range(last - len(rows) + 1, last + 1))
+
+    def select_rows(
+        self,
+        *,
+        after: int | None,
+        limit: int,
+        upto: int | None = None,
+        topics: Sequence[str] = (),
+    ) -> list[Row]:
+        """Up to ``limit`` rows with ``after < rowid <= upto`` (bounds optional), of ``topics``
+        only if given, in rowid order."""
+        conditions: list[str] = []
+        params: list[Any] = []
+        if after is not None:
+            conditions.append("rowid > ?")
+            params.append(after)
+        if upto is not None:
+            conditions.append("rowid <= ?")
+            params.append(upto)
+        if topics:
+            conditions.append(f"topic IN ({','.join('?' * len(topics))})")
+            params.extend(topics)
+        statement = self._select_rows_sql
+        if conditions:
+            statement += " WHERE " + " AND ".join(conditions)
+        statement += " ORDER BY rowid LIMIT ?"
+        params.append(limit)
+        with self.datastore.transaction(commit=False) as cursor:
+            cursor.execute(statement, params)
+            rows: list[Row] = cursor.fetchall()
+        return rows
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        after = None if start is None else start - 1 if inclusive_of_start else start
+        convert = self.convert_originator_id
+        return [
+            Notification(
+                id=row[0],
+                originator_id=convert(row[1]),
+                originator_version=row[2],
+                topic=row[3],
+                state=row[4],
+            )
+            for row in self.select_rows(after=after, limit=limit, upto=stop, topics=topics)
+        ]
+
+
 @contextmanager
-def _setup_turn(directory: Path, *, deadline: float) -> Iterator[None]:
+def _setup_turn(lock_path: Path, *, timeout: float) -> Iterator[None]:
     """Take turns creating tables: processes opening a new file at once otherwise get "database
     is locked" without SQLite's busy wait (a transaction that read the schema cannot upgrade to a
-    write while another holds it). An exclusive ``flock`` on the directory serializes setups; it is
-    independent of SQLite's own (fcntl) locks, and is released when the descriptor is closed."""
+    write while another holds it). A ``filelock`` lock file beside the database serializes the
+    setups, on every platform; it is taken only while a store is being created."""
+    lock = FileLock(lock_path, timeout=timeout)
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        lock.acquire()
+    except Timeout:
+        raise StoreUnavailableError(
+            f"another process has been creating the store {lock_path.with_suffix('')} for too "
+            f"long (lock file {lock_path}); retry, or raise lock_timeout"
+        ) from None
     except OSError:
-        yield  # SQLite reports the real problem (missing or unreadable directory)
-        return
+        locked = False  # no lock file here (read-only directory): SQLite reports the real problem
+    else:
+        locked = True
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StoreUnavailableError(
-                        f"another process has been creating a store in {directory} for too "
-                        "long; retry, or raise lock_timeout"
-                    ) from None
-                time.sleep(0.01)
         yield
     finally:
-        os.close(fd)
+        if locked:
+            lock.release()
 
 
 class SQLiteStore(EventStore):
-    """Events in one SQLite file, shared safely by several processes on one machine."""
+    """Events in one SQLite file, shared safely by several processes on one machine.
 
-    def __init__(self, url: str, *, lock_timeout: int = 30, **options: Any) -> None:
+    With ``create=True`` a missing file is created with its tables, and a file without them gets
+    them; while it does, ``<file>.lock`` beside it serializes the processes that do the same (the
+    lock file stays, as SQLite's ``-wal`` and ``-shm`` files do). With ``create=False`` the file
+    is first inspected read-only: a missing file, or one without steplog's tables, raises
+    ``StoreNotFoundError`` and is left exactly as it was.
+    """
+
+    _errors = SQLITE_ERRORS
+
+    def __init__(
+        self, url: str, *, create: bool = True, lock_timeout: int = 30, **options: Any
+    ) -> None:
         if options:
             raise StoreConfigError(f"unknown SQLite store options: {sorted(options)}")
         query = parse_qs(urlsplit(url).query)
@@ -90,59 +217,55 @@ class SQLiteStore(EventStore):
         self.path = path
         directory = path.parent.resolve()
         if not directory.is_dir():
-            raise StoreUnavailableError(
+            missing = StoreUnavailableError if create else StoreNotFoundError
+            raise missing(
                 f"cannot open SQLite store {url}: directory {directory} does not exist; create it "
                 "or point the URL elsewhere"
             )
-        self._ds = SQLiteDatastore(
-            str(path), lock_timeout=lock_timeout, originator_id_type="text"
-        )
-        recorder = SQLiteApplicationRecorder(self._ds, events_table_name=EVENTS_TABLE)
-        super().__init__(recorder, url=f"sqlite:///{path}")
-        self._insert_sql = f"INSERT INTO {EVENTS_TABLE} VALUES (?,?,?,?)"
+        if not create:
+            self._check_exists(path)
+        # A URI, so that SQLite never creates the file when create is false (mode=rw), and a path
+        # holding "?" or "#" is a file name, not URI syntax.
+        uri = f"{path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
+        self._ds = SQLiteDatastore(uri, lock_timeout=lock_timeout, originator_id_type="text")
+        self._sqlite: SQLiteRecorder = SQLiteRecorder(self._ds, events_table_name=EVENTS_TABLE)
+        super().__init__(self._sqlite, url=f"sqlite:///{path}")
         try:
-            with (
-                _setup_turn(directory, deadline=time.monotonic() + lock_timeout),
-                self._translated("create the tables"),
-            ):
-                recorder.create_table()
-                self._stamp_schema_version()
+            with self._translated("open the store"):
+                if create and not self._has_tables():
+                    lock = path.with_name(f"{path.name}.lock")
+                    with _setup_turn(lock, timeout=lock_timeout):
+                        if not self._has_tables():
+                            self._sqlite.create_table()
+                            self._stamp_schema_version()
+                self._check_schema_version()
         except BaseException:
             self._ds.close()
             raise
 
-    def _insert(self, stored: list[StoredEvent]) -> list[int]:
-        """All rows in one ``executemany``; their rowids (global positions) are consecutive,
-        because no other writer can insert while this transaction holds SQLite's write lock."""
-        rows = [(str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored]
-        with self._ds.transaction(commit=True) as cursor:
-            cursor.executemany(self._insert_sql, rows)
-            cursor.execute("SELECT last_insert_rowid()")
-            last = int(cursor.fetchone()[0])
-        return list(range(last - len(rows) + 1, last + 1))
+    def _check_exists(self, path: Path) -> None:
+        """Raise ``StoreNotFoundError`` unless ``path`` is a database with steplog's tables; look
+        read-only, so that neither the file nor its directory changes."""
+        if not path.exists():
+            raise StoreNotFoundError(
+                f"SQLite store {path} does not exist; nothing was created (a command that writes, "
+                "such as a run, creates it)"
+            )
+        try:
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+                found = {row[0] for row in db.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE))}
+        except sqlite3.Error as error:
+            raise self._store_error(error, "open the store") from error
+        if found != {EVENTS_TABLE, META_TABLE}:
+            raise StoreNotFoundError(
+                f"{path} holds no steplog store (no {EVENTS_TABLE} and {META_TABLE} tables); "
+                "it was left untouched"
+            )
 
-    def _select_page(
-        self, after: int, limit: int, upto: int | None, topics: list[str]
-    ) -> list[Recorded]:
-        """The global log read straight from the table (no intermediate record objects)."""
-        statement = (
-            "SELECT rowid, originator_id, originator_version, topic, state "
-            f"FROM {EVENTS_TABLE} WHERE rowid > ?"
-        )
-        params: list[Any] = [after]
-        if upto is not None:
-            statement += " AND rowid <= ?"
-            params.append(upto)
-        if topics:
-            statement += f" AND topic IN ({','.join('?' * len(topics))})"
-            params.extend(topics)
-        statement += " ORDER BY rowid LIMIT ?"
-        params.append(limit)
+    def _has_tables(self) -> bool:
         with self._ds.transaction(commit=False) as cursor:
-            cursor.execute(statement, params)
-            rows = cursor.fetchall()
-        decode = self._mapper.decode
-        return [Recorded(row[0], decode(row[1], row[2], row[3], row[4])) for row in rows]
+            cursor.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE))
+            return len(cursor.fetchall()) == 2
 
     def _stamp_schema_version(self) -> None:
         with self._ds.transaction(commit=True) as cursor:
@@ -150,19 +273,29 @@ class SQLiteStore(EventStore):
                 f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
                 "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
+            cursor.execute(
+                f"INSERT OR IGNORE INTO {META_TABLE} VALUES ('schema_version', ?)",
+                (str(STORE_SCHEMA_VERSION),),
+            )
+
+    def _check_schema_version(self) -> None:
+        with self._ds.transaction(commit=False) as cursor:
             cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key='schema_version'")
             row = cursor.fetchone()
-            if row is None:
-                cursor.execute(
-                    f"INSERT INTO {META_TABLE} VALUES ('schema_version', ?)",
-                    (str(STORE_SCHEMA_VERSION),),
-                )
-            elif int(row[0]) > STORE_SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"SQLite store {self.path} was written by a newer steplog (store schema "
-                    f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
-                    "upgrade steplog to open it"
-                )
+        if row is not None and int(row[0]) > STORE_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"SQLite store {self.path} was written by a newer steplog (store schema "
+                f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
+                "upgrade steplog to open it"
+            )
+
+    def _select_page(
+        self, after: int, limit: int, upto: int | None, topics: list[str]
+    ) -> list[Recorded]:
+        """The global log read as plain rows (no intermediate record objects)."""
+        rows = self._sqlite.select_rows(after=after, limit=limit, upto=upto, topics=topics)
+        decode = self._mapper.decode
+        return [Recorded(row[0], decode(row[1], row[2], row[3], row[4])) for row in rows]
 
     @property
     def datastore(self) -> SQLiteDatastore:
@@ -183,29 +316,19 @@ class SQLiteStore(EventStore):
             self._ds.close()
         super().close()
 
-    def _translate(self, error: PersistenceError, action: str) -> StoreError:
-        return self._explain(error, action)
+    def _where(self) -> str:
+        return f"SQLite store {self.path}"
 
-    def _translate_driver(self, error: Exception, action: str) -> StoreError | None:
-        if isinstance(error, sqlite3.Error):
-            return self._explain(error, action)
-        return None
+    def _refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
+        cause = driver_error(error, sqlite3.Error)
+        code = getattr(cause, "sqlite_errorcode", None)
+        if not isinstance(code, int):
+            return kind, ""
+        primary = code & 0xFF
+        if primary in (_NOTADB, _CORRUPT):
+            return StoreUnavailableError, f"{self.path} is not a readable SQLite database"
+        hint = _HINTS.get(primary)
+        return (StoreUnavailableError, hint) if hint else (kind, "")
 
-    def _explain(self, error: Exception, action: str) -> StoreError:
-        text = str(error)
-        lowered = text.lower()
-        if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
-            return StoreUnavailableError(
-                f"cannot {action} in SQLite store {self.path}: {text}; check that the file and "
-                "its directory exist and are writable by this user"
-            )
-        if "locked" in lowered or "busy" in lowered:
-            return StoreUnavailableError(
-                f"cannot {action} in SQLite store {self.path}: {text}; another process holds the "
-                "database lock, retry or raise lock_timeout"
-            )
-        if "not a database" in lowered or "malformed" in lowered:
-            return StoreUnavailableError(
-                f"cannot {action}: {self.path} is not a readable SQLite database ({text})"
-            )
-        return StoreError(f"cannot {action} in SQLite store {self.path}: {text}")
+
+_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"

@@ -5,20 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Literal, overload
 
+from kernel._algo import Router
 from kernel._clock import Clock, IdFactory
+from kernel._emit import WorkflowEvent
 from kernel._errors import RunInProgressError
 from kernel._events import AbortReason, EventBase
-from kernel._fold import CommittedState, OpenRun
 from kernel._graph import Graph
-from kernel._runner import Run, RunResult, WorkflowEvent, presumed_reason, process_owner
+from kernel._instance import Durability, InstanceContext
+from kernel._owner import process_owner
+from kernel._runner import Run, RunResult
 from kernel._store import EventStore
 
-__all__ = ["RunStream", "Workflow"]
-
-Durability = Literal["superstep", "write"]
+__all__ = ["Durability", "RunStream", "Workflow"]
 
 
 class Workflow:
@@ -42,17 +43,37 @@ class Workflow:
     ) -> None:
         self.graph = graph
         self.store = store
-        self.instance_id = instance_id
-        self.name = name
-        self.max_supersteps = max_supersteps
-        self.durability: Durability = durability
-        self._clock = clock
-        self._ids = id_factory
-        self._owner = process_owner()
-        self._committed = CommittedState()
-        self._head = OpenRun()
+        self._instance = InstanceContext(
+            store,
+            instance_id,
+            workflow_name=name,
+            router=Router(graph),
+            max_supersteps=max_supersteps,
+            durability=durability,
+            clock=clock,
+            id_factory=id_factory,
+            owner=process_owner(),
+        )
         self._active: Run | None = None
         self._active_stream: weakref.ref[RunStream] | None = None
+
+    @property
+    def instance_id(self) -> str:
+        """The instance's stream id in the store."""
+        return self._instance.instance_id
+
+    @property
+    def name(self) -> str:
+        """The workflow's name, recorded in each ``RunStarted``."""
+        return self._instance.workflow_name
+
+    @property
+    def max_supersteps(self) -> int:
+        return self._instance.max_supersteps
+
+    @property
+    def durability(self) -> Durability:
+        return self._instance.durability
 
     # -- running ------------------------------------------------------------------------------
 
@@ -77,7 +98,7 @@ class Workflow:
         Raises ``RunInProgressError`` if this workflow object is still running another run.
         """
         self._check_idle()
-        run = Run(self, message, kwargs)
+        run = Run(self._instance, message, kwargs)
         if stream:
             handle = RunStream(run)
             self._replace_active(run, handle)
@@ -89,7 +110,7 @@ class Workflow:
         self._replace_active(run, None)
         run.task = asyncio.current_task()
         try:
-            return await run.drive(emit=None)
+            return await run.drive()
         finally:
             if self._active is run:
                 self._active = None
@@ -112,49 +133,12 @@ class Workflow:
             "close its stream with aclose(), before starting another"
         )
 
-    async def _settle_previous(self, run: Run) -> None:
-        """Wait for a dropped stream's run to record its abort before this run appends anything."""
-        previous, run.previous = run.previous, None
-        if previous is None:
-            return
-        task = previous.task
-        if task is not None and not task.done():
-            try:
-                loop = task.get_loop()
-            except RuntimeError:
-                loop = None
-            if loop is asyncio.get_running_loop():
-                previous.cancel_reason = previous.cancel_reason or "abandoned"
-                task.cancel()
-                await asyncio.wait({task})
-
     # -- the view of the log ------------------------------------------------------------------
-
-    def _catch_up(self) -> OpenRun:
-        """Fold events appended since the last look (by this process or any other)."""
-        events = self.store.read(self.instance_id, after=self._head.version)
-        self._fold(events)
-        return self._head
-
-    def _fold(self, events: Iterable[EventBase]) -> None:
-        committed, head = self._committed, self._head
-        for event in events:
-            committed.apply(event)
-            head.apply(event)
-
-    def _forget_view(self) -> None:
-        """Drop the cached fold; the next read rebuilds it from the log."""
-        self._committed = CommittedState()
-        self._head = OpenRun()
-
-    def _presumed_reason(self, owner: str) -> AbortReason:
-        return presumed_reason(owner)
 
     def committed_state(self) -> dict[str, Any]:
         """The committed user state of this instance, read from the log (values decoded)."""
-        self._catch_up()
         decode = self.store.codec.decode
-        return {key: decode(value) for key, value in self._committed.values.items()}
+        return {key: decode(value) for key, value in self._instance.committed_values().items()}
 
     def events(self) -> list[EventBase]:
         """Every event of this instance's stream, in order."""
@@ -230,7 +214,7 @@ class RunStream:
 
 async def _produce(run: Run, queue: asyncio.Queue[WorkflowEvent | _End | _Raise]) -> None:
     try:
-        await run.drive(emit=queue.put)
+        await run.drive(queue.put)
     except asyncio.CancelledError:
         raise
     except BaseException as error:  # handed to the consumer, who re-raises it

@@ -8,21 +8,29 @@ time-travel questions from a store, starting from snapshots.
 See ``docs/projections.md``.
 """
 
-from kernel._fold import CommittedState, apply_committed, fold_committed
-from projections._backends import (
-    MemoryViewBackend,
-    PostgresViewBackend,
-    SQLiteViewBackend,
-    ViewBackend,
-    ViewTx,
-    backend_for,
-)
+from kernel import CommittedState, apply_committed, fold_committed
+from projections._backends import MemoryViewBackend, ViewBackend, ViewTx
 from projections._bisect import BisectResult, bisect
-from projections._blame import KeyBlame, WriteRecord, WriteStatus, fold_blame
+from projections._blame import (
+    KeyBlame,
+    MemoryWriteRows,
+    WriteRecord,
+    WriteRows,
+    WriteStatus,
+    fold_blame,
+)
 from projections._diff import Change, StateDiff, diff, diff_points
-from projections._history import RunHistory, RunRecord, RunStatus, SuperstepRecord, fold_history
+from projections._history import RunHistory, fold_history
 from projections._keyblame import BLAME_TYPES, blame_keys
+from projections._runrecords import (
+    HistoryRows,
+    MemoryHistoryRows,
+    RunRecord,
+    RunStatus,
+    SuperstepRecord,
+)
 from projections._snapshots import SnapshotView, TimeTravel
+from projections._sqlbackends import PostgresViewBackend, SQLiteViewBackend, backend_for
 from projections._timetravel import (
     AtPosition,
     AtSuperstep,
@@ -32,6 +40,7 @@ from projections._timetravel import (
     StateAt,
     state_at,
 )
+from projections._tracker import overlay
 from projections._views import VIEW_NAMES, Projector, VerifyReport, default_views, run_follower
 from projections._viewspecs import BlameView, DocumentView, HistoryView, StateView, ViewSpec
 
@@ -46,10 +55,13 @@ __all__ = [
     "Change",
     "CommittedState",
     "DocumentView",
+    "HistoryRows",
     "HistoryView",
     "InsideSuperstep",
     "KeyBlame",
+    "MemoryHistoryRows",
     "MemoryViewBackend",
+    "MemoryWriteRows",
     "Point",
     "PostgresViewBackend",
     "Projector",
@@ -68,6 +80,7 @@ __all__ = [
     "ViewSpec",
     "ViewTx",
     "WriteRecord",
+    "WriteRows",
     "WriteStatus",
     "apply_committed",
     "backend_for",
@@ -79,6 +92,7 @@ __all__ = [
     "fold_blame",
     "fold_committed",
     "fold_history",
+    "overlay",
     "run_follower",
     "state_at",
 ]

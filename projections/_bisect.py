@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kernel._codec import ValueCodec
-from kernel._events import EventBase, SuperstepStarted
-from kernel._fold import CommittedState
+from kernel import CommittedState, EventBase, SuperstepStarted, ValueCodec
 
 __all__ = ["BisectResult", "bisect"]
 

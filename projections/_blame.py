@@ -18,6 +18,9 @@ A write's ``status`` is one of:
 ``pending``
     its superstep has no marker yet.
 
+The fold keeps its ``WriteRecord`` objects in a ``WriteRows`` sink: by default ``MemoryWriteRows``;
+a materialized view passes one that loads and writes the rows of a view table (``BlameView``).
+
 Example::
 
     blame = fold_blame(store.read("order-42"))
@@ -29,20 +32,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from kernel._errors import ProjectionError
-from kernel._events import EventBase, StateStaged, SuperstepAborted
-from projections._tracker import RUN_END_TYPES, SuperstepTracker
-
-__all__ = ["KeyBlame", "WriteRecord", "WriteStatus", "fold_blame"]
-
-_BLAME_TYPES = frozenset(
-    {"state_staged", "superstep_started", "superstep_committed", "superstep_aborted"}
-    | RUN_END_TYPES
+from kernel import (
+    RUN_END_TYPES,
+    EventBase,
+    Fold,
+    ProjectionError,
+    RunEvent,
+    StateStaged,
+    SuperstepAborted,
+    SuperstepEvent,
+    SuperstepStarted,
+    folds,
 )
+from projections._tracker import SuperstepTracker
+
+__all__ = ["KeyBlame", "MemoryWriteRows", "WriteRecord", "WriteRows", "WriteStatus", "fold_blame"]
 
 WriteStatus = Literal["committed", "superseded", "aborted", "late", "unmarked", "pending"]
 
@@ -65,116 +73,161 @@ class WriteRecord(BaseModel):
     superseded_by: int | None = None
 
 
-class KeyBlame:
+class WriteRows(Protocol):
+    """Where a ``KeyBlame`` keeps its write records: the fold adds them, finds them by stream
+    position and changes them in place."""
+
+    def add(self, record: WriteRecord) -> None:
+        """Keep a new write record."""
+
+    def get(self, position: int) -> WriteRecord:
+        """The record of the write at stream ``position`` (one that was added)."""
+
+
+class MemoryWriteRows:
+    """``WriteRows`` in dictionaries, by position and by key: what ``KeyBlame`` reads from."""
+
+    __slots__ = ("by_key", "by_position")
+
+    def __init__(self) -> None:
+        self.by_position: dict[int, WriteRecord] = {}
+        self.by_key: dict[str, list[WriteRecord]] = {}
+
+    def add(self, record: WriteRecord) -> None:
+        self.by_position[record.position] = record
+        self.by_key.setdefault(record.key, []).append(record)
+
+    def get(self, position: int) -> WriteRecord:
+        return self.by_position[position]
+
+
+class KeyBlame(Fold):
     """Every write of every key of one instance (see the module docstring).
 
     With ``keys``, only the writes of those keys are kept, and the writes of other keys are
     skipped before anything else looks at them (the answers for ``keys`` are the same).
+    ``rows`` is where the records live (a new ``MemoryWriteRows`` by default); ``tracker``
+    continues a saved fold (``tracker_json()``).
     """
 
-    __slots__ = ("_by_superstep", "_current", "_keys", "_only", "_tracker")
+    __slots__ = ("_current", "_only", "_pending", "_rows", "_tracker")
 
-    def __init__(self, keys: Iterable[str] | None = None) -> None:
-        self._keys: dict[str, list[WriteRecord]] = {}
-        # superstep id -> its pending writes, by position
-        self._by_superstep: dict[str, dict[int, WriteRecord]] = {}
-        # key -> its write that currently counts
-        self._current: dict[str, WriteRecord] = {}
+    def __init__(
+        self,
+        keys: Iterable[str] | None = None,
+        *,
+        rows: WriteRows | None = None,
+        tracker: dict[str, Any] | None = None,
+    ) -> None:
+        self._rows: WriteRows = MemoryWriteRows() if rows is None else rows
         self._only: frozenset[str] | None = None if keys is None else frozenset(keys)
+        # superstep id -> the positions of its pending writes; key -> the position of the write
+        # its committed value comes from
+        self._pending: dict[str, list[int]] = {}
+        self._current: dict[str, int] = {}
         self._tracker = SuperstepTracker()
+        if tracker is not None:
+            self._tracker = SuperstepTracker.from_json(tracker["tracker"])
+            self._pending = {sid: list(at) for sid, at in tracker["pending"].items()}
+            self._current = dict(tracker["current"])
 
     @property
     def only(self) -> frozenset[str] | None:
         """The keys this view is restricted to, or None for every key."""
         return self._only
 
-    # -- record access (a materialized view loads records from its rows here) ----------------
-
-    def _add(self, record: WriteRecord) -> None:
-        self._keys.setdefault(record.key, []).append(record)
-        if record.status == "pending":
-            self._by_superstep.setdefault(record.superstep_id, {})[record.position] = record
-
-    def _take_pending(self, superstep_id: str) -> dict[int, WriteRecord]:
-        return self._by_superstep.pop(superstep_id, {})
-
-    def _current_of(self, key: str) -> WriteRecord | None:
-        return self._current.get(key)
-
-    def _set_current(self, record: WriteRecord) -> None:
-        self._current[record.key] = record
-
     # -- folding ------------------------------------------------------------------------------
 
-    def apply(self, event: EventBase) -> KeyBlame:
-        """Fold one event in; return the view."""
+    @folds("state_staged")
+    def _staged(self, event: StateStaged) -> None:
         only = self._only
-        if only is not None and (
-            event.type not in _BLAME_TYPES
-            or (isinstance(event, StateStaged) and event.key not in only)
-        ):
-            return self  # nothing else changes what happens to these keys' writes
-        outcome = self._tracker.apply(event)
-        kind = outcome.kind
-        if isinstance(event, StateStaged):
-            self._add(
-                WriteRecord.model_construct(
-                    key=event.key,
-                    position=event.position,
-                    run_id=event.run_id,
-                    superstep_id=event.superstep_id,
-                    executor_id=event.executor_id,
-                    timestamp=event.timestamp,
-                    op=event.op,
-                    value=event.value,
-                    status="pending" if kind == "staged" else "late",
-                    reason=None,
-                    superseded_by=None,
-                )
+        if only is not None and event.key not in only:
+            return  # nothing else changes what happens to these keys' writes
+        pending = self._tracker.track(event).kind == "staged"
+        self._rows.add(
+            WriteRecord.model_construct(
+                key=event.key,
+                position=event.position,
+                run_id=event.run_id,
+                superstep_id=event.superstep_id,
+                executor_id=event.executor_id,
+                timestamp=event.timestamp,
+                op=event.op,
+                value=event.value,
+                status="pending" if pending else "late",
+                reason=None,
+                superseded_by=None,
             )
-        elif kind == "committed":
-            pending = self._take_pending(event.superstep_id)  # type: ignore[attr-defined]
-            for write in outcome.writes:
-                record = pending[write.position]
-                previous = self._current_of(record.key)
-                if previous is not None:
-                    previous.status = "superseded"
-                    previous.superseded_by = record.position
-                record.status = "committed"
-                self._set_current(record)
-        elif kind == "aborted":
-            assert isinstance(event, SuperstepAborted)
-            for record in self._take_pending(event.superstep_id).values():
-                record.status = "aborted"
-                record.reason = event.reason
-        elif kind == "run_ended":
-            for superstep_id in outcome.unmarked:
-                for record in self._take_pending(superstep_id).values():
-                    record.status = "unmarked"
-        return self
+        )
+        if pending:
+            self._pending.setdefault(event.superstep_id, []).append(event.position)
+
+    @folds("superstep_started")
+    def _started(self, event: SuperstepStarted) -> None:
+        self._tracker.track(event)
+
+    @folds("superstep_committed")
+    def _committed(self, event: SuperstepEvent) -> None:
+        outcome = self._tracker.track(event)
+        if outcome.kind != "committed":
+            return
+        self._pending.pop(event.superstep_id, None)
+        rows, current = self._rows, self._current
+        for write in outcome.writes:
+            record = rows.get(write.position)
+            previous = current.get(record.key)
+            if previous is not None:
+                replaced = rows.get(previous)
+                replaced.status = "superseded"
+                replaced.superseded_by = record.position
+            record.status = "committed"
+            current[record.key] = record.position
+
+    @folds("superstep_aborted")
+    def _aborted(self, event: SuperstepAborted) -> None:
+        if self._tracker.track(event).kind != "aborted":
+            return
+        rows = self._rows
+        for position in self._pending.pop(event.superstep_id, ()):
+            record = rows.get(position)
+            record.status = "aborted"
+            record.reason = event.reason
+
+    @folds(*RUN_END_TYPES)
+    def _run_ended(self, event: RunEvent) -> None:
+        outcome = self._tracker.track(event)
+        rows = self._rows
+        for superstep_id in outcome.unmarked:
+            for position in self._pending.pop(superstep_id, ()):
+                rows.get(position).status = "unmarked"
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _memory(self) -> MemoryWriteRows:
+        rows = self._rows
+        if not isinstance(rows, MemoryWriteRows):
+            raise ProjectionError("this blame keeps its rows in a view: read it from the view")
+        return rows
+
     def written_keys(self) -> list[str]:
         """Every key ever written, in first-write order."""
-        return list(self._keys)
+        return list(self._memory().by_key)
 
     def writes(self, key: str) -> list[WriteRecord]:
         """Every write of ``key``, in stream order."""
-        return list(self._keys.get(key, ()))
+        return list(self._memory().by_key.get(key, ()))
 
     def current(self, key: str) -> WriteRecord | None:
         """The write the key's committed value comes from (a ``delete`` if it was deleted)."""
-        return self._current.get(key)
+        at = self._current.get(key)
+        return None if at is None else self._memory().get(at)
 
     # -- persistence --------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         """The view as a JSON tree (one document; the materialized view keeps rows instead)."""
-        return {
-            "writes": [w.model_dump(mode="json") for ws in self._keys.values() for w in ws],
-            **self.tracker_json(),
-        }
+        records = self._memory().by_position.values()
+        return {"writes": [w.model_dump(mode="json") for w in records], **self.tracker_json()}
 
     @classmethod
     def from_json(cls, tree: dict[str, Any]) -> KeyBlame:
@@ -182,33 +235,35 @@ class KeyBlame:
         return cls.from_rows(tree["writes"], tree)
 
     def tracker_json(self) -> dict[str, Any]:
-        """What the fold needs besides its write records, as a JSON tree (see ``from_rows``)."""
+        """What the fold needs besides its write records, as a JSON tree (see ``from_rows``): the
+        tracker, the key restriction, and the positions of the writes still pending (by
+        superstep) and of the write each key's value comes from."""
         return {
             "tracker": self._tracker.to_json(),
             "only": None if self._only is None else sorted(self._only),
+            "pending": {sid: list(at) for sid, at in self._pending.items()},
+            "current": dict(self._current),
         }
 
     @classmethod
     def from_rows(cls, writes: Iterable[dict[str, Any]], tracker: dict[str, Any]) -> KeyBlame:
         """Rebuild the view from its write rows (``WriteRecord`` JSON, any order) and
         ``tracker_json()``."""
-        only = tracker.get("only")
-        view = cls(None if only is None else only)
-        records = sorted((WriteRecord.model_validate(raw) for raw in writes), key=_position)
-        for record in records:
-            view._add(record)
-            if record.status == "committed":
-                view._current[record.key] = record
-        view._tracker = SuperstepTracker.from_json(tracker["tracker"])
-        return view
+        rows = MemoryWriteRows()
+        for record in sorted((WriteRecord.model_validate(raw) for raw in writes), key=_position):
+            rows.add(record)
+        return cls(tracker["only"], rows=rows, tracker=tracker)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, KeyBlame):
             return NotImplemented
-        return self._keys == other._keys
+        return self._memory().by_key == other._memory().by_key
 
     def __repr__(self) -> str:
-        return f"KeyBlame(keys={len(self._keys)})"
+        rows = self._rows
+        if isinstance(rows, MemoryWriteRows):
+            return f"KeyBlame(keys={len(rows.by_key)})"
+        return f"KeyBlame(rows={type(rows).__name__})"
 
 
 def _position(record: WriteRecord) -> int:
@@ -231,6 +286,4 @@ def fold_blame(
         view = KeyBlame(keys)
     elif keys is not None and view.only != frozenset(keys):
         raise ProjectionError(f"the view is restricted to {view.only}, not to {sorted(keys)}")
-    for event in events:
-        view.apply(event)
-    return view
+    return view.apply_all(events)

@@ -13,8 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel._codec import ValueCodec
-from kernel._events import EventBase
+from kernel import EventBase, ValueCodec
 from projections._timetravel import Point, state_at
 
 __all__ = ["Change", "StateDiff", "diff", "diff_points"]

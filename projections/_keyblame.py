@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kernel._errors import ProjectionError
-from kernel._store import EventStore
-from projections._blame import _BLAME_TYPES, KeyBlame
+from kernel import EventStore, ProjectionError
+from projections._blame import KeyBlame
 
 __all__ = ["BLAME_TYPES", "blame_keys"]
 
-BLAME_TYPES = _BLAME_TYPES
+BLAME_TYPES = KeyBlame.EVENT_TYPES
 """The event types that change a ``KeyBlame``: folding only these gives the same answers."""
 
 

@@ -26,12 +26,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
-from kernel._events import EventBase, SuperstepStarted
-from kernel._fold import CommittedState
-from kernel._store import EventStore
-from projections._backends import ViewBackend, ViewTx, backend_for
+from kernel import (
+    RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
+    CommittedState,
+    EventBase,
+    EventStore,
+    Fold,
+    ProjectionError,
+    RunEvent,
+    SuperstepEvent,
+    SuperstepStarted,
+    folds,
+)
+from projections._backends import ViewBackend, ViewTx
+from projections._sqlbackends import backend_for
 from projections._timetravel import (
     AtPosition,
     AtSuperstep,
@@ -40,13 +51,11 @@ from projections._timetravel import (
     Point,
     StateAt,
 )
-from projections._tracker import RUN_END_TYPES
 from projections._viewspecs import ViewSpec
 
 __all__ = ["SnapshotView", "TimeTravel"]
 
 FOLD_KEY = "fold"
-_MARKERS = frozenset({"superstep_committed", "superstep_aborted"})
 
 
 def time_key(moment: datetime) -> str:
@@ -54,12 +63,14 @@ def time_key(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-class _SnapshotFold:
-    """The per-instance state of ``SnapshotView`` while a page is folded."""
+class _SnapshotFold(Fold):
+    """The per-instance state of ``SnapshotView`` while a page is folded: the committed-state
+    fold, the latest timestamp seen, the supersteps still open, and the rows to write (``out``)."""
 
-    __slots__ = ("max_ts", "open", "out", "since", "state")
+    __slots__ = ("every", "max_ts", "open", "out", "since", "state")
 
-    def __init__(self, doc: dict[str, Any] | None) -> None:
+    def __init__(self, doc: dict[str, Any] | None, every: int) -> None:
+        self.every = every
         self.out: dict[str, Any] = {}
         if doc is None:
             self.state = CommittedState()
@@ -71,6 +82,43 @@ class _SnapshotFold:
             self.since = int(doc["since"])
             self.max_ts = doc["max_ts"]
             self.open = doc["open"]
+
+    def apply(self, event: EventBase) -> Self:
+        """Fold any event in: every event moves the committed state and the latest timestamp."""
+        self.state.apply(event)
+        stamp = time_key(event.timestamp)
+        if self.max_ts is None or stamp > self.max_ts:
+            self.max_ts = stamp
+        return super().apply(event)
+
+    @folds("superstep_started")
+    def _started(self, event: SuperstepStarted) -> None:
+        if event.superstep_id in self.open:
+            return
+        entry = {"run_id": event.run_id, "index": event.index, "start": event.position}
+        entry["marker"] = None  # the position of its first marker, once there is one
+        self.open[event.superstep_id] = entry
+        self.out[f"s:{event.superstep_id}"] = entry
+        self.out[f"r:{event.run_id}|{event.index:09d}"] = event.superstep_id
+
+    @folds(*SUPERSTEP_MARKER_TYPES)
+    def _marked(self, event: SuperstepEvent) -> None:
+        superstep_id = event.superstep_id
+        opened = self.open.pop(superstep_id, None)
+        if opened is not None:
+            self.out[f"s:{superstep_id}"] = {**opened, "marker": event.position}
+        self.since += 1
+        if self.since >= self.every:
+            self.since = 0
+            key = f"{event.position:012d}"
+            self.out[f"p:{key}"] = {"state": self.state.to_snapshot(), "max_ts": self.max_ts}
+            self.out[f"t:{self.max_ts}|{key}"] = event.position
+
+    @folds(*RUN_END_TYPES)
+    def _run_ended(self, event: RunEvent) -> None:
+        run_id = event.run_id
+        for sid in [s for s, entry in self.open.items() if entry["run_id"] == run_id]:
+            del self.open[sid]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,46 +136,14 @@ class SnapshotView(ViewSpec):
 
     def __init__(self, every: int = 50) -> None:
         if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
+            raise ProjectionError(f"SnapshotView(every=...) must be >= 1, got {every}")
         self.every = every
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> _SnapshotFold:
-        return _SnapshotFold(tx.get(table, instance_id, FOLD_KEY))
+        return _SnapshotFold(tx.get(table, instance_id, FOLD_KEY), self.every)
 
     def apply(self, state: Any, event: EventBase) -> Any:
-        fold: _SnapshotFold = state
-        fold.state.apply(event)
-        stamp = time_key(event.timestamp)
-        if fold.max_ts is None or stamp > fold.max_ts:
-            fold.max_ts = stamp
-        kind: str = event.type
-        if isinstance(event, SuperstepStarted):
-            entry = {
-                "run_id": event.run_id,
-                "index": event.index,
-                "start": event.position,
-                "marker": None,
-            }
-            if event.superstep_id not in fold.open:
-                fold.open[event.superstep_id] = entry
-                fold.out[f"s:{event.superstep_id}"] = entry
-                fold.out[f"r:{event.run_id}|{event.index:09d}"] = event.superstep_id
-        elif kind in _MARKERS:
-            superstep_id: str = event.superstep_id  # type: ignore[attr-defined]
-            opened = fold.open.pop(superstep_id, None)
-            if opened is not None:
-                fold.out[f"s:{superstep_id}"] = {**opened, "marker": event.position}
-            fold.since += 1
-            if fold.since >= self.every:
-                fold.since = 0
-                key = f"{event.position:012d}"
-                fold.out[f"p:{key}"] = {"state": fold.state.to_snapshot(), "max_ts": fold.max_ts}
-                fold.out[f"t:{fold.max_ts}|{key}"] = event.position
-        elif kind in RUN_END_TYPES:
-            run_id: str = event.run_id  # type: ignore[attr-defined]
-            for sid in [s for s, entry in fold.open.items() if entry["run_id"] == run_id]:
-                del fold.open[sid]
-        return fold
+        return state.apply(event)
 
     def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
         fold: _SnapshotFold = state

@@ -15,7 +15,7 @@ A point is one of:
     result says so (``inside=True``, ``label``).
 
 ``state_at(events, point)`` folds a list of one instance's events with the kernel's fold
-(``kernel._fold.CommittedState``). ``projections.TimeTravel`` answers the same questions from a
+(``kernel.CommittedState``). ``projections.TimeTravel`` answers the same questions from a
 store, starting from a snapshot when one is available.
 
 Example::
@@ -33,11 +33,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kernel._codec import ValueCodec
-from kernel._errors import ProjectionError
-from kernel._events import EventBase, SuperstepAborted, SuperstepStarted
-from kernel._fold import CommittedState
-from projections._tracker import RUN_END_TYPES
+from kernel import (
+    RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
+    CommittedState,
+    EventBase,
+    Fold,
+    ProjectionError,
+    RunEvent,
+    SuperstepAborted,
+    SuperstepEvent,
+    SuperstepStarted,
+    ValueCodec,
+    folds,
+)
+from projections._tracker import overlay
 
 __all__ = [
     "AtPosition",
@@ -49,8 +59,6 @@ __all__ = [
     "StateAt",
     "state_at",
 ]
-
-_MARKERS = frozenset({"superstep_committed", "superstep_aborted"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +130,7 @@ class StateAt:
         return {key: codec.decode(tree) for key, tree in self.values.items()}
 
 
-class Locator:
+class Locator(Fold):
     """Decides, event by event, where a point lies in a stream (used by ``state_at``).
 
     ``accept(event)`` returns True to fold the event in, False to stop before it; ``done`` turns
@@ -141,6 +149,7 @@ class Locator:
         self.run_id = run_id
         self.stop_event: EventBase | None = None
         self.last = 0  # the position of the last event accepted
+        self._accepted = True
         if isinstance(point, AtSuperstep | InsideSuperstep) and point.superstep_id is not None:
             self.superstep_id = point.superstep_id
         if isinstance(point, AtSuperstep) and point.run_id is not None:
@@ -165,26 +174,31 @@ class Locator:
                 self.done = True
                 return False
             return True
-        kind: str = event.type
-        if isinstance(event, SuperstepStarted):
-            self._learn(event)
-        if kind in _MARKERS and event.superstep_id == self.superstep_id:  # type: ignore[attr-defined]
-            self.found = True
-            self.stop_event = event
-            self.done = True
-            return isinstance(point, AtSuperstep)
-        if (
-            isinstance(point, InsideSuperstep)
-            and kind in RUN_END_TYPES
-            and self.run_id is not None
-            and event.run_id == self.run_id  # type: ignore[attr-defined]
-        ):
-            self.found = True
-            self.stop_event = event
-            self.done = True
-            return False
-        return True
+        self._accepted = True
+        self.apply(event)
+        return self._accepted
 
+    def _stop(self, event: EventBase, *, accept: bool) -> None:
+        self.found = True
+        self.stop_event = event
+        self.done = True
+        self._accepted = accept
+
+    @folds(*SUPERSTEP_MARKER_TYPES)
+    def _marker(self, event: SuperstepEvent) -> None:
+        if event.superstep_id == self.superstep_id:
+            self._stop(event, accept=isinstance(self.point, AtSuperstep))
+
+    @folds(*RUN_END_TYPES)
+    def _run_ended(self, event: RunEvent) -> None:
+        if (
+            isinstance(self.point, InsideSuperstep)
+            and self.run_id is not None
+            and event.run_id == self.run_id
+        ):
+            self._stop(event, accept=False)
+
+    @folds("superstep_started")
     def _learn(self, event: SuperstepStarted) -> None:
         point = self.point
         if isinstance(point, AtSuperstep) and point.superstep_id is None:
@@ -225,19 +239,13 @@ class Locator:
                 f"instance {instance_id!r} has no superstep {point.superstep_id!r}"
             )
         status = self._status()
-        staged = state.staged(self.superstep_id)
-        values = dict(state.values)
-        for write in staged:
-            if write.op == "set":
-                values[write.key] = write.value
-            else:
-                values.pop(write.key, None)
+        staged = len(state.staged(self.superstep_id))
         return StateAt(
             point,
-            values,
+            overlay(state, self.superstep_id),
             last,
             f"inside superstep {self.superstep_id} ({status}): committed state at position "
-            f"{last} plus the {len(staged)} write(s) it staged; not a committed state"
+            f"{last} plus the {staged} write(s) it staged; not a committed state"
             + ("" if status == "committed" else " and never was"),
             inside=True,
             status=status,

@@ -1,11 +1,14 @@
 """What each event did to an instance's supersteps, as decided by the kernel's committed-state fold.
 
-History and blame need more than committed values: which writes were staged in time, which
-superstep a marker closed, which writes a commit made count. ``SuperstepTracker`` wraps the one
-fold (``kernel._fold.CommittedState``) and reports, for each event, an ``Outcome``. The writes that
-count are read from the fold itself (``CommittedState.staged``), so there is no second copy of the
-state rule here; the tracker only adds bookkeeping the fold drops (the status of markers after a
-run ends), and checks it against the fold.
+History, blame and the ``steplog log`` column need more than committed values: which writes were
+staged in time, which superstep a marker closed, which writes a commit made count.
+``SuperstepTracker`` wraps the one fold (``kernel.CommittedState``) and reports, for each event, an
+``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.staged``), so
+there is no second copy of the commit rule here; the tracker only adds bookkeeping the fold drops
+(the status of markers after a run ends), and checks it against the fold.
+
+``overlay(state, superstep_id)`` is the one definition of what an executor inside a superstep
+sees: the committed values plus the writes the superstep has staged so far.
 """
 
 from __future__ import annotations
@@ -13,13 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kernel._errors import LogIntegrityError
-from kernel._events import EventBase, StateStaged
-from kernel._fold import CommittedState
+from kernel import (
+    RUN_END_TYPES,
+    CommittedState,
+    EventBase,
+    Fold,
+    LogIntegrityError,
+    RunEvent,
+    StateStaged,
+    SuperstepEvent,
+    SuperstepStarted,
+    folds,
+)
 
-__all__ = ["RUN_END_TYPES", "Outcome", "SuperstepTracker"]
-
-RUN_END_TYPES = frozenset({"run_completed", "run_failed", "run_cancelled", "run_abandoned"})
+__all__ = ["Outcome", "SuperstepTracker", "overlay"]
 
 OutcomeKind = Literal["other", "staged", "late", "committed", "aborted", "ignored", "run_ended"]
 
@@ -40,13 +50,33 @@ class Outcome:
     unmarked: tuple[str, ...] = ()
 
 
-class SuperstepTracker:
-    """The committed-state fold plus the status of every superstep marker (JSON-serialisable)."""
+OTHER = Outcome("other")
+IGNORED = Outcome("ignored")
 
-    __slots__ = ("_ended", "_open", "_status", "state")
+
+def overlay(state: CommittedState, superstep_id: str) -> dict[str, Any]:
+    """The values an executor inside ``superstep_id`` sees: ``state``'s committed values with the
+    superstep's staged writes (``state.staged``) applied in order. ``state`` is not changed."""
+    values = dict(state.values)
+    for write in state.staged(superstep_id):
+        if write.op == "set":
+            values[write.key] = write.value
+        else:
+            values.pop(write.key, None)
+    return values
+
+
+class SuperstepTracker(Fold):
+    """The committed-state fold plus the status of every superstep marker (JSON-serialisable).
+
+    ``track(event)`` folds one event in and returns its ``Outcome`` (also left in ``outcome``).
+    """
+
+    __slots__ = ("_ended", "_open", "_status", "outcome", "state")
 
     def __init__(self, state: CommittedState | None = None) -> None:
         self.state = CommittedState() if state is None else state
+        self.outcome = OTHER
         # run id -> superstep id -> "committed" | "aborted", for the supersteps of runs that have
         # not ended that got an effective marker (once a run ends every later marker is inert, so
         # its entries are dropped: the tracker grows with the live runs, not with the history)
@@ -55,38 +85,44 @@ class SuperstepTracker:
         self._open: dict[str, list[str]] = {}
         self._ended: set[str] = set()
 
-    def apply(self, event: EventBase) -> Outcome:
+    def track(self, event: EventBase) -> Outcome:
         """Fold ``event`` into the committed state and report what it did."""
-        kind: str = event.type
-        state = self.state
-        if kind == "state_staged":
-            assert isinstance(event, StateStaged)
-            state.apply(event)
-            staged = state.staged(event.superstep_id)
-            return Outcome("staged" if staged and staged[-1] is event else "late", (event,))
-        if kind == "superstep_started":
-            run_id: str = event.run_id  # type: ignore[attr-defined]
-            if run_id not in self._ended:
-                self._open.setdefault(run_id, []).append(event.superstep_id)  # type: ignore[attr-defined]
-            state.apply(event)
-            return Outcome("other")
-        if kind in ("superstep_committed", "superstep_aborted"):
-            return self._marker(event, committed=kind == "superstep_committed")
-        if kind in RUN_END_TYPES:
-            run_id = event.run_id  # type: ignore[attr-defined]
-            state.apply(event)
-            if run_id in self._ended:
-                return Outcome("other")
-            self._ended.add(run_id)
-            self._status.pop(run_id, None)
-            unmarked = tuple(self._open.pop(run_id, ()))
-            return Outcome("run_ended", unmarked=unmarked)
-        state.apply(event)
-        return Outcome("other")
+        self.outcome = OTHER
+        self.apply(event)
+        return self.outcome
 
-    def _marker(self, event: EventBase, *, committed: bool) -> Outcome:
-        run_id: str = event.run_id  # type: ignore[attr-defined]
-        superstep_id: str = event.superstep_id  # type: ignore[attr-defined]
+    @folds("state_staged")
+    def _staged(self, event: StateStaged) -> None:
+        state = self.state
+        state.apply(event)
+        staged = state.staged(event.superstep_id)
+        self.outcome = Outcome("staged" if staged and staged[-1] is event else "late", (event,))
+
+    @folds("superstep_started")
+    def _started(self, event: SuperstepStarted) -> None:
+        if event.run_id not in self._ended:
+            self._open.setdefault(event.run_id, []).append(event.superstep_id)
+
+    @folds("superstep_committed")
+    def _committed(self, event: SuperstepEvent) -> None:
+        self._marker(event, committed=True)
+
+    @folds("superstep_aborted")
+    def _aborted(self, event: SuperstepEvent) -> None:
+        self._marker(event, committed=False)
+
+    @folds(*RUN_END_TYPES)
+    def _run_ended(self, event: RunEvent) -> None:
+        run_id = event.run_id
+        self.state.apply(event)
+        if run_id in self._ended:
+            return
+        self._ended.add(run_id)
+        self._status.pop(run_id, None)
+        self.outcome = Outcome("run_ended", unmarked=tuple(self._open.pop(run_id, ())))
+
+    def _marker(self, event: SuperstepEvent, *, committed: bool) -> None:
+        run_id, superstep_id = event.run_id, event.superstep_id
         state = self.state
         writes = state.staged(superstep_id)
         before = state.last_committed
@@ -100,12 +136,13 @@ class SuperstepTracker:
                 f"superstep {superstep_id!r} disagrees with the committed-state fold"
             )
         if not effective:
-            return Outcome("ignored")
+            self.outcome = IGNORED
+            return
         self._status.setdefault(run_id, {})[superstep_id] = "committed" if committed else "aborted"
         opened = self._open.get(run_id)
         if opened is not None and superstep_id in opened:
             opened.remove(superstep_id)
-        return Outcome("committed" if committed else "aborted", writes)
+        self.outcome = Outcome("committed" if committed else "aborted", writes)
 
     def status(self, run_id: str, superstep_id: str) -> str | None:
         """``committed`` or ``aborted`` for a marked superstep of a run that has not ended; None

@@ -28,13 +28,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel._errors import ProjectionError
-from kernel._events import EventBase
-from kernel._store import EventStore, Recorded, open_store
-from projections._backends import RowKey, ViewBackend, backend_for
+from kernel import EventBase, EventStore, ProjectionError, Recorded, open_store
+from projections._backends import RowKey, ViewBackend
 from projections._blame import KeyBlame
 from projections._history import RunHistory
 from projections._snapshots import SnapshotView
+from projections._sqlbackends import backend_for
 from projections._viewspecs import DOC_KEY, BlameView, HistoryView, StateView, ViewSpec
 
 __all__ = ["VIEW_NAMES", "Projector", "VerifyReport", "default_views", "run_follower"]

@@ -9,12 +9,15 @@ state (``CommittedState.to_snapshot()``). ``history`` and ``blame`` grow with an
 history, so they keep rows, and a page loads and rewrites only the rows its events touch:
 
 ``history``
-    ``r:<run id>`` per run and ``s:<superstep id>`` per superstep (the fold's records, each with
-    its start ordinal ``n``), and ``t``: the tracker (``RunHistory.tracker_json()``).
+    ``r:<run id>`` per run and ``s:<superstep id>`` per superstep (``RunRecord.to_row()``,
+    ``SuperstepRecord.to_row()``), and ``t``: the tracker (``RunHistory.tracker_json()``).
 ``blame``
     ``w:<position>`` per write (``WriteRecord`` JSON, position zero-padded to 12 digits), and
-    ``t``: the tracker (``KeyBlame.tracker_json()``) plus the positions of the writes still
-    pending, by superstep, and of the write each key's value comes from.
+    ``t``: the tracker (``KeyBlame.tracker_json()``: with the positions of the writes still
+    pending, by superstep, and of the write each key's value comes from).
+
+The folds do no I/O: a page hands each one a row sink (``HistoryRows``, ``WriteRows``) that loads
+the rows the page touches through the page's transaction and writes them back at ``save``.
 
 The tracker grows with the supersteps of the runs still going (the committed-state fold
 remembers their markers), not with the instance's whole history.
@@ -23,13 +26,13 @@ remembers their markers), not with the instance's whole history.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kernel._events import EventBase
-from kernel._fold import CommittedState
+from kernel import CommittedState, EventBase, LogIntegrityError
 from projections._backends import ViewTx
 from projections._blame import KeyBlame, WriteRecord
-from projections._history import RunHistory, _Run, _Step
+from projections._history import RunHistory, RunRecord, SuperstepRecord
 
 __all__ = ["BlameView", "DocumentView", "HistoryView", "StateView", "ViewSpec"]
 
@@ -104,22 +107,21 @@ class StateView(DocumentView):
         return state.to_snapshot()
 
 
-class _PagedHistory(RunHistory):
-    """A ``RunHistory`` that loads the records a page touches from the view's rows."""
+class _Rows:
+    """The rows of one instance in a view table, read through a transaction and cached: what a
+    page's fold loads, changes in place, and ``save()`` writes back."""
 
-    __slots__ = ("_instance", "_missing", "_table", "_tx")
+    __slots__ = ("_instance", "_missing", "_table", "_tx", "loaded")
 
     def __init__(self, tx: ViewTx, table: str, instance_id: str) -> None:
-        super().__init__()
         self._tx = tx
         self._table = table
         self._instance = instance_id
         self._missing: set[str] = set()
-        doc = tx.get(table, instance_id, TRACKER_KEY)
-        if doc is not None:
-            self._load_tracker(doc)
+        self.loaded: dict[str, Any] = {}
 
-    def _row(self, key: str) -> Any:
+    def row(self, key: str) -> Any:
+        """The JSON row under ``key`` (None if there is none)."""
         if key in self._missing:
             return None
         row = self._tx.get(self._table, self._instance, key)
@@ -127,52 +129,112 @@ class _PagedHistory(RunHistory):
             self._missing.add(key)
         return row
 
-    def _get_run(self, run_id: str) -> _Run | None:
-        run = self._runs.get(run_id)
-        if run is None:
-            row = self._row(f"r:{run_id}")
-            if row is not None:
-                run = self._runs[run_id] = _Run.from_row(row)
-        return run
+    def put(self, key: str, record: Any) -> None:
+        """Cache ``record`` under ``key``: ``save()`` writes its row."""
+        self.loaded[key] = record
+        self._missing.discard(key)
 
-    def _get_step(self, superstep_id: str) -> _Step | None:
-        step = self._steps.get(superstep_id)
-        if step is None:
-            row = self._row(f"s:{superstep_id}")
-            if row is not None:
-                step = self._steps[superstep_id] = _Step.from_row(row)
-        return step
+    @staticmethod
+    def encode(record: Any) -> Any:
+        """The JSON row of ``record``."""
+        return record.to_row()
+
+    def save(self, tracker: dict[str, Any]) -> None:
+        """Write the row of every record loaded or added, and ``tracker``."""
+        tx, table, instance_id = self._tx, self._table, self._instance
+        for key, record in self.loaded.items():
+            tx.put(table, instance_id, key, self.encode(record))
+        tx.put(table, instance_id, TRACKER_KEY, tracker)
+
+
+@dataclass(slots=True)
+class _Paged:
+    """A fold over rows of a view table, while a page is folded."""
+
+    fold: RunHistory | KeyBlame
+    rows: _Rows
+
+    def apply(self, event: EventBase) -> _Paged:
+        self.fold.apply(event)
+        return self
 
     def save(self) -> None:
-        tx, table, instance_id = self._tx, self._table, self._instance
-        for run in self._runs.values():
-            tx.put(table, instance_id, f"r:{run.run_id}", run.to_row())
-        for step in self._steps.values():
-            tx.put(table, instance_id, f"s:{step.superstep_id}", step.to_row())
-        tx.put(table, instance_id, TRACKER_KEY, self.tracker_json())
+        self.rows.save(self.fold.tracker_json())
 
 
-class _RowView(ViewSpec):
-    """A view kept as rows by a paged fold (``paged``: loads the rows a page touches, folds,
-    and ``save()`` writes them back)."""
+class _HistoryRows(_Rows):
+    """``HistoryRows`` over a view table: ``r:<run id>`` and ``s:<superstep id>`` rows."""
 
-    paged: ClassVar[type[_PagedHistory | _PagedBlame]]
+    __slots__ = ()
 
-    def load(self, tx: ViewTx, table: str, instance_id: str) -> Any:
-        return self.paged(tx, table, instance_id)
+    def run(self, run_id: str) -> RunRecord | None:
+        key = f"r:{run_id}"
+        run: RunRecord | None = self.loaded.get(key)
+        if run is None:
+            row = self.row(key)
+            if row is not None:
+                run = self.loaded[key] = RunRecord.from_row(row)
+        return run
+
+    def step(self, superstep_id: str) -> SuperstepRecord | None:
+        key = f"s:{superstep_id}"
+        step: SuperstepRecord | None = self.loaded.get(key)
+        if step is None:
+            row = self.row(key)
+            if row is not None:
+                step = self.loaded[key] = SuperstepRecord.from_row(row)
+        return step
+
+    def add_run(self, record: RunRecord) -> None:
+        self.put(f"r:{record.run_id}", record)
+
+    def add_step(self, record: SuperstepRecord) -> None:
+        self.put(f"s:{record.superstep_id}", record)
+
+
+class _WriteRows(_Rows):
+    """``WriteRows`` over a view table: ``w:<position>`` rows."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def encode(record: Any) -> Any:
+        return record.model_dump(mode="json")
+
+    def add(self, record: WriteRecord) -> None:
+        self.put(write_key(record.position), record)
+
+    def get(self, position: int) -> WriteRecord:
+        key = write_key(position)
+        record: WriteRecord | None = self.loaded.get(key)
+        if record is None:
+            row = self.row(key)
+            if row is None:
+                raise LogIntegrityError(f"blame row {key} is missing from {self._table}")
+            record = self.loaded[key] = WriteRecord.model_validate(row)
+        return record
+
+
+def write_key(position: int) -> str:
+    """The row key of the blame write at stream ``position``."""
+    return f"w:{position:012d}"
+
+
+class HistoryView(ViewSpec):
+    """Run history per instance (``RunHistory``), one row per run and per superstep."""
+
+    name = "history"
+    event_types = RunHistory.EVENT_TYPES
+
+    def load(self, tx: ViewTx, table: str, instance_id: str) -> _Paged:
+        rows = _HistoryRows(tx, table, instance_id)
+        return _Paged(RunHistory(rows, tracker=tx.get(table, instance_id, TRACKER_KEY)), rows)
 
     def apply(self, state: Any, event: EventBase) -> Any:
         return state.apply(event)
 
     def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
         state.save()
-
-
-class HistoryView(_RowView):
-    """Run history per instance (``RunHistory``), one row per run and per superstep."""
-
-    name = "history"
-    paged = _PagedHistory
 
     @staticmethod
     def read(docs: dict[str, Any]) -> RunHistory:
@@ -185,67 +247,22 @@ class HistoryView(_RowView):
         return RunHistory.from_rows(runs, steps, tracker)
 
 
-class _PagedBlame(KeyBlame):
-    """A ``KeyBlame`` that loads the write records a page touches from the view's rows."""
-
-    __slots__ = ("_current_at", "_instance", "_page", "_pending_at", "_table", "_tx")
-
-    def __init__(self, tx: ViewTx, table: str, instance_id: str) -> None:
-        super().__init__()
-        self._tx = tx
-        self._table = table
-        self._instance = instance_id
-        self._page: dict[int, WriteRecord] = {}
-        self._pending_at: dict[str, list[int]] = {}
-        self._current_at: dict[str, int] = {}
-        doc = tx.get(table, instance_id, TRACKER_KEY)
-        if doc is not None:
-            restored = KeyBlame.from_rows((), doc)
-            self._tracker = restored._tracker
-            self._pending_at = {sid: list(at) for sid, at in doc["pending"].items()}
-            self._current_at = dict(doc["current"])
-
-    def _record(self, position: int) -> WriteRecord:
-        record = self._page.get(position)
-        if record is None:
-            row = self._tx.get(self._table, self._instance, write_key(position))
-            assert row is not None, f"blame row {position} missing"
-            record = self._page[position] = WriteRecord.model_validate(row)
-        return record
-
-    def _add(self, record: WriteRecord) -> None:
-        self._page[record.position] = record
-        if record.status == "pending":
-            self._pending_at.setdefault(record.superstep_id, []).append(record.position)
-
-    def _take_pending(self, superstep_id: str) -> dict[int, WriteRecord]:
-        return {at: self._record(at) for at in self._pending_at.pop(superstep_id, ())}
-
-    def _current_of(self, key: str) -> WriteRecord | None:
-        at = self._current_at.get(key)
-        return None if at is None else self._record(at)
-
-    def _set_current(self, record: WriteRecord) -> None:
-        self._current_at[record.key] = record.position
-
-    def save(self) -> None:
-        tx, table, instance_id = self._tx, self._table, self._instance
-        for position, record in self._page.items():
-            tx.put(table, instance_id, write_key(position), record.model_dump(mode="json"))
-        tracker = {**self.tracker_json(), "pending": self._pending_at, "current": self._current_at}
-        tx.put(table, instance_id, TRACKER_KEY, tracker)
-
-
-def write_key(position: int) -> str:
-    """The row key of the blame write at stream ``position``."""
-    return f"w:{position:012d}"
-
-
-class BlameView(_RowView):
+class BlameView(ViewSpec):
     """Key provenance per instance (``KeyBlame``), one row per write."""
 
     name = "blame"
-    paged = _PagedBlame
+    event_types = KeyBlame.EVENT_TYPES
+    write_key = staticmethod(write_key)
+
+    def load(self, tx: ViewTx, table: str, instance_id: str) -> _Paged:
+        rows = _WriteRows(tx, table, instance_id)
+        return _Paged(KeyBlame(rows=rows, tracker=tx.get(table, instance_id, TRACKER_KEY)), rows)
+
+    def apply(self, state: Any, event: EventBase) -> Any:
+        return state.apply(event)
+
+    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
+        state.save()
 
     @staticmethod
     def read(docs: dict[str, Any]) -> KeyBlame:

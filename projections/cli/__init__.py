@@ -3,6 +3,13 @@
 It uses only their public APIs, like any other program would; see ``docs/cli.md``.
 """
 
-from projections.cli._commands import main
+from projections.cli._commands import (
+    COMMANDS,
+    EXIT_BAD_INPUT,
+    EXIT_PROBLEM,
+    EXIT_STORE,
+    WRITING_COMMANDS,
+    main,
+)
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_PROBLEM", "EXIT_STORE", "WRITING_COMMANDS", "main"]

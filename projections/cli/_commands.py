@@ -15,8 +15,11 @@ A POINT is ``pos:N``, ``step:SUPERSTEP``, ``run:RUN:INDEX``, ``time:ISO-8601`` o
 ``inside:SUPERSTEP`` (ids may be shortened to a unique prefix).
 
 Every command takes ``--store URL`` (default ``$STEPLOG_STORE``, else ``sqlite:///steplog.db``).
+Only the commands that write (``demo``, ``project``, ``rebuild``) may create a store; the others
+refuse a store that does not exist, and create nothing.
+
 Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
-input (unknown instance, bad URL).
+input (unknown instance, bad URL), 3 when the store is missing or cannot be reached.
 """
 
 from __future__ import annotations
@@ -28,40 +31,56 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kernel._codec import ValueCodec
-from kernel._errors import StepLogError
-from kernel._events import EventBase
-from kernel._store import DEFAULT_STORE_ENV, EventStore, open_store
-from projections._bisect import bisect
-from projections._blame import KeyBlame, fold_blame
-from projections._diff import diff_points
-from projections._history import fold_history
-from projections._keyblame import blame_keys
-from projections._timetravel import (
+from kernel import (
+    DEFAULT_STORE_ENV,
+    DecodeError,
+    EventBase,
+    EventStore,
+    StepLogError,
+    StoreUnavailableError,
+    ValueCodec,
+    open_store,
+    uuid_ids,
+)
+from projections import (
+    VIEW_NAMES,
     AtPosition,
-    AtSuperstep,
-    AtTime,
-    InsideSuperstep,
-    Point,
+    Projector,
+    bisect,
+    blame_keys,
+    diff_points,
+    fold_blame,
+    fold_history,
     state_at,
 )
-from projections._views import VIEW_NAMES, Projector
+from projections.cli._demo import run_demo
+from projections.cli._points import UsageError, parse_point
+from projections.cli._render import (
+    blame_table,
+    event_line,
+    events_table,
+    show_json,
+    show_time,
+    verdicts,
+)
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_PROBLEM", "EXIT_STORE", "WRITING_COMMANDS", "main"]
 
 CLI_DEFAULT_STORE = "sqlite:///steplog.db"
-_SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
-
-
-class UsageError(StepLogError):
-    """Bad input on the command line: an unknown instance, a point that names nothing."""
+EXIT_PROBLEM = 1
+"""A command found a problem: the demo found a leak, ``verify`` a difference, ``bisect`` nothing."""
+EXIT_BAD_INPUT = 2
+"""Bad input: an unknown instance, key, view or point, a bad store URL, a log it cannot read."""
+EXIT_STORE = 3
+"""The store does not exist (a reading command never creates one) or cannot be reached."""
+WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
+"""The commands that write to the store, and so may create it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,25 +128,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found, 2 bad input."""
+    """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found (``EXIT_PROBLEM``),
+    2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``)."""
     args = _parser().parse_args(argv)
     console = Console(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     try:
-        with open_store(url) as store:
-            return _COMMANDS[args.command](store, args, console)
+        with open_store(url, create=args.command in WRITING_COMMANDS) as store:
+            return COMMANDS[args.command](store, args, console)
+    except StoreUnavailableError as error:
+        _complain(error)
+        return EXIT_STORE
     except StepLogError as error:
-        Console(stderr=True, highlight=False).print(f"[bold red]steplog:[/] {error}")
-        return 2
+        _complain(error)
+        return EXIT_BAD_INPUT
+
+
+def _complain(error: StepLogError) -> None:
+    """One line on standard error (never wrapped: scripts grep it)."""
+    text = " ".join(str(error).split())
+    Console(stderr=True, highlight=False).print(f"[bold red]steplog:[/] {text}", soft_wrap=True)
 
 
 # -- demo and raw log ------------------------------------------------------------------------
 
 
 def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    from kernel._clock import uuid_ids
-    from projections.cli._demo import run_demo
-
     instance_id = args.instance or f"orders-{uuid_ids()[:8]}"
     console.rule("[bold]steplog demo: the stale-write bug (Agent Framework #7859)")
     console.print(
@@ -140,12 +166,13 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
     events = wf.events()
-    console.print(_events_table(events, title=f"the log of {instance_id}"))
+    blame = fold_blame(events)
+    console.print(events_table(events, blame, title=f"the log of {instance_id}"))
     console.print(f"\ncommitted state: {outcome.committed_state}\n")
-    console.print(_blame_table(fold_blame(events), "secret", instance_id))
+    console.print(blame_table(blame, "secret", instance_id))
     if outcome.leaked:
         console.print("[bold red]LEAK: 'secret' is in committed state[/]")
-        return 1
+        return EXIT_PROBLEM
     console.print(
         "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep was "
         "aborted (failed), and no commit exists for it."
@@ -168,11 +195,13 @@ def _require_events(store: EventStore, instance: str) -> list[EventBase]:
 
 def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
+    blame = fold_blame(events)
     if args.json:
+        fates = verdicts(blame)
         for event in events:
-            sys.stdout.write(event.model_dump_json() + "\n")
+            sys.stdout.write(event_line(event, fates.get(event.position)) + "\n")
         return 0
-    console.print(_events_table(events, title=f"the log of {args.instance}"))
+    console.print(events_table(events, blame, title=f"the log of {args.instance}"))
     return 0
 
 
@@ -187,7 +216,7 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
     for key in sorted(at.values):
-        table.add_row(key, _json(at.values[key]))
+        table.add_row(key, show_json(at.values[key]))
     console.print(table)
     return 0
 
@@ -203,7 +232,7 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
         table.add_row(
             run.run_id[:8],
             run.status,
-            f"{_time(run.started_at)}\n{_time(run.ended_at)}",
+            f"{show_time(run.started_at)}\n{show_time(run.ended_at)}",
             str(run.supersteps),
             str(run.committed),
             str(run.aborted),
@@ -233,27 +262,8 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
     blame = blame_keys(store, args.instance, [args.key])
     if not blame.writes(args.key):
         raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
-    console.print(_blame_table(blame, args.key, args.instance))
+    console.print(blame_table(blame, args.key, args.instance))
     return 0
-
-
-def _blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
-    table = Table(title=f"blame of {key!r} in {instance}", expand=True)
-    for column in ("#", "counted?", "run / time", "executor", "op"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("value", overflow="fold", ratio=1)
-    for write in blame.writes(key):
-        verdict = write.status + (f" ({write.reason})" if write.reason else "")
-        colour = "green" if write.status == "committed" else "red"
-        table.add_row(
-            str(write.position),
-            f"[{colour}]{verdict}[/]",
-            f"{write.run_id[:8]}\n{_time(write.timestamp)}",
-            write.executor_id,
-            write.op,
-            "" if write.op == "delete" else _json(write.value),
-        )
-    return table
 
 
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
@@ -263,11 +273,11 @@ def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
     for key, value in sorted(changes.added.items()):
-        table.add_row(key, "[green]added[/]", "", _json(value))
+        table.add_row(key, "[green]added[/]", "", show_json(value))
     for key, value in sorted(changes.removed.items()):
-        table.add_row(key, "[red]removed[/]", _json(value), "")
+        table.add_row(key, "[red]removed[/]", show_json(value), "")
     for key, change in sorted(changes.changed.items()):
-        table.add_row(key, "[yellow]changed[/]", _json(change.old), _json(change.new))
+        table.add_row(key, "[yellow]changed[/]", show_json(change.old), show_json(change.new))
     console.print(table if changes else "no difference")
     return 0
 
@@ -280,59 +290,20 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
         wanted = f"{key!r} has a value"
     else:
         try:
-            expected = ValueCodec().decode(orjson.loads(args.equals))
-        except orjson.JSONDecodeError as error:
+            expected = ValueCodec().decode(orjson.loads(args.equals), what="--equals")
+        except (orjson.JSONDecodeError, DecodeError) as error:
             raise UsageError(f"--equals must be JSON, got {args.equals!r}: {error}") from error
         predicate = lambda state: key in state and state[key] == expected  # noqa: E731
         wanted = f"{key!r} == {args.equals}"
     found = bisect(events, predicate)
     if found is None:
         console.print(f"never: no committed superstep of {args.instance} has {wanted}")
-        return 1
+        return EXIT_PROBLEM
     console.print(
         f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
-        f"log position {found.position}, at {_time(found.timestamp)}: {wanted}"
+        f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}"
     )
     return 0
-
-
-def parse_point(text: str, events: list[EventBase]) -> Point:
-    """Parse ``pos:N``, ``step:ID``, ``run:RUN:K``, ``time:ISO`` or ``inside:ID`` (id prefixes)."""
-    kind, _, rest = text.partition(":")
-    try:
-        if kind == "pos":
-            return AtPosition(int(rest))
-        if kind == "step":
-            return AtSuperstep(_unique(rest, _ids(events, "superstep_id"), "superstep"))
-        if kind == "inside":
-            return InsideSuperstep(_unique(rest, _ids(events, "superstep_id"), "superstep"))
-        if kind == "run":
-            run, _, index = rest.rpartition(":")
-            return AtSuperstep(run_id=_unique(run, _ids(events, "run_id"), "run"), index=int(index))
-        if kind == "time":
-            return AtTime(datetime.fromisoformat(rest))
-    except ValueError as error:
-        raise UsageError(f"bad point {text!r}: {error}") from error
-    raise UsageError(
-        f"bad point {text!r}: use pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 or "
-        "inside:SUPERSTEP"
-    )
-
-
-def _ids(events: list[EventBase], field: str) -> set[str]:
-    return {value for e in events if isinstance(value := getattr(e, field, None), str)}
-
-
-def _unique(prefix: str, ids: set[str], what: str) -> str:
-    matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []
-    if len(matches) != 1:
-        found = (
-            "none" if not matches else f"{len(matches)}: {', '.join(m[:12] for m in matches[:5])}"
-        )
-        raise UsageError(
-            f"{what} {prefix!r} must name exactly one {what} of the instance ({found})"
-        )
-    return matches[0]
 
 
 # -- materialized views ----------------------------------------------------------------------
@@ -358,8 +329,12 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 
 def _rebuild(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    position = Projector(store, [args.view]).rebuild(args.view)
-    console.print(f"{args.view}: rebuilt up to global position {position}")
+    projector = Projector(store, [args.view])
+    folded = projector.rebuild(args.view)
+    console.print(
+        f"{args.view}: rebuilt up to global position {projector.position(args.view)} "
+        f"({folded} events folded)"
+    )
     return 0
 
 
@@ -369,64 +344,10 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
         console.print(f"{args.view}: the live view equals a rebuild from the log")
         return 0
     console.print(f"[bold red]{args.view}: the live view differs from a rebuild[/]\n{report}")
-    return 1
+    return EXIT_PROBLEM
 
 
-# -- formatting ------------------------------------------------------------------------------
-
-
-def _events_table(events: list[EventBase], *, title: str) -> Table:
-    markers = {
-        getattr(e, "superstep_id", None): e.type
-        for e in events
-        if e.type in ("superstep_committed", "superstep_aborted")
-    }
-    table = Table(title=title, expand=True)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("run", no_wrap=True)
-    table.add_column("event", no_wrap=True)
-    table.add_column("details", overflow="fold", ratio=1)
-    table.add_column("counts?", no_wrap=True)
-    for event in events:
-        data = event.model_dump(mode="json", exclude=_SKIP)
-        fate = ""
-        if event.type == "state_staged":
-            outcome = markers.get(event.superstep_id)  # type: ignore[attr-defined]
-            fate = "[green]yes[/]" if outcome == "superstep_committed" else "[red]no[/]"
-        table.add_row(
-            str(event.position),
-            str(getattr(event, "run_id", ""))[:8],
-            event.type,
-            _details(data),
-            fate,
-        )
-    return table
-
-
-def _details(data: dict[str, Any]) -> str:
-    parts = []
-    for key, value in data.items():
-        if value in (None, [], {}) or key == "durability":
-            continue
-        if key == "superstep_id":
-            parts.append(f"step={str(value)[:8]}")
-        elif key == "error":
-            parts.append(f"error={value['type']}: {value['message']}")
-        else:
-            text = _json(value)
-            parts.append(f"{key}={text if len(text) <= 48 else text[:45] + '...'}")
-    return " ".join(parts)
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
-def _time(moment: datetime | None) -> str:
-    return "" if moment is None else moment.strftime("%H:%M:%S.%f")[:-3]
-
-
-_COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = {
+COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = {
     "demo": _demo,
     "instances": _instances,
     "log": _log,

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
-from kernel import open_store
-from projections.cli import main
+from kernel import (
+    EventBase,
+    RunCompleted,
+    RunStarted,
+    StateStaged,
+    SuperstepAborted,
+    SuperstepCommitted,
+    SuperstepStarted,
+    fold_committed,
+    open_store,
+)
+from projections import fold_blame
+from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 
 
 def test_demo_runs_the_bug_scenario_on_sqlite_and_finds_no_leak(sqlite_url, capsys):
@@ -44,7 +57,9 @@ def test_log_state_and_instances_read_what_the_demo_wrote(sqlite_url, capsys):
 
 
 def test_unknown_instance_and_bad_store_url_exit_2_with_a_message(sqlite_url, capsys):
-    assert main(["--store", sqlite_url, "state", "nope"]) == 2
+    assert main(["--store", sqlite_url, "demo", "--instance", "o1"]) == 0
+    capsys.readouterr()
+    assert main(["--store", sqlite_url, "state", "nope"]) == EXIT_BAD_INPUT == 2
     assert "no instance 'nope'" in capsys.readouterr().err
     assert main(["--store", "ftp://x", "instances"]) == 2
     assert "unknown store URL" in capsys.readouterr().err
@@ -55,8 +70,61 @@ def test_the_cli_default_store_is_steplog_db_in_the_working_directory(
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("STEPLOG_STORE", raising=False)
-    assert main(["instances"]) == 0
+    assert main(["instances"]) == EXIT_STORE
+    assert not (tmp_path / "steplog.db").exists()
+    assert main(["demo", "--instance", "o1"]) == 0
     assert (tmp_path / "steplog.db").exists()
+    capsys.readouterr()
+    assert main(["instances"]) == 0
+    assert capsys.readouterr().out.split() == ["o1"]
+
+
+READING = [
+    ["instances"],
+    ["log", "o1"],
+    ["log", "o1", "--json"],
+    ["state", "o1"],
+    ["history", "o1"],
+    ["blame", "o1", "secret"],
+    ["diff", "o1", "pos:0", "pos:1"],
+    ["bisect", "o1", "--key", "secret"],
+    ["verify", "state"],
+]
+
+
+@pytest.mark.parametrize("args", READING, ids=lambda a: " ".join(a))
+def test_a_reading_command_refuses_a_missing_sqlite_store_and_creates_no_file(
+    tmp_path, capsys, args
+):
+    missing = tmp_path / "missing.db"
+    code, out = run_cli(capsys, "--store", f"sqlite:///{missing}", *args)
+    assert code == EXIT_STORE == 3
+    assert str(missing) in out
+    assert len(out.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("args", READING[:3], ids=lambda a: " ".join(a))
+def test_a_reading_command_refuses_a_missing_postgres_schema_and_creates_none(
+    postgres_url, postgres_server_url, capsys, args
+):
+    schema = postgres_url.rpartition("schema=")[2]
+    code, out = run_cli(capsys, "--store", postgres_url, *args)
+    assert code == EXIT_STORE
+    assert len(out.strip().splitlines()) == 1
+    with psycopg.connect(postgres_server_url) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
+    assert found == (0,)
+
+
+def test_an_unreachable_store_exits_3_not_2(capsys):
+    url = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens on port 1
+    code, out = run_cli(capsys, "--store", url, "instances")
+    assert code == EXIT_STORE
+    assert len(out.strip().splitlines()) == 1
 
 
 def test_help_lists_the_commands(capsys):
@@ -119,7 +187,7 @@ def test_project_verify_and_rebuild_views(demo_store, capsys):
     code, out = run_cli(capsys, "--store", demo_store, "verify", "state")
     assert (code, "equals a rebuild" in out) == (0, True)
     code, out = run_cli(capsys, "--store", demo_store, "rebuild", "blame")
-    assert (code, "rebuilt up to global position 15" in out) == (0, True)
+    assert (code, "rebuilt up to global position 15 " in out) == (0, True)
 
 
 @pytest.mark.parametrize(
@@ -137,3 +205,78 @@ def test_bad_input_exits_2_and_names_what_was_wrong(demo_store, capsys, args, me
     code, out = run_cli(capsys, "--store", demo_store, *args)
     assert code == 2
     assert message in out
+
+
+def _disorderly_log(instance_id: str) -> list[EventBase]:
+    """A write staged after its superstep's commit (late), and two supersteps with two markers
+    each: commit then abort, abort then commit. Only the first marker decides."""
+    at = iter(range(1, 100))
+    moment = datetime(2025, 1, 1, tzinfo=UTC)
+
+    def make(cls: type[EventBase], **fields: object) -> EventBase:
+        position = next(at)
+        when = moment + timedelta(seconds=position)
+        return cls(instance_id=instance_id, position=position, timestamp=when, **fields)
+
+    def write(sid: str, key: str, value: int) -> EventBase:
+        ids = {"run_id": "r1", "superstep_id": sid, "executor_id": "e"}
+        return make(StateStaged, key=key, op="set", value=value, **ids)
+
+    return [
+        make(RunStarted, run_id="r1", workflow_name="wf"),  # 1
+        make(SuperstepStarted, run_id="r1", superstep_id="s1", index=1),  # 2
+        write("s1", "a", 1),  # 3: counts
+        make(SuperstepCommitted, run_id="r1", superstep_id="s1"),  # 4
+        write("s1", "a", 2),  # 5: late, never counts
+        make(SuperstepStarted, run_id="r1", superstep_id="s2", index=2),  # 6
+        write("s2", "b", 1),  # 7: counts (committed first)
+        make(SuperstepCommitted, run_id="r1", superstep_id="s2"),  # 8
+        make(SuperstepAborted, run_id="r1", superstep_id="s2", reason="failed"),  # 9: ignored
+        make(SuperstepStarted, run_id="r1", superstep_id="s3", index=3),  # 10
+        write("s3", "c", 1),  # 11: never counts (aborted first)
+        make(SuperstepAborted, run_id="r1", superstep_id="s3", reason="failed"),  # 12
+        make(SuperstepCommitted, run_id="r1", superstep_id="s3"),  # 13: ignored
+        make(RunCompleted, run_id="r1", supersteps=3),  # 14
+    ]
+
+
+EXPECTED_VERDICTS = {3: "committed", 5: "late", 7: "committed", 11: "aborted"}
+
+
+@pytest.fixture
+def disorderly_store(sqlite_url, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with open_store(sqlite_url) as store:
+        store.append("odd", _disorderly_log("odd"), expected_version=0)
+    return sqlite_url
+
+
+def test_log_json_says_a_late_write_and_a_second_marker_count_as_the_fold_says(
+    disorderly_store, capsys
+):
+    code, out = run_cli(capsys, "--store", disorderly_store, "log", "odd", "--json")
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    writes = {line["position"]: line for line in lines if line["type"] == "state_staged"}
+    assert {p: w["write_status"] for p, w in writes.items()} == EXPECTED_VERDICTS
+    assert {p: w["counts"] for p, w in writes.items()} == {3: True, 5: False, 7: True, 11: False}
+    assert "counts" not in next(line for line in lines if line["type"] != "state_staged")
+    with open_store(disorderly_store) as store:
+        events = store.read("odd")
+    assert fold_committed(events).values == {"a": 1, "b": 1}
+    blame = fold_blame(events)
+    assert {w.position: w.status for k in "abc" for w in blame.writes(k)} == EXPECTED_VERDICTS
+
+
+def test_the_log_table_shows_the_same_verdicts(disorderly_store, capsys):
+    code, out = run_cli(capsys, "--store", disorderly_store, "log", "odd")
+    assert code == 0
+    rows = [[cell.strip() for cell in line.split("│")] for line in out.splitlines()]
+    column = {int(row[1]): row[-2] for row in rows if len(row) > 3 and row[1].isdigit()}
+    assert {p: column[p] for p in EXPECTED_VERDICTS} == {
+        3: "yes",
+        5: "no (late)",
+        7: "yes",
+        11: "no (aborted)",
+    }
+    assert column[4] == ""

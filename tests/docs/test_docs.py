@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import kernel
 import projections
-from projections.cli._commands import _COMMANDS
+from projections.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -26,6 +28,25 @@ def test_the_examples_run_in_order_in_one_namespace(doc, tmp_path, monkeypatch):
     namespace: dict[str, object] = {"__name__": f"doc_{doc.stem}"}
     for number, block in enumerate(python_blocks(doc), start=1):
         exec(compile(block, f"{doc.name}[example {number}]", "exec"), namespace)
+
+
+def promised_output(example: str) -> list[str]:
+    """What an example says it prints: the comment after each ``print(...)`` line."""
+    return [
+        line.rpartition("  # ")[2]
+        for line in example.splitlines()
+        if line.lstrip().startswith("print(") and "  # " in line
+    ]
+
+
+def test_the_readme_example_prints_what_its_comment_says(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(kernel.DEFAULT_STORE_ENV, raising=False)  # the example's memory store
+    (example,) = python_blocks(ROOT / "README.md")
+    promised = promised_output(example)
+    assert promised, "the README example's print line says what it prints in a comment"
+    exec(compile(example, "README.md[example 1]", "exec"), {"__name__": "doc_readme"})
+    assert capsys.readouterr().out.splitlines() == promised
 
 
 def test_the_readme_example_is_at_most_sixteen_lines():
@@ -58,6 +79,7 @@ def _test_functions(path: Path) -> set[str]:
 
 def test_the_cli_reference_lists_exactly_the_commands():
     text = (ROOT / "docs" / "cli.md").read_text()
+    text = text[text.index("## Commands") :]
     documented = set(re.findall(r"^\| `(\w+)", text, flags=re.MULTILINE)) - {
         "pos",
         "step",
@@ -65,7 +87,7 @@ def test_the_cli_reference_lists_exactly_the_commands():
         "time",
         "inside",
     }
-    assert documented == set(_COMMANDS)
+    assert documented == set(COMMANDS)
 
 
 @pytest.mark.parametrize("package", [kernel, projections], ids=lambda p: p.__name__)
@@ -75,3 +97,23 @@ def test_public_names_are_exported_once_and_exist(package):
     for name in names:
         assert hasattr(package, name), name
     assert projections.fold_committed is kernel.fold_committed
+
+
+def test_the_import_contracts_hold():
+    """kernel never imports projections; projections imports only the package ``kernel``
+    (pyproject.toml's ``[tool.importlinter]``, also run by ``.ci/run``)."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+def test_projections_source_names_no_private_kernel_module():
+    for path in sorted((ROOT / "projections").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("kernel."), f"{path}: {node.module}"
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("kernel.") for a in node.names), path

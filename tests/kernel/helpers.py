@@ -4,32 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import EventBase, Workflow
+from kernel import EventBase, StateStaged, SuperstepAborted, SuperstepCommitted, Workflow
 
 
 def of_type(events: list[EventBase], kind: str) -> list[Any]:
     """The events of one ``type``, in log order."""
-    return [e for e in events if e.type == kind]  # type: ignore[attr-defined]
+    return [e for e in events if e.type == kind]
 
 
 def kinds(events: list[EventBase]) -> list[str]:
-    return [e.type for e in events]  # type: ignore[attr-defined]
+    return [e.type for e in events]
 
 
 def markers(wf: Workflow) -> dict[str, str]:
-    """superstep id -> "committed" or "aborted:<reason>", for every marker in the log."""
+    """superstep id -> "committed" or "aborted:<reason>": its first marker (the final one)."""
     found: dict[str, str] = {}
     for event in wf.events():
-        if event.type == "superstep_committed":  # type: ignore[attr-defined]
-            found[event.superstep_id] = "committed"  # type: ignore[attr-defined]
-        elif event.type == "superstep_aborted":  # type: ignore[attr-defined]
-            found[event.superstep_id] = f"aborted:{event.reason}"  # type: ignore[attr-defined]
+        if isinstance(event, SuperstepCommitted):
+            found.setdefault(event.superstep_id, "committed")
+        elif isinstance(event, SuperstepAborted):
+            found.setdefault(event.superstep_id, f"aborted:{event.reason}")
     return found
 
 
-def staged(wf: Workflow, key: str) -> list[Any]:
+def staged(wf: Workflow, key: str) -> list[StateStaged]:
     """Every StateStaged event for ``key``."""
-    return [e for e in of_type(wf.events(), "state_staged") if e.key == key]
+    return [e for e in wf.events() if isinstance(e, StateStaged) and e.key == key]
 
 
 def fate_of(wf: Workflow, key: str) -> list[str]:

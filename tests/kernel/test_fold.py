@@ -9,20 +9,15 @@ late writes; the committed state is the committed supersteps' writes applied in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel import (
-    CommittedState,
-    EventBase,
-    StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
-    fold_committed,
-)
+from kernel import CommittedState, EventBase, SuperstepCommitted, fold_committed
+from kernel.testing import LogBuilder
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KEYS = ["a", "b", "c"]
@@ -53,33 +48,35 @@ def histories(draw: st.DrawFn) -> list[dict[str, Any]]:
 def interleavings(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[EventBase]]:
     """A history, and its events in one arbitrary order that keeps each superstep's sequence."""
     history = draw(histories())
-    queues = [_events_of(step) for step in history]
-    ordered: list[tuple[str, dict[str, Any]]] = []
+    queues = [_calls_of(step) for step in history]
+    log = LogBuilder("i", clock=lambda: T0)
     while any(queues):
         queue = draw(st.sampled_from([q for q in queues if q]))
-        ordered.append(queue.pop(0))
-    events = [_make(kind, fields, position) for position, (kind, fields) in enumerate(ordered, 1)]
-    return history, events
+        queue.pop(0)(log)
+    return history, log.events()
 
 
-def _events_of(step: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    base = {"run_id": step["run"], "superstep_id": step["id"]}
-    staged = [
-        ("staged", {**base, "key": key, "op": "delete" if delete else "set", "value": value})
-        for key, delete, value in step["writes"]
-    ]
-    marker = ("committed" if step["commit"] else "aborted", base)
-    late = [("staged", {**base, "key": k, "op": "set", "value": v}) for k, v in step["late"]]
-    return [*staged, marker, *late]
+def _calls_of(step: dict[str, Any]) -> list[Callable[[LogBuilder], Any]]:
+    """The builder calls that make one superstep's events: started, writes, marker, late writes."""
+    sid = step["id"]
 
+    def start(log: LogBuilder) -> None:
+        log.start_superstep(superstep_id=sid, run=step["run"])
 
-def _make(kind: str, fields: dict[str, Any], position: int) -> EventBase:
-    common = {"instance_id": "i", "position": position, "timestamp": T0, **fields}
-    if kind == "staged":
-        return StateStaged(executor_id="x", **common)
-    if kind == "committed":
-        return SuperstepCommitted(**common)
-    return SuperstepAborted(reason="failed", **common)
+    def staged(key: str, delete: bool, value: int) -> Callable[[LogBuilder], Any]:
+        if delete:
+            return lambda log: log.delete(key, executor_id="x", superstep=sid)
+        return lambda log: log.write(key, value, executor_id="x", superstep=sid)
+
+    def marker(log: LogBuilder) -> None:
+        if step["commit"]:
+            log.commit(superstep=sid)
+        else:
+            log.abort("failed", superstep=sid)
+
+    writes = [staged(key, delete, value) for key, delete, value in step["writes"]]
+    late = [staged(key, False, value) for key, value in step["late"]]
+    return [start, *writes, marker, *late]
 
 
 def reference(history: list[dict[str, Any]], events: list[EventBase]) -> dict[str, Any]:
@@ -118,14 +115,13 @@ def test_folding_in_pieces_equals_folding_at_once(case, data):
 
 
 def test_a_commit_marker_after_an_abort_marker_does_not_revive_the_writes():
-    events = [
-        _make(
-            "staged", {"run_id": "r", "superstep_id": "s", "key": "k", "op": "set", "value": 1}, 1
-        ),
-        _make("aborted", {"run_id": "r", "superstep_id": "s"}, 2),
-        _make("committed", {"run_id": "r", "superstep_id": "s"}, 3),
-    ]
-    assert fold_committed(events).values == {}
+    log = LogBuilder("i", clock=lambda: T0)
+    log.start_run()
+    step = log.start_superstep().superstep_id
+    log.write("k", 1, executor_id="x")
+    log.abort("failed")
+    log.commit(superstep=step)
+    assert fold_committed(log.events()).values == {}
 
 
 def test_a_fresh_view_is_empty():

@@ -23,16 +23,8 @@ from kernel import (
     counter_ids,
     executor,
     handler,
-    open_store,
 )
 from tests.kernel.helpers import kinds, markers, of_type
-
-
-@pytest.fixture
-def store(store_url: str):  # type: ignore[no-untyped-def]
-    opened = open_store(store_url)
-    yield opened
-    opened.close()
 
 
 class Counter(Executor):
@@ -80,7 +72,7 @@ async def test_exceeding_max_supersteps_fails_with_a_recorded_convergence_error(
         await wf.run(0)
 
     failed = of_type(wf.events(), "run_failed")[0]
-    assert failed.error.type == "kernel._errors.ConvergenceError"
+    assert failed.error.type == "kernel.ConvergenceError"
     assert len(of_type(wf.events(), "superstep_committed")) == 5
     assert wf.committed_state() == {"a.last": 4, "b.last": 3}
 

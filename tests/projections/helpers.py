@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel import EventBase, EventStore
-from projections import ViewSpec
-from projections._backends import ViewTx
+from projections import ViewSpec, ViewTx
 from tests.projections.logs import RunPlan, append_all, build_events, flatten, plans, ticking_clock
 
 EXAMPLES = {"memory": 12, "sqlite": 6, "postgresql": 3}

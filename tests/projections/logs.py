@@ -1,38 +1,35 @@
 """Test-side log generator: random runs and supersteps that follow the kernel's rules.
 
 ``plans()`` is a hypothesis strategy for the shape of an instance's log; ``build_events`` turns a
-plan into events, stamping them with a clock (so freezegun controls the timestamps), and returns
-them in append batches (a superstep's events may be appended one by one, as in "write" durability).
+plan into events with ``kernel.testing.LogBuilder``, stamping them with a clock (so freezegun
+controls the timestamps), and returns them in append batches (a superstep's events may be
+appended one by one, as in "write" durability).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from hypothesis import strategies as st
 
-from kernel import (
-    ErrorInfo,
-    EventBase,
-    EventStore,
-    ExecutorCompleted,
-    ExecutorFailed,
-    ExecutorInvoked,
-    MessageStaged,
-    OutputYielded,
-    RunAbandoned,
-    RunCancelled,
-    RunCompleted,
-    RunFailed,
-    RunStarted,
-    StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
-    SuperstepStarted,
-)
+from kernel import ErrorInfo, EventBase, EventStore
+from kernel.testing import LogBuilder, ticking_clock
+
+__all__ = [
+    "EXECUTORS",
+    "KEYS",
+    "RunPlan",
+    "StepPlan",
+    "append_all",
+    "build_events",
+    "fixed_plans",
+    "flatten",
+    "plans",
+    "ticking_clock",
+]
 
 KEYS = ("a", "b", "plan")
 EXECUTORS = ("e1", "e2", "e3")
@@ -100,121 +97,87 @@ def plans(max_runs: int = 4) -> st.SearchStrategy[list[RunPlan]]:
     return st.lists(run_plans, min_size=1, max_size=max_runs)
 
 
-def ticking_clock(start: datetime | None = None, step: float = 1.0) -> Callable[[], datetime]:
-    """A clock that advances ``step`` seconds on every reading."""
-    moment = [start or datetime(2025, 1, 1, tzinfo=UTC)]
-
-    def now() -> datetime:
-        moment[0] += timedelta(seconds=step)
-        return moment[0]
-
-    return now
-
-
 def build_events(
     instance_id: str, plan: list[RunPlan], clock: Callable[[], datetime]
 ) -> list[list[EventBase]]:
-    """The plan as events, grouped in append batches."""
-    batches: list[list[EventBase]] = []
-    batch: list[EventBase] = []
-    position = 0
-    counter = [0]
+    """The plan as events (made by ``LogBuilder``), grouped in append batches."""
+    log = LogBuilder(instance_id, clock=clock)
+    supersteps = 0
 
-    def emit(cls: type[EventBase], **fields: Any) -> None:
-        nonlocal position
-        position += 1
-        batch.append(cls(instance_id=instance_id, position=position, timestamp=clock(), **fields))
-
-    def flush() -> None:
-        nonlocal batch
-        if batch:
-            batches.append(batch)
-            batch = []
-
-    def do(run_id: str, sid: str, act: tuple[Any, ...], *, one_by_one: bool) -> None:
+    def do(sid: str, act: tuple[Any, ...], *, run: str, one_by_one: bool) -> None:
         kind = act[0]
-        common = {"run_id": run_id, "superstep_id": sid}
         if kind == "write":
             _, executor, key, op, value = act
-            emit(
-                StateStaged,
-                executor_id=executor,
-                key=key,
-                op=op,
-                value=value if op == "set" else None,
-                **common,
-            )
+            if op == "set":
+                log.write(key, value, executor_id=executor, superstep=sid, run=run)
+            else:
+                log.delete(key, executor_id=executor, superstep=sid, run=run)
         elif kind == "invoke":
-            emit(ExecutorInvoked, executor_id=act[1], **common)
+            log.invoke(act[1], superstep=sid, run=run)
         elif kind == "output":
-            emit(OutputYielded, executor_id=act[1], value=act[2], **common)
+            log.output(act[2], executor_id=act[1], superstep=sid, run=run)
         elif kind == "message":
-            emit(MessageStaged, source=act[1], targets=["e1"], message="m", **common)
+            log.send("m", source=act[1], targets=["e1"], superstep=sid, run=run)
         else:
-            emit(ExecutorCompleted, executor_id=act[1], **common)
+            log.complete(act[1], superstep=sid, run=run)
         if one_by_one:
-            flush()
+            log.flush()
 
-    to_close: tuple[str, str | None, str, list[tuple[Any, ...]], bool] | None = None
+    to_close: tuple[str, str | None, RunPlan] | None = None
     for number, run in enumerate(plan, start=1):
         run_id = f"{instance_id}-r{number}"
         if to_close is not None:
-            old_run, open_sid, reason, late, mark = to_close
-            if open_sid is not None and mark:
-                emit(SuperstepAborted, run_id=old_run, superstep_id=open_sid, reason=reason)
-            emit(
-                RunAbandoned, run_id=old_run, reason=reason, closed_by=run_id, superstep_id=open_sid
+            old_run, open_sid, closed = to_close
+            if open_sid is not None and closed.mark_on_close:
+                log.abort(closed.close_reason, superstep=open_sid)
+            log.abandon_run(
+                closed.close_reason,  # type: ignore[arg-type]
+                closed_by=run_id,
+                superstep_id=open_sid,
+                run=old_run,
             )
-            for act in late:  # a straggler of the closed run: never counts
-                do(old_run, open_sid or f"{old_run}-gone", act, one_by_one=False)
+            for act in closed.late_after_close:  # a straggler of the closed run: never counts
+                do(open_sid or f"{old_run}-gone", act, run=old_run, one_by_one=False)
             to_close = None
-        emit(RunStarted, run_id=run_id, workflow_name="wf")
-        flush()
+        log.start_run(run_id=run_id, workflow_name="wf")
+        log.flush()
         ended = False
-        for index, step in enumerate(run.steps, start=1):
-            counter[0] += 1
-            sid = f"{instance_id}-s{counter[0]}"
-            emit(SuperstepStarted, run_id=run_id, superstep_id=sid, index=index)
+        for step in run.steps:
+            supersteps += 1
+            sid = log.start_superstep(superstep_id=f"{instance_id}-s{supersteps}").superstep_id
             for act in step.actions:
-                do(run_id, sid, act, one_by_one=not step.batch)
-            common = {"run_id": run_id, "superstep_id": sid}
+                do(sid, act, run=run_id, one_by_one=not step.batch)
+            boom = ErrorInfo(type="ValueError", message="boom")
             if step.outcome == "commit":
-                emit(SuperstepCommitted, **common)
+                log.commit()
             elif step.outcome == "failed":
-                error = ErrorInfo(type="ValueError", message="boom")
-                emit(ExecutorFailed, executor_id="e1", error=error, **common)
-                emit(SuperstepAborted, reason="failed", error=error, **common)
+                log.fail("e1", boom)
+                log.abort("failed", error=boom)
             elif step.outcome == "cancelled":
-                emit(SuperstepAborted, reason="cancelled", **common)
+                log.abort("cancelled")
             else:
-                flush()
-                to_close = (run_id, sid, run.close_reason, run.late_after_close, run.mark_on_close)
+                log.flush()
+                to_close = (run_id, sid, run)
                 ended = True
                 break
             for act in step.late:
-                do(run_id, sid, act, one_by_one=False)
+                do(sid, act, run=run_id, one_by_one=False)
             if step.outcome == "failed":
-                emit(
-                    RunFailed,
-                    run_id=run_id,
-                    error=ErrorInfo(type="ValueError", message="boom"),
-                    executor_id="e1",
-                    superstep_id=sid,
-                )
+                log.fail_run(boom, executor_id="e1")
                 ended = True
             elif step.outcome == "cancelled":
-                emit(RunCancelled, run_id=run_id, superstep_id=sid)
+                log.cancel_run()
                 ended = True
-            flush()
+            log.flush()
             if ended:
                 break
         if not ended:
             if run.crash_between:
-                to_close = (run_id, None, run.close_reason, run.late_after_close, True)
+                to_close = (run_id, None, run)
             else:
-                emit(RunCompleted, run_id=run_id, supersteps=len(run.steps))
-        flush()
-    return batches
+                log.complete_run()
+        log.flush()
+    return log.batches()
 
 
 def flatten(batches: list[list[EventBase]]) -> list[EventBase]:

@@ -8,8 +8,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kernel import StateStaged, SuperstepStarted
-from projections import MemoryViewBackend, Projector, blame_keys, fold_blame, fold_history
-from projections._viewspecs import write_key
+from projections import (
+    BlameView,
+    MemoryViewBackend,
+    Projector,
+    blame_keys,
+    fold_blame,
+    fold_history,
+)
 from tests.projections.helpers import instance_plans, populate, run_property
 from tests.projections.logs import KEYS, append_all, build_events, fixed_plans, ticking_clock
 
@@ -24,7 +30,7 @@ def test_history_and_blame_keep_one_row_per_run_superstep_and_write(store):
         steps = {f"s:{e.superstep_id}" for e in events if isinstance(e, SuperstepStarted)}
         assert set(history) == {"t"} | runs | steps
         blame = projector.backend.documents(projector.views["blame"].table, instance_id)
-        writes = {write_key(e.position) for e in events if isinstance(e, StateStaged)}
+        writes = {BlameView.write_key(e.position) for e in events if isinstance(e, StateStaged)}
         assert set(blame) == {"t"} | writes
         assert projector.history(instance_id) == fold_history(events)
         assert projector.blame(instance_id) == fold_blame(events)

@@ -7,13 +7,14 @@ from datetime import timedelta
 import pytest
 from hypothesis import strategies as st
 
-from kernel import ProjectionError
+from kernel import ProjectionError, open_store
 from projections import (
     AtPosition,
     AtSuperstep,
     AtTime,
     InsideSuperstep,
     Projector,
+    SnapshotView,
     TimeTravel,
     state_at,
 )
@@ -106,3 +107,11 @@ def test_unknown_superstep_is_a_projection_error(store):
         TimeTravel(store).state("nobody", AtSuperstep("nope"))
     with pytest.raises(ProjectionError):
         TimeTravel(store).state("nobody", InsideSuperstep("nope"))
+
+
+@pytest.mark.parametrize("every", [0, -1])
+def test_a_snapshot_interval_below_one_is_a_projection_error(every):
+    with pytest.raises(ProjectionError, match=f"got {every}"):
+        SnapshotView(every)
+    with pytest.raises(ProjectionError):
+        Projector(open_store("memory://"), ["snapshots"], snapshot_every=every)

@@ -9,29 +9,20 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 
-from kernel import StateStaged, open_store
+from kernel import open_store
+from kernel.testing import LogBuilder
 
 
 def main(url: str, instance_id: str, count: int) -> None:
     print("ready", flush=True)
     sys.stdin.readline()
+    log = LogBuilder(instance_id)
     with open_store(url) as store:
         positions: list[int] = []
         for position in range(1, count + 1):
-            event = StateStaged(
-                instance_id=instance_id,
-                position=position,
-                timestamp=datetime.now(UTC),
-                run_id="run-1",
-                superstep_id=f"ss-{position}",
-                executor_id="worker",
-                key="n",
-                op="set",
-                value=position,
-            )
-            positions += store.append(instance_id, [event], expected_version=position - 1)
+            log.write("n", position, executor_id="worker", superstep=f"ss-{position}", run="run-1")
+            positions += log.append_to(store)
     print(json.dumps(positions), flush=True)
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import math
+import reprlib
 import socket
+import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
 import orjson
@@ -18,8 +21,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from kernel import EncodingError, EventStore, StateStaged, ValueCodec
+from kernel import (
+    DecodeError,
+    DefinitionError,
+    EncodingError,
+    EventStore,
+    Executor,
+    MemoryStore,
+    RunStarted,
+    StateStaged,
+    ValueCodec,
+    WorkflowBuilder,
+    WorkflowContext,
+    executor,
+    handler,
+)
+from kernel._codec import MAX_DEPTH
 from kernel._mapper import EventMapper
+from kernel._valuetypes import value_classes
 
 # -- classes the codec must rebuild (module level: importable by path) ----------------------
 
@@ -113,9 +132,16 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def registered() -> ValueCodec:
+    """A codec that may rebuild this module's classes (their field types come along)."""
+    codec = ValueCodec()
+    codec.register(Color, Priority, Perm, Mode, Customer, Segment, Counter, Shapes.Circle)
+    return codec
+
+
 def round_trip(value: Any, codec: ValueCodec | None = None) -> Any:
-    """Encode, write as JSON bytes, read back and decode."""
-    codec = codec or ValueCodec()
+    """Encode, write as JSON bytes, read back and decode (with this module's classes)."""
+    codec = codec or registered()
     return codec.decode(orjson.loads(orjson.dumps(codec.encode(value))))
 
 
@@ -284,14 +310,18 @@ def test_a_dataclass_field_outside_init_round_trips() -> None:
     assert (back.name, back.total) == ("visits", 7)
 
 
-def test_a_class_defined_in_a_function_round_trips_within_one_codec() -> None:
+def test_a_class_defined_in_a_function_round_trips_once_registered() -> None:
     @dataclass
     class Local:
         at: date
 
     codec = ValueCodec()
+    tree = codec.encode(Local(date(2024, 1, 2)))
+    assert tree["cls"] == f"{__name__}:{Local.__qualname__}"
+    assert codec.decode(tree) == {"at": date(2024, 1, 2)}  # encoding it registered nothing
+    codec.register(Local)
     assert round_trip(Local(date(2024, 1, 2)), codec) == Local(date(2024, 1, 2))
-    assert ValueCodec().decode(codec.encode(Local(date(2024, 1, 2)))) == {"at": date(2024, 1, 2)}
+    assert ValueCodec().decode(tree) == {"at": date(2024, 1, 2)}
 
 
 @pytest.mark.parametrize(
@@ -311,9 +341,10 @@ def test_an_unimportable_class_decodes_to_plain_fields(tag: str, inner: Any, pla
     assert same(ValueCodec().decode(tree), plain)
 
 
-def test_an_unknown_tag_is_an_encoding_error() -> None:
-    with pytest.raises(EncodingError, match="'future'"):
-        ValueCodec().decode({"$t": "future", "v": 1})
+def test_an_unknown_tag_is_a_decode_error() -> None:
+    problem = "cannot decode state key 'k': unknown value tag 'future'"
+    with pytest.raises(DecodeError, match=problem):
+        ValueCodec().decode({"$t": "future", "v": 1}, what="state key 'k'")
 
 
 # -- values that cannot be stored -----------------------------------------------------------
@@ -384,4 +415,334 @@ def test_values_survive_the_store_exactly(store: EventStore) -> None:
     )  # fmt: skip
     store.append("wf", [event], expected_version=0)
     (back,) = store.read("wf")
-    assert same(ValueCodec().decode(back.value), EVERYTHING)  # type: ignore[attr-defined]
+    assert same(registered().decode(back.value), EVERYTHING)  # type: ignore[attr-defined]
+
+
+def test_the_deepest_values_encode_writes_survive_the_store(store: EventStore) -> None:
+    codec, stamp = ValueCodec(), datetime(2024, 1, 1, tzinfo=UTC)
+    deepest = [nested(MAX_DEPTH), {"a": nested(MAX_DEPTH - 1)}, (nested(MAX_DEPTH - 2),)]
+    started = RunStarted(
+        instance_id="wf", position=1, timestamp=stamp, run_id="r", workflow_name="w",
+        owner="o", durability="superstep", input=codec.encode(deepest[0]),
+        kwargs={"k": codec.encode(deepest[1])},
+    )  # fmt: skip
+    staged = StateStaged(
+        instance_id="wf", position=2, timestamp=stamp, run_id="r", superstep_id="s",
+        executor_id="e", key="k", op="set", value=codec.encode(deepest[2]),
+    )  # fmt: skip
+    store.append("wf", [started, staged], expected_version=0)
+    back_started, back_staged = store.read("wf")
+    assert codec.decode(back_started.input) == deepest[0]  # type: ignore[attr-defined]
+    assert codec.decode(back_started.kwargs["k"]) == deepest[1]  # type: ignore[attr-defined]
+    assert codec.decode(back_staged.value) == deepest[2]  # type: ignore[attr-defined]
+
+
+# -- decoding is data only: an allow-list, never an import -----------------------------------
+
+
+@pytest.fixture
+def trap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module ``steplog_trap`` on ``sys.path`` whose import (or any call) leaves a marker file.
+
+    Returns the marker's path, which must never exist.
+    """
+    marker = tmp_path / "trap-fired"
+    (tmp_path / "steplog_trap.py").write_text(
+        "import enum, pathlib\n"
+        "from dataclasses import dataclass\n"
+        f"pathlib.Path({str(marker)!r}).write_text('imported')\n"
+        "class Evil(enum.Enum):\n"
+        "    X = 'x'\n"
+        "@dataclass\n"
+        "class Box:\n"
+        "    v: int\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "steplog_trap", raising=False)
+    return marker
+
+
+@pytest.mark.parametrize("tag", ["enum", "model", "dataclass"])
+def test_decoding_never_imports_the_module_a_value_names(trap: Path, tag: str) -> None:
+    inner = {"v": 1} if tag != "enum" else "x"
+    tree = {"$t": tag, "cls": "steplog_trap:Box" if tag != "enum" else "steplog_trap:Evil"}
+    assert ValueCodec().decode({**tree, "v": inner}) == inner
+    assert "steplog_trap" not in sys.modules
+    assert not trap.exists()
+
+
+def test_decoding_never_calls_a_class_that_was_not_registered(tmp_path: Path) -> None:
+    marker = tmp_path / "popen-ran"
+    hostile = {"$t": "enum", "cls": "subprocess:Popen", "v": ["touch", str(marker)]}
+    assert ValueCodec().decode(hostile) == ["touch", str(marker)]
+    assert ValueCodec().decode({**hostile, "$t": "dataclass", "v": {"args": "x"}}) == {"args": "x"}
+    assert not marker.exists()
+    # A class this process has imported, even one this codec encodes, is not rebuilt either.
+    codec = ValueCodec()
+    tree = codec.encode(CUSTOMER)
+    assert type(codec.decode(tree)) is dict
+
+
+def test_register_takes_annotations_and_the_field_types_of_what_it_finds() -> None:
+    codec = ValueCodec()
+    codec.register(list[Segment] | None)
+    expected = {Segment, Point, Customer, Address, Color}
+    assert set(codec.registered.values()) == expected
+    assert codec.registered[f"{__name__}:Segment"] is Segment
+    segment = Segment(Point(0, 1), Point(2, 3), owner=CUSTOMER)
+    assert codec.decode(orjson.loads(orjson.dumps(codec.encode(segment)))) == segment
+
+
+@pytest.mark.parametrize(
+    ("annotation", "names"),
+    [
+        (dict[str, tuple[Point, ...]], {"Point"}),
+        (Annotated[Address, "meta"], {"Address"}),
+        (Literal[Priority.LOW, "x"], {"Priority"}),
+        ((Mode, Perm), {"Mode", "Perm"}),
+        (Any, set()),
+        (int | str, set()),
+    ],
+    ids=["generic", "annotated", "literal", "tuple", "any", "plain"],
+)
+def test_value_classes_look_inside_annotations(annotation: Any, names: set[str]) -> None:
+    assert {cls.__name__ for cls in value_classes(annotation)} == names
+
+
+@pytest.mark.parametrize("not_a_value_class", [int, dict[str, int], "tests.store:Point", 42])
+def test_registering_what_holds_no_value_class_is_refused(not_a_value_class: Any) -> None:
+    with pytest.raises(DefinitionError, match="holds no enum, pydantic model or dataclass"):
+        ValueCodec().register(not_a_value_class)
+
+
+def test_a_class_registered_under_the_same_name_replaces_the_earlier_one() -> None:
+    def make() -> type:
+        @dataclass
+        class Local:
+            n: int
+
+        return Local
+
+    first, second = make(), make()
+    codec = ValueCodec()
+    codec.register(first)
+    codec.register(second)
+    assert type(codec.decode(codec.encode(first(1)))) is second
+
+
+# -- malformed trees are DecodeError, and nothing else ---------------------------------------
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    tree = leaf
+    for _ in range(depth):
+        tree = [tree]
+    return tree
+
+
+def nested_tags(depth: int) -> Any:
+    tree: Any = 1
+    for _ in range(depth):
+        tree = {"$t": "tuple", "v": [tree]}
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("tree", "problem"),
+    [
+        ({"$t": "future", "v": 1}, "unknown value tag 'future'"),
+        ({"$t": ["list"], "v": 1}, "unknown value tag"),
+        ({"$t": None}, "unknown value tag None"),
+        ({"$t": "date"}, "has no 'v'"),
+        ({"$t": "int", "v": "twelve"}, "not a valid int"),
+        ({"$t": "int", "v": 12}, "'v' must be text"),
+        ({"$t": "date", "v": 20240102}, "'v' must be text"),
+        ({"$t": "datetime", "v": "2024-01-02T00:00:00+00:00", "tz": "../../etc/passwd"}, "valid"),
+        ({"$t": "datetime", "v": "2024-01-02T00:00:00+00:00", "tz": 5}, "'v' must be text"),
+        ({"$t": "timedelta", "v": [1, 2]}, "a list of days, seconds and microseconds"),
+        ({"$t": "timedelta", "v": [10**10, 0, 0]}, "not a valid timedelta"),
+        ({"$t": "decimal", "v": "one"}, "not a valid decimal"),
+        ({"$t": "uuid", "v": "not-a-uuid"}, "not a valid uuid"),
+        ({"$t": "bytes", "v": "**"}, "not a valid bytes"),
+        ({"$t": "int", "v": "9" * 5000}, "not a valid int"),
+        ({"$t": "dict", "v": {"a": 1}}, "'v' must be a list"),
+        ({"$t": "dict", "v": [[1, 2, 3]]}, "[key, value] pair"),
+        ({"$t": "dict", "v": [[[1], 2]]}, "a key that cannot be one"),
+        ({"$t": "set", "v": [[1]]}, "an item that cannot be one"),
+        ({"$t": "tuple"}, "'v' must be a list"),
+        ({"$t": "enum", "v": 1}, "needs 'cls' (text) and 'v'"),
+        ({"$t": "model", "cls": 7, "v": {}}, "needs 'cls' (text) and 'v'"),
+        ({"$t": "dataclass", "cls": "m:C"}, "needs 'cls' (text) and 'v'"),
+        ({"$t": "dataclass", "cls": "m:C", "v": [1]}, "must be an object"),
+        ({"$t": "enum", "cls": f"{__name__}:Color", "v": "purple"}, "does not fit"),
+        ({"$t": "model", "cls": f"{__name__}:Address", "v": {"street": 1}}, "does not fit"),
+        ({"$t": "dataclass", "cls": f"{__name__}:Point", "v": {"x": 1}}, "does not fit"),
+        ({"$t": "model", "cls": f"{__name__}:Color", "v": {}}, "is not a model"),
+        (nested(5_000), "more than 200 levels deep"),
+        (nested_tags(5_000), "more than 200 levels deep"),
+        ({"a": [nested(MAX_DEPTH - 1)]}, "more than 200 levels deep"),
+    ],
+    ids=reprlib.repr,
+)
+def test_a_malformed_tree_is_a_decode_error_naming_the_problem(tree: Any, problem: str) -> None:
+    codec = ValueCodec()
+    codec.register(Color, Address, Point)
+    with pytest.raises(DecodeError) as caught:
+        codec.decode(tree, what="state key 'k'")
+    assert str(caught.value).startswith("cannot decode state key 'k': ")
+    assert problem in str(caught.value)
+
+
+def test_the_deepest_tree_encode_writes_decodes() -> None:
+    for value in (nested(MAX_DEPTH), {"a": nested(MAX_DEPTH - 1)}, (nested(MAX_DEPTH - 2),)):
+        assert round_trip(value) == value
+
+
+# -- encode refuses what orjson cannot write -------------------------------------------------
+
+
+def self_containing() -> list[Any]:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    return loop
+
+
+LONE = "\ud800"
+
+
+@pytest.mark.parametrize(
+    ("make", "where", "problem"),
+    [
+        (lambda: nested(MAX_DEPTH + 1), "state key 'k'" + "[0]" * MAX_DEPTH, "levels deep"),
+        (lambda: nested(254), "state key 'k'" + "[0]" * MAX_DEPTH, "levels deep"),
+        (lambda: {"a": nested(MAX_DEPTH)}, "state key 'k'['a']" + "[0]" * 199, "levels deep"),
+        (lambda: (nested(MAX_DEPTH - 1),), "state key 'k'[0]" + "[0]" * 198, "levels deep"),
+        (self_containing, "state key 'k'" + "[1]" * MAX_DEPTH, "or contains itself"),
+        (lambda: LONE, "state key 'k'", "a lone surrogate '\\ud800' at index 0"),
+        (lambda: ["ok", f"caf\u00e9 {LONE}"], "state key 'k'[1]", "at index 5"),
+        (lambda: {"ok": 1, f"k{LONE}": 2}, "state key 'k'['k\\ud800']", "the key"),
+        (lambda: {(1, LONE): 2}, "state key 'k'<key>[1]", "lone surrogate"),
+        (lambda: Address(street=LONE, zip_code="1"), "state key 'k'['street']", "surrogate"),
+        (lambda: Point(1, [LONE]), "state key 'k'.y[0]", "surrogate"),  # type: ignore[arg-type]
+        (lambda: 10**5000, "state key 'k'", "an int of more than 4300 digits"),
+    ],
+    ids=[
+        "too-deep", "orjson-limit", "deep-in-dict", "deep-in-tuple", "contains-itself",
+        "lone-surrogate", "surrogate-in-list", "surrogate-key", "surrogate-in-tagged-key",
+        "surrogate-in-model", "surrogate-in-dataclass", "huge-int",
+    ],
+)  # fmt: skip
+def test_encode_refuses_what_orjson_cannot_write(make: Any, where: str, problem: str) -> None:
+    with pytest.raises(EncodingError) as caught:
+        ValueCodec().encode(make(), what="state key 'k'")
+    message = str(caught.value)
+    assert message.startswith(f"cannot encode {where}: ")
+    assert problem in message
+    message.encode("utf-8")  # the message itself is valid text
+
+
+storable_text = st.text(st.characters(codec=None, exclude_categories=()))  # surrogates included
+deep_trees = st.recursive(
+    st.none() | st.integers() | storable_text,
+    lambda children: (
+        st.lists(children, max_size=2)
+        | st.dictionaries(storable_text, children, max_size=2)
+        | st.dictionaries(st.integers() | storable_text, children, max_size=2).map(
+            lambda d: {**d, "$t": 0}
+        )
+        | st.builds(tuple, st.lists(children, max_size=2))
+    ),
+    max_leaves=6,
+).map(lambda tree: nested(MAX_DEPTH - 8, tree))
+
+
+@settings(deadline=None, max_examples=200)
+@given(deep_trees)
+def test_whatever_encode_returns_orjson_writes_inside_an_event(value: Any) -> None:
+    try:
+        tree = ValueCodec().encode(value, what="v")
+    except EncodingError:
+        return
+    # The deepest a value sits in a stored document: run kwargs inside an event, and a write
+    # inside a materialized view's tracker (tracker > state > pending > superstep > write).
+    orjson.dumps({"kwargs": {"k": tree}})
+    orjson.dumps({"tracker": {"state": {"pending": {"s": [{"value": tree}]}}}})
+    assert same(round_trip(value), value)
+
+
+def test_valid_text_of_every_plane_is_stored_as_itself() -> None:
+    text = "caf\u00e9 \u2603 \U0001f600 \uffff \U0010ffff"
+    assert ValueCodec().encode(text) is text
+    assert ValueCodec().encode({text: [text]}) == {text: [text]}
+
+
+# -- the allow-list a workflow builds ---------------------------------------------------------
+
+
+class Order(BaseModel):
+    lines: list[Address]
+
+
+@dataclass
+class Shipment:
+    order: Order
+    mode: Mode
+
+
+class Receipt(enum.Enum):
+    SENT = "sent"
+
+
+@dataclass
+class Note:
+    text: str
+
+
+class Shipper(Executor):
+    @handler
+    async def ship(
+        self, message: list[Order] | None, ctx: WorkflowContext[Shipment, Receipt]
+    ) -> None:
+        ctx.set_state("note", Note("kept"))
+        ctx.set_state("point", Point(1, 2))
+        ctx.set_state("order", (message or [])[0])
+        await ctx.yield_output(Receipt.SENT)
+
+
+@executor
+async def counter(message: Annotated[Counter, "meta"], ctx: WorkflowContext) -> None:
+    pass
+
+
+@handler(input=Perm)
+async def flags(self: Any, message: Any, ctx: WorkflowContext) -> None:
+    pass
+
+
+class Flags(Executor):
+    on = flags
+
+
+def test_build_registers_what_handlers_accept_send_and_yield_and_their_field_types() -> None:
+    store = MemoryStore()
+    WorkflowBuilder(start_executor=Shipper("ship"), store=store).add_executor(counter).build()
+    declared = {Order, Address, Shipment, Mode, Receipt, Counter}
+    assert set(store.codec.registered.values()) == declared
+    WorkflowBuilder(start_executor=Flags("flags"), store=store).build()
+    assert Perm in store.codec.registered.values()
+
+
+async def test_declared_and_registered_classes_read_back_as_themselves_others_as_data() -> None:
+    store = MemoryStore()
+    order = Order(lines=[Address(street="1 Loop Rd", zip_code="1")])
+    builder = WorkflowBuilder(start_executor=Shipper("ship"), store=store, instance_id="i")
+    wf = builder.register_types(Note).build()
+    result = await wf.run([order])
+    assert result.get_outputs() == [Receipt.SENT]
+    assert wf.committed_state() == {"note": Note("kept"), "point": {"x": 1, "y": 2}, "order": order}
+
+
+@pytest.mark.parametrize("not_a_value_class", [int, "tests.store:Note"])
+def test_register_types_refuses_what_holds_no_value_class(not_a_value_class: Any) -> None:
+    with pytest.raises(DefinitionError, match="holds no enum, pydantic model or dataclass"):
+        WorkflowBuilder(start_executor=Shipper("ship")).register_types(not_a_value_class)

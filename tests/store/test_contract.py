@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import uuid
@@ -13,29 +14,20 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from kernel import (
+    EVENT_TYPES,
     ConcurrencyConflictError,
     ErrorInfo,
     EventBase,
     EventStore,
-    ExecutorCompleted,
-    ExecutorFailed,
-    ExecutorInvoked,
-    MessageStaged,
-    OutputYielded,
+    InvalidBatchError,
     Recorded,
-    RunAbandoned,
-    RunCancelled,
-    RunCompleted,
-    RunFailed,
     RunStarted,
     StateStaged,
     StoreConfigError,
-    SuperstepAborted,
-    SuperstepCommitted,
-    SuperstepStarted,
     ValueCodec,
 )
-from kernel._events import EVENT_TYPES
+from kernel._mapper import EventMapper
+from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 WAIT = 10.0  # seconds: the most any wait in this module may take before the test fails
@@ -43,21 +35,18 @@ WAIT = 10.0  # seconds: the most any wait in this module may take before the tes
 
 def staged(instance_id: str, position: int, *, key: str = "k", value: Any = 1) -> StateStaged:
     """A small event for stream ``instance_id`` at ``position``."""
-    return StateStaged(
-        instance_id=instance_id,
-        position=position,
-        timestamp=T0 + timedelta(seconds=position),
-        run_id="run-1",
-        superstep_id="ss-1",
-        executor_id="writer",
-        key=key,
-        op="set",
-        value=value,
-    )
+    when = T0 + timedelta(seconds=position)
+    log = LogBuilder(instance_id, clock=lambda: when, version=position - 1)
+    return log.write(key, value, executor_id="writer", superstep="ss-1", run="run-1")
 
 
 def stream(instance_id: str, count: int, *, start: int = 1) -> list[EventBase]:
-    return [staged(instance_id, p) for p in range(start, start + count)]
+    """``count`` small events for stream ``instance_id``, from position ``start``."""
+    clock = ticking_clock(T0 + timedelta(seconds=start - 1))
+    log = LogBuilder(instance_id, clock=clock, version=start - 1)
+    for _ in range(count):
+        log.write("k", 1, executor_id="writer", superstep="ss-1", run="run-1")
+    return log.events()
 
 
 def snapshot(store: EventStore, instance_id: str = "a") -> tuple[Any, ...]:
@@ -73,7 +62,7 @@ def snapshot(store: EventStore, instance_id: str = "a") -> tuple[Any, ...]:
 
 def plant(store: EventStore, event: EventBase) -> None:
     """Write ``event`` with the recorder, bypassing ``append``'s checks (a gap in a stream)."""
-    store._recorder.insert_events([store._mapper.to_stored(event)])
+    store.recorder.insert_events([EventMapper().to_stored(event)])
 
 
 def keys(events: list[EventBase]) -> list[tuple[str, int]]:
@@ -101,40 +90,34 @@ RUN_INPUT = {
 
 def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     """One realistic event of every type, positions 1.., with JSON values from ``codec``."""
-    ids: dict[str, Any] = {"instance_id": instance_id, "run_id": "run-1"}
-    ss: dict[str, Any] = {**ids, "superstep_id": "ss-1"}
-    boom = ErrorInfo.of(RuntimeError("boom"))
-    events: list[EventBase] = [
-        RunStarted(**ids, position=1, timestamp=T0, workflow_name="triage",
-                   input=codec.encode(RUN_INPUT, what="input"),
-                   kwargs={"budget": codec.encode(Decimal("12.50")), "mode": "fast"},
-                   owner="host-a:4242", durability="write"),
-        SuperstepStarted(**ss, position=2, timestamp=T0, index=1),
-        ExecutorInvoked(**ss, position=3, timestamp=T0, executor_id="classify"),
-        StateStaged(**ss, position=4, timestamp=T0, executor_id="classify", key="category",
-                    op="set", value=codec.encode(("billing", 0.93))),
-        StateStaged(**ss, position=5, timestamp=T0, executor_id="classify", key="draft",
-                    op="delete"),
-        MessageStaged(**ss, position=6, timestamp=T0, source="classify", target="route",
-                      targets=["route", "audit"], message=codec.encode({1: "one", "$t": "x"})),
-        OutputYielded(**ss, position=7, timestamp=T0, executor_id="classify",
-                      value=codec.encode({"answer": "refund", "score": float("nan")})),
-        ExecutorCompleted(**ss, position=8, timestamp=T0, executor_id="classify"),
-        ExecutorFailed(**ss, position=9, timestamp=T0, executor_id="audit", error=boom),
-        SuperstepCommitted(**ss, position=10, timestamp=T0),
-        SuperstepAborted(**ss, position=11, timestamp=T0, reason="failed", error=boom),
-        RunFailed(**ids, position=12, timestamp=T0, error=boom, executor_id="audit",
-                  superstep_id="ss-1"),
-        RunCancelled(**ids, position=13, timestamp=T0, superstep_id=None),
-        RunAbandoned(**ids, position=14, timestamp=T0, reason="crashed", closed_by="run-2"),
-        RunCompleted(**ids, position=15, timestamp=T0, supersteps=1),
-    ]  # fmt: skip
     # Timestamps in several zones: they must come back at the same instant and offset.
     zones = [UTC, timezone(timedelta(hours=5, minutes=30)), ZoneInfo("America/New_York")]
-    return [
-        e.model_copy(update={"timestamp": (T0 + timedelta(minutes=i)).astimezone(zones[i % 3])})
-        for i, e in enumerate(events)
-    ]
+    moments = ((T0 + timedelta(minutes=i)).astimezone(zones[i % 3]) for i in itertools.count())
+    log = LogBuilder(instance_id, clock=lambda: next(moments), codec=codec)
+    boom = ErrorInfo.of(RuntimeError("boom"))
+    log.start_run(
+        RUN_INPUT,
+        workflow_name="triage",
+        kwargs={"budget": Decimal("12.50"), "mode": "fast"},
+        owner="host-a:4242",
+        durability="write",
+        run_id="run-1",
+    )
+    log.start_superstep(superstep_id="ss-1")
+    log.invoke("classify")
+    log.write("category", ("billing", 0.93))
+    log.delete("draft")
+    log.send({1: "one", "$t": "x"}, target="route", targets=["route", "audit"])
+    log.output({"answer": "refund", "score": float("nan")})
+    log.complete()
+    log.fail("audit", boom)
+    log.commit()
+    log.abort("failed", error=boom, superstep="ss-1")  # a second marker
+    log.fail_run(boom, executor_id="audit", superstep_id="ss-1")
+    log.cancel_run(superstep_id=None, run="run-1")  # more ends of the same run
+    log.abandon_run("crashed", closed_by="run-2", superstep_id=None, run="run-1")
+    log.complete_run(run="run-1")
+    return log.events()
 
 
 def test_the_sample_covers_every_event_type() -> None:
@@ -245,8 +228,9 @@ def test_a_bad_batch_is_refused_and_writes_nothing(store: EventStore, case: str)
     store.append("a", stream("a", 1), expected_version=0)
     before = snapshot(store)
     expected_version, batch = BAD_BATCHES[case]
-    with pytest.raises(StoreConfigError):
+    with pytest.raises(InvalidBatchError) as caught:
         store.append("a", batch, expected_version=expected_version)
+    assert not isinstance(caught.value, StoreConfigError)  # the batch is wrong, not the store
     assert snapshot(store) == before
 
 

@@ -20,37 +20,60 @@ import pytest
 from eventsourcing.persistence import PersistenceError, StoredEvent
 from psycopg import sql
 
-import kernel._errors
+import kernel
 from kernel import (
     ConcurrencyConflictError,
     DecodeError,
     EncodingError,
+    ErrorInfo,
+    EventBase,
     EventStore,
+    InvalidBatchError,
     SchemaVersionError,
     StateStaged,
     StepLogError,
     StoreConfigError,
     StoreError,
+    StoreNotFoundError,
     StoreUnavailableError,
     open_store,
 )
 from kernel._store_postgres import postgres_params
 from kernel._store_sqlite import sqlite_path
+from kernel.testing import LogBuilder
 
 
 def staged(position: int = 1, value: Any = 1) -> StateStaged:
-    return StateStaged(
-        instance_id="a", position=position, timestamp=datetime(2024, 1, 1, tzinfo=UTC),
-        run_id="r", superstep_id="s", executor_id="e", key="k", op="set", value=value,
-    )  # fmt: skip
+    log = LogBuilder("a", clock=lambda: datetime(2024, 1, 1, tzinfo=UTC), version=position - 1)
+    return log.write("k", value, executor_id="e", superstep="s", run="r")
+
+
+EXCEPTIONS = [
+    value
+    for value in map(kernel.__dict__.get, kernel.__all__)
+    if isinstance(value, type) and issubclass(value, BaseException)
+]
 
 
 def test_every_error_class_derives_from_steplog_error() -> None:
-    classes = [getattr(kernel._errors, name) for name in kernel._errors.__all__]
-    assert [c for c in classes if not issubclass(c, StepLogError)] == []
+    assert len(EXCEPTIONS) >= 18
+    assert [c for c in EXCEPTIONS if not issubclass(c, StepLogError)] == []
     store_errors = [ConcurrencyConflictError, DecodeError, SchemaVersionError, StoreConfigError,
-                    StoreUnavailableError]  # fmt: skip
+                    StoreUnavailableError, StoreNotFoundError, InvalidBatchError]  # fmt: skip
     assert all(issubclass(c, StoreError) for c in store_errors)
+    assert issubclass(StoreNotFoundError, StoreUnavailableError)
+    assert not issubclass(InvalidBatchError, StoreConfigError)
+
+
+def test_public_classes_report_the_package_not_a_private_module() -> None:
+    public = [value for value in map(kernel.__dict__.get, kernel.__all__)
+              if isinstance(value, type) and (issubclass(value, (BaseException, EventBase))
+                                              or value is ErrorInfo)]  # fmt: skip
+    assert len(public) >= 35
+    assert {c.__qualname__: c.__module__ for c in public} == {
+        c.__qualname__: "kernel" for c in public
+    }
+    assert ErrorInfo.of(StoreNotFoundError("gone")).type == "kernel.StoreNotFoundError"
 
 
 # -- URLs and options -----------------------------------------------------------------------
@@ -130,13 +153,13 @@ def _without_file_permission_override() -> None:  # pragma: no cover - runs in t
 
 _TRY_TO_APPEND = """
 import json, sys
-from datetime import UTC, datetime
-from kernel import StateStaged, StepLogError, open_store
-event = StateStaged(instance_id="a", position=1, timestamp=datetime.now(UTC), run_id="r",
-                    superstep_id="s", executor_id="e", key="k", op="set")
+from kernel import StepLogError, open_store
+from kernel.testing import LogBuilder
+log = LogBuilder("a")
+log.write("k", None, executor_id="e", superstep="s", run="r")
 try:
     with open_store(sys.argv[1]) as store:
-        store.append("a", [event], expected_version=0)
+        log.append_to(store)
     print(json.dumps(["ok", ""]))
 except StepLogError as error:
     print(json.dumps([type(error).__name__, str(error)]))
@@ -267,28 +290,59 @@ def test_a_value_that_is_not_a_json_tree_is_an_encoding_error(
 
 def plant(store: EventStore, topic: str, state: bytes) -> None:
     stored = StoredEvent(originator_id="a", originator_version=1, topic=topic, state=state)
-    store._recorder.insert_events([stored])
+    store.recorder.insert_events([stored])
 
 
-@pytest.mark.parametrize(
-    ("topic", "state", "error", "message"),
-    [
-        ("state_forgotten@1", b"{}", DecodeError, "unknown type 'state_forgotten'"),
-        ("state_staged@7", b"{}", SchemaVersionError, "schema version 7, newer than"),
-        ("state_staged@1", b"{not json", DecodeError, "is not valid JSON"),
-        ("state_staged@1", b'{"key": 1}', DecodeError, "does not fit its schema"),
-    ],
-    ids=["unknown-type", "newer-schema", "not-json", "wrong-shape"],
-)
-def test_an_unreadable_event_is_a_decode_error(
-    store: EventStore, topic: str, state: bytes, error: type[StoreError], message: str
+def row(**fields: Any) -> bytes:
+    """A ``state_staged@1`` payload as the mapper writes it, with ``fields`` changed."""
+    payload = {"timestamp": "2024-01-01T00:00:00+00:00", "run_id": "r", "superstep_id": "s",
+               "executor_id": "e", "key": "k", "op": "set", "value": 1, **fields}  # fmt: skip
+    return json.dumps(payload).encode()
+
+
+UNREADABLE = {
+    "unknown-type": ("state_forgotten@1", b"{}", DecodeError, "unknown type 'state_forgotten'"),
+    "newer-schema": ("state_staged@7", b"{}", SchemaVersionError, "schema version 7, newer than"),
+    "malformed-topic": ("state_staged@x", row(), DecodeError, "malformed topic 'state_staged@x'"),
+    "not-json": ("state_staged@1", b"{not json", DecodeError, "is not valid JSON"),
+    "wrong-shape": ("state_staged@1", b'{"key": 1}', DecodeError, "does not fit its schema"),
+    "a-list": ("state_staged@1", b"[1, 2]", DecodeError, "is not a JSON object but a list"),
+    "a-string": ("state_staged@1", b'"k"', DecodeError, "is not a JSON object but a str"),
+    "null": ("state_staged@1", b"null", DecodeError, "is not a JSON object but a NoneType"),
+    "int-for-str": ("state_staged@1", row(key=5), DecodeError, "field 'key' is a int"),
+    "str-for-int": ("superstep_started@1", row(index="5"), DecodeError, "field 'index' is a str"),
+    "below-minimum": ("superstep_started@1", row(index=0), DecodeError, "less than 1"),
+    "bad-literal": ("state_staged@1", row(op="exec"), DecodeError, "field 'op' is 'exec'"),
+    "other-type": ("state_staged@1", row(type="run_completed"), DecodeError, "field 'type'"),
+    "bad-list-item": ("message_staged@1", row(source="e", targets=["a", 1]), DecodeError,
+                      "'targets' holds an item that is not a str"),
+    "bad-error": ("executor_failed@1", row(error={"type": 1, "message": "m"}), DecodeError,
+                  "field 'error'"),
+    "bad-timestamp": ("state_staged@1", row(timestamp="yesterday"), DecodeError,
+                      "timestamp 'yesterday' is not an ISO 8601"),
+    "naive-timestamp": ("state_staged@1", row(timestamp="2024-01-01T00:00:00"), DecodeError,
+                        "has no time zone"),
+    "number-timestamp": ("state_staged@1", row(timestamp=1704067200), DecodeError,
+                         "timestamp is 1704067200, not an ISO 8601 string"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", UNREADABLE, ids=list(UNREADABLE))
+def test_an_unreadable_event_is_a_decode_error_naming_its_position(
+    store: EventStore, case: str
 ) -> None:
+    topic, state, error, message = UNREADABLE[case]
     plant(store, topic, state)
-    for read in (lambda: store.read("a"), lambda: store.read_all()):
+    for read in (lambda: store.read("a"), lambda: store.read_all(), lambda: list(store.follow())):
         with pytest.raises(error) as caught:
             read()
         assert "'a'#1" in str(caught.value)
         assert message in str(caught.value)
+
+
+def test_a_stored_row_the_mapper_wrote_still_reads_back(store: EventStore) -> None:
+    plant(store, "state_staged@1", row())
+    assert store.read("a")[0] == staged()
 
 
 # -- driver errors are all translated -------------------------------------------------------
@@ -302,13 +356,18 @@ def subclasses(root: type[BaseException]) -> set[type[BaseException]]:
 
 
 def translated(store: EventStore, error: BaseException) -> BaseException:
-    """What ``error`` becomes when a recorder call raises it inside the store."""
-    try:
-        with store._translated("probe"):
-            raise error
-    except BaseException as caught:
-        return caught
-    raise AssertionError("unreachable")
+    """What ``error`` becomes when the store's recorder raises it (reading the last position)."""
+
+    def fail() -> None:
+        raise error
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store.recorder, "max_notification_id", fail)
+        try:
+            store.last_position()
+        except BaseException as caught:
+            return caught
+    raise AssertionError("the store did not raise")
 
 
 def untranslated(store: EventStore, roots: list[type[BaseException]]) -> list[str]:
@@ -356,4 +415,69 @@ def test_lost_connections_and_locks_mean_unavailable(
     with open_store(request.getfixturevalue(f"{backend}_url")) as store:
         error = translated(store, make())
     assert isinstance(error, StoreUnavailableError)
-    assert str(error).startswith("cannot probe")
+    assert str(error).startswith("cannot read the global log in ")
+
+
+# -- hints come from error codes, never from messages ----------------------------------------
+
+
+def coded(code: int, message: str) -> sqlite3.OperationalError:
+    """A sqlite3 error with result code ``code`` (as SQLite sets it) and any message."""
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = code
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "hint"),
+    [
+        pytest.param(coded(8, "database is locked"), "writable by this user", id="readonly-code"),
+        pytest.param(coded(5, "attempt to write a readonly database"), "holds the database lock",
+                     id="busy-code"),
+        pytest.param(coded(26, "no such thing"), "is not a readable SQLite database",
+                     id="notadb-code"),
+        pytest.param(coded(8 | (4 << 8), "moved"), "writable by this user", id="extended-code"),
+    ],
+)  # fmt: skip
+def test_sqlite_hints_follow_the_error_code_not_the_message(
+    sqlite_url: str, error: sqlite3.Error, hint: str
+) -> None:
+    with open_store(sqlite_url) as store:
+        result = translated(store, error)
+    assert isinstance(result, StoreUnavailableError)
+    assert result.__cause__ is error
+    _, _, given = str(result).partition(f"{error}; ")
+    assert hint in given  # in the hint, not in the driver's message
+
+
+def test_a_database_held_by_another_process_is_unavailable(sqlite_url: str) -> None:
+    open_store(sqlite_url).close()
+    with closing(sqlite3.connect(sqlite_path(sqlite_url), isolation_level=None)) as holder:
+        holder.execute("BEGIN EXCLUSIVE")
+        with open_store(sqlite_url, lock_timeout=1) as store, pytest.raises(
+            StoreUnavailableError, match="another process holds the database lock"
+        ):
+            store.append("a", [staged()], expected_version=0)
+        holder.execute("ROLLBACK")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("error", "kind", "hint"),
+    [
+        pytest.param(psycopg.errors.InsufficientPrivilege("denied"), StoreUnavailableError,
+                     "lacks a privilege", id="42501"),
+        pytest.param(psycopg.errors.AdminShutdown("bye"), StoreUnavailableError,
+                     "check that the server is running", id="57P01"),
+        pytest.param(psycopg.errors.LockNotAvailable("busy"), StoreUnavailableError,
+                     "another session holds a lock", id="55P03"),
+        pytest.param(psycopg.errors.UndefinedTable("gone"), StoreError, "gone", id="42P01"),
+    ],
+)  # fmt: skip
+def test_postgres_hints_follow_the_sqlstate(
+    postgres_url: str, error: psycopg.Error, kind: type[StoreError], hint: str
+) -> None:
+    with open_store(postgres_url) as store:
+        result = translated(store, error)
+    assert type(result) is kind
+    assert hint in str(result)

@@ -1,0 +1,91 @@
+"""What a streaming run hands its consumer: ``WorkflowEvent``s, through an ``Emit``.
+
+A run nobody streams gets ``silent``, which builds nothing: the runner never checks whether
+anyone is listening.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+__all__ = ["Emit", "Put", "WorkflowEvent", "WorkflowEventType", "emitter", "silent"]
+
+WorkflowEventType = Literal[
+    "started",
+    "superstep_started",
+    "executor_invoked",
+    "executor_completed",
+    "executor_failed",
+    "output",
+    "superstep_completed",
+    "failed",
+    "cancelled",
+    "completed",
+]
+
+
+@dataclass(frozen=True)
+class WorkflowEvent:
+    """What a streaming run yields. ``type`` says what happened; the other fields say where.
+
+    ``data`` holds the output for ``output`` events; ``error`` the exception for ``executor_failed``
+    and ``failed``.
+    """
+
+    type: WorkflowEventType
+    run_id: str
+    superstep: int | None = None
+    superstep_id: str | None = None
+    executor_id: str | None = None
+    data: Any = None
+    error: BaseException | None = None
+
+
+Put = Callable[[WorkflowEvent], Awaitable[None]]
+"""Where a streaming run's events go (the stream's queue ``put``)."""
+
+
+class Emit(Protocol):
+    """Hands the consumer one ``WorkflowEvent`` of the run: ``await emit("output", 2, ...)``."""
+
+    def __call__(
+        self,
+        type: WorkflowEventType,
+        superstep: int | None = None,
+        superstep_id: str | None = None,
+        executor_id: str | None = None,
+        data: Any = None,
+        error: BaseException | None = None,
+    ) -> Awaitable[None]: ...
+
+
+def emitter(run_id: str, put: Put) -> Emit:
+    """The ``Emit`` of a streamed run: builds each event and awaits ``put(event)``."""
+
+    async def emit(
+        type: WorkflowEventType,
+        superstep: int | None = None,
+        superstep_id: str | None = None,
+        executor_id: str | None = None,
+        data: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        await put(WorkflowEvent(type, run_id, superstep, superstep_id, executor_id, data, error))
+
+    return emit
+
+
+async def silent(
+    type: WorkflowEventType,
+    superstep: int | None = None,
+    superstep_id: str | None = None,
+    executor_id: str | None = None,
+    data: Any = None,
+    error: BaseException | None = None,
+) -> None:
+    """The ``Emit`` of a run nobody streams: builds nothing, hands nothing over.
+
+    A plain function, not an object: this is awaited a few times per superstep of every run.
+    """

@@ -1,0 +1,143 @@
+"""One superstep of a run: what its handlers stage, send and yield, and how it closed.
+
+``WorkflowContext`` hands a handler's calls to its ``Superstep``; the superstep refuses them once
+it is closed, encodes what it accepts and logs it through its ``Run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from kernel._algo import Delivery, Router, Sent
+from kernel._errors import StateWriteRejectedError
+from kernel._events import ErrorInfo, ExecutorFailed, MessageStaged, OutputYielded, StateStaged
+
+if TYPE_CHECKING:
+    from kernel._runner import Run
+
+__all__ = ["Superstep", "SuperstepOutcome"]
+
+_MISSING = object()
+
+
+class SuperstepOutcome(enum.Enum):
+    """How a superstep closed: committed, or aborted for one of the ``AbortReason``s."""
+
+    COMMITTED = "committed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ABANDONED = "abandoned"
+    CRASHED = "crashed"
+
+    def __str__(self) -> str:
+        return "committed" if self is SuperstepOutcome.COMMITTED else f"aborted ({self.value})"
+
+
+class Superstep:
+    """One superstep of a run: its staged writes, messages and outputs, and whether it is closed."""
+
+    def __init__(self, run: Run, index: int, superstep_id: str) -> None:
+        self._run = run
+        self.router: Router = run.router
+        self.index = index
+        self.superstep_id = superstep_id
+        self.outcome: SuperstepOutcome | None = None  # None while open
+        self.staged: dict[str, tuple[str, Any]] = {}
+        self.sent: list[Sent] = []
+        self.outputs: list[tuple[str, Any]] = []
+        self.failure: tuple[str, BaseException] | None = None
+        self.in_flight: set[str] = set()
+        self.cancelling = False
+        self.inline_task: asyncio.Task[Any] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def instance_id(self) -> str:
+        return self._run.instance.instance_id
+
+    @property
+    def run_kwargs(self) -> dict[str, Any]:
+        return self._run.kwargs
+
+    def _refuse_if_closed(self, executor_id: str, what: str) -> None:
+        if self.outcome is None and self.inline_task is not None and self.inline_task.cancelling():
+            # The handler runs in the run's own task, and that task is being cancelled.
+            self.outcome = SuperstepOutcome(self._run.cancel_reason or "cancelled")
+        if self.outcome is not None:
+            raise StateWriteRejectedError(
+                f"{what} by executor {executor_id!r} refused: superstep {self.index} "
+                f"({self.superstep_id}) of run {self.run_id} is already {self.outcome}; "
+                "it will never count"
+            )
+
+    def stage(self, executor_id: str, key: str, op: Literal["set", "delete"], value: Any) -> None:
+        self._refuse_if_closed(executor_id, f"write of state key {key!r}")
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"state keys must be non-empty strings, got {key!r}")
+        codec = self._run.codec
+        if not key.isascii():
+            codec.encode(key, what=f"the name of state key {key!r}")
+        wire = None if op == "delete" else codec.encode(value, what=f"state key {key!r}")
+        self._run.log(
+            StateStaged,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            key=key,
+            op=op,
+            value=wire,
+        )
+        self.staged[key] = (op, value)
+
+    def read(self, key: str, default: Any) -> Any:
+        staged = self.staged.get(key)
+        if staged is not None:
+            return default if staged[0] == "delete" else staged[1]
+        wire = self._run.instance.committed(key, _MISSING)
+        return default if wire is _MISSING else self._run.codec.decode(wire)
+
+    async def route(self, source: str, message: Any, target_id: str | None) -> Delivery:
+        """Where ``message`` goes (conditions evaluated, async ones awaited); refused if closed."""
+        self._refuse_if_closed(source, "message")
+        delivery = await self.router.route(source, message, target_id)
+        self._refuse_if_closed(source, "message")  # it may have closed while routing
+        return delivery
+
+    def send(self, source: str, message: Any, target_id: str | None, delivery: Delivery) -> None:
+        """Stage ``message``, routed to ``delivery`` (from ``router.cached`` or ``route``)."""
+        self._refuse_if_closed(source, "message")
+        wire = self._run.codec.encode(message, what=f"message from {source!r}")
+        self._run.log(
+            MessageStaged,
+            superstep_id=self.superstep_id,
+            source=source,
+            target=target_id,
+            targets=list(delivery.logged),
+            message=wire,
+        )
+        self.sent.append(Sent(source, message, delivery))
+
+    def output(self, executor_id: str, value: Any) -> None:
+        self._refuse_if_closed(executor_id, "output")
+        wire = self._run.codec.encode(value, what=f"output of {executor_id!r}")
+        self._run.log(
+            OutputYielded, superstep_id=self.superstep_id, executor_id=executor_id, value=wire
+        )
+        self.outputs.append((executor_id, value))
+
+    def fail(self, executor_id: str, error: BaseException) -> None:
+        """Record an executor's failure; the first one closes the superstep."""
+        self.in_flight.discard(executor_id)
+        self._run.log(
+            ExecutorFailed,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            error=ErrorInfo.of(error),
+        )
+        if self.failure is None:
+            self.failure = (executor_id, error)
+            self.outcome = SuperstepOutcome.FAILED

@@ -1,0 +1,295 @@
+"""View tables in the event store's own database: SQLite and PostgreSQL, and ``backend_for``.
+
+Both keep the layout of ``projections._backends`` (one table of JSON documents per view, and the
+positions table); their statements differ only in quoting and placeholders. Driver errors become
+``ProjectionError``. ``backend_for(store)`` picks the backend that lives in the store's own database
+(the SQLite file, the PostgreSQL schema, or, for ``memory://``, an object tied to that store).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+
+from kernel import (
+    EventStore,
+    MemoryStore,
+    PostgresStore,
+    ProjectionError,
+    SQLiteStore,
+    StepLogError,
+)
+from projections._backends import (
+    POSITIONS_TABLE,
+    Json,
+    MemoryViewBackend,
+    RowKey,
+    ViewBackend,
+    ViewTx,
+    check_table,
+)
+
+__all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
+
+
+# -- SQL (shared by SQLite and PostgreSQL) ----------------------------------------------------
+
+
+class _SQLTx(ViewTx):
+    def __init__(self, backend: _SQLBackend, cursor: Any) -> None:
+        self._b = backend
+        self._cursor = cursor
+
+    def _one(self, statement: str, params: tuple[Any, ...]) -> Any:
+        self._cursor.execute(statement, params)
+        return self._cursor.fetchone()
+
+    def claim(self, table: str, expected: int) -> bool:
+        b = self._b
+        self._cursor.execute(b.sql_claim_insert.format(p=b.positions), (table,))
+        row = self._one(b.sql_claim_select.format(p=b.positions), (table,))
+        return int(b.column(row, "position")) == expected
+
+    def get(self, table: str, instance_id: str, key: str) -> Json | None:
+        b = self._b
+        row = self._one(
+            f"SELECT doc FROM {b.name(table)} WHERE instance_id={b.mark} AND key={b.mark}",
+            (instance_id, key),
+        )
+        return None if row is None else orjson.loads(b.column(row, "doc"))
+
+    def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
+        b = self._b
+        self._cursor.execute(
+            f"INSERT INTO {b.name(table)} (instance_id, key, doc) VALUES ({b.mark}, {b.mark}, "
+            f"{b.mark}) ON CONFLICT (instance_id, key) DO UPDATE SET doc=excluded.doc",
+            (instance_id, key, orjson.dumps(doc).decode()),
+        )
+
+    def set_position(self, table: str, position: int) -> None:
+        b = self._b
+        self._cursor.execute(
+            f"UPDATE {b.positions} SET position={b.mark} WHERE name={b.mark}", (position, table)
+        )
+
+
+class _SQLBackend(ViewBackend):
+    """What SQLite and PostgreSQL share: the statements differ only in quoting and placeholders."""
+
+    mark = "?"
+    sql_claim_insert = ""
+    sql_claim_select = ""
+
+    def __init__(self, datastore: Any, url: str) -> None:
+        self._datastore = datastore
+        self._url = url
+        self._ready: set[str] = set()
+
+    def name(self, table: str) -> str:
+        return check_table(table)
+
+    @property
+    def positions(self) -> str:
+        return self.name(POSITIONS_TABLE)
+
+    @staticmethod
+    def column(row: Any, name: str) -> Any:
+        return row[name]
+
+    @contextmanager
+    def _cursor(self, action: str, *, commit: bool = True) -> Iterator[Any]:
+        try:
+            with self._datastore.transaction(commit=commit) as cursor:
+                yield cursor
+        except StepLogError:
+            raise
+        except Exception as error:
+            if not self._is_driver_error(error):
+                raise
+            raise ProjectionError(f"cannot {action} in {self._url}: {error}") from error
+
+    def _is_driver_error(self, error: Exception) -> bool:
+        from eventsourcing.persistence import PersistenceError
+
+        return isinstance(error, PersistenceError | sqlite3.Error)
+
+    def ensure(self, table: str) -> None:
+        if table in self._ready:
+            return
+        name = self.name(table)
+        statements = [
+            f"CREATE TABLE IF NOT EXISTS {self.positions} (name TEXT PRIMARY KEY, "
+            "position BIGINT NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {name} (instance_id TEXT NOT NULL, key TEXT NOT NULL, "
+            f"doc TEXT NOT NULL, CONSTRAINT {table}_pk PRIMARY KEY (instance_id, key))",
+        ]
+        for attempt in range(3):
+            try:
+                with self._cursor(f"create view table {table}") as cursor:
+                    for statement in statements:
+                        cursor.execute(statement)
+                break
+            except ProjectionError:
+                if attempt == 2:  # concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL
+                    raise
+        self._ready.add(table)
+
+    def drop(self, table: str) -> None:
+        self.ensure(POSITIONS_TABLE)
+        with self._cursor(f"drop view table {table}") as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {self.name(table)}")
+            cursor.execute(f"DELETE FROM {self.positions} WHERE name={self.mark}", (table,))
+        self._ready.discard(table)
+
+    def position(self, table: str) -> int:
+        self.ensure(POSITIONS_TABLE)
+        with self._cursor(f"read the position of {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT position FROM {self.positions} WHERE name={self.mark}", (table,)
+            )
+            row = cursor.fetchone()
+        return 0 if row is None else int(self.column(row, "position"))
+
+    @contextmanager
+    def transaction(self) -> Iterator[ViewTx]:
+        with self._cursor("update views") as cursor:
+            yield _SQLTx(self, cursor)
+
+    def swap(self, shadow: str, table: str) -> None:
+        self.ensure(table)
+        self.ensure(shadow)
+        with self._cursor(f"swap {shadow} in as {table}") as cursor:
+            cursor.execute(f"DROP TABLE {self.name(table)}")
+            cursor.execute(f"ALTER TABLE {self.name(shadow)} RENAME TO {table}")
+            self._rename_constraint(cursor, table, shadow)
+            cursor.execute(f"DELETE FROM {self.positions} WHERE name={self.mark}", (table,))
+            cursor.execute(
+                f"UPDATE {self.positions} SET name={self.mark} WHERE name={self.mark}",
+                (table, shadow),
+            )
+        self._ready.discard(shadow)
+
+    def _rename_constraint(self, cursor: Any, table: str, shadow: str) -> None:
+        """SQLite names constraints per table; PostgreSQL needs the index renamed too."""
+
+    def get(self, table: str, instance_id: str, key: str) -> Json | None:
+        self.ensure(table)
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT doc FROM {self.name(table)} WHERE instance_id={self.mark} "
+                f"AND key={self.mark}",
+                (instance_id, key),
+            )
+            row = cursor.fetchone()
+        return None if row is None else orjson.loads(self.column(row, "doc"))
+
+    def floor(self, table: str, instance_id: str, low: str, high: str) -> tuple[str, Json] | None:
+        self.ensure(table)
+        m = self.mark
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT key, doc FROM {self.name(table)} WHERE instance_id={m} AND key>={m} "
+                f"AND key<={m} ORDER BY key DESC LIMIT 1",
+                (instance_id, low, high),
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return self.column(row, "key"), orjson.loads(self.column(row, "doc"))
+
+    def documents(self, table: str, instance_id: str) -> dict[str, Json]:
+        self.ensure(table)
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT key, doc FROM {self.name(table)} WHERE instance_id={self.mark}",
+                (instance_id,),
+            )
+            found = cursor.fetchall()
+        return {self.column(r, "key"): orjson.loads(self.column(r, "doc")) for r in found}
+
+    def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
+        self.ensure(table)
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            self._consistent_reads(cursor)
+            cursor.execute(
+                f"SELECT position FROM {self.positions} WHERE name={self.mark}", (table,)
+            )
+            row = cursor.fetchone()
+            cursor.execute(f"SELECT instance_id, key, doc FROM {self.name(table)}")
+            found = cursor.fetchall()
+        position = 0 if row is None else int(self.column(row, "position"))
+        return position, {
+            (self.column(r, "instance_id"), self.column(r, "key")): orjson.loads(
+                self.column(r, "doc")
+            )
+            for r in found
+        }
+
+    def _consistent_reads(self, cursor: Any) -> None:
+        """Make the reads of this transaction see one snapshot (SQLite always does)."""
+
+
+class SQLiteViewBackend(_SQLBackend):
+    """View tables in the store's SQLite file."""
+
+    # A write opens every claim, so the transaction holds SQLite's write lock from its start.
+    sql_claim_insert = (
+        "INSERT INTO {p} (name, position) VALUES (?, 0) "
+        "ON CONFLICT (name) DO UPDATE SET position=position"
+    )
+    sql_claim_select = "SELECT position FROM {p} WHERE name=?"
+
+
+class PostgresViewBackend(_SQLBackend):
+    """View tables in the store's PostgreSQL schema."""
+
+    mark = "%s"
+    sql_claim_insert = "INSERT INTO {p} (name, position) VALUES (%s, 0) ON CONFLICT DO NOTHING"
+    sql_claim_select = "SELECT position FROM {p} WHERE name=%s FOR UPDATE"
+
+    def __init__(self, datastore: Any, url: str, schema: str) -> None:
+        super().__init__(datastore, url)
+        self._schema = schema
+
+    def name(self, table: str) -> str:
+        return f'"{self._schema}".{check_table(table)}'
+
+    def _is_driver_error(self, error: Exception) -> bool:
+        import psycopg
+
+        return super()._is_driver_error(error) or isinstance(error, psycopg.Error)
+
+    def _consistent_reads(self, cursor: Any) -> None:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+    def _rename_constraint(self, cursor: Any, table: str, shadow: str) -> None:
+        cursor.execute(
+            f"ALTER TABLE {self.name(table)} RENAME CONSTRAINT {shadow}_pk TO {table}_pk"
+        )
+
+
+_memory_backends: weakref.WeakKeyDictionary[EventStore, MemoryViewBackend] = (
+    weakref.WeakKeyDictionary()
+)
+_memory_lock = threading.Lock()
+
+
+def backend_for(store: EventStore) -> ViewBackend:
+    """The view backend in ``store``'s own database (one shared object per memory store)."""
+    if isinstance(store, MemoryStore):
+        with _memory_lock:
+            backend = _memory_backends.get(store)
+            if backend is None:
+                backend = _memory_backends[store] = MemoryViewBackend()
+            return backend
+    if isinstance(store, SQLiteStore):
+        return SQLiteViewBackend(store.datastore, store.url)
+    if isinstance(store, PostgresStore):
+        return PostgresViewBackend(store.datastore, store.url, store.schema)
+    raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")

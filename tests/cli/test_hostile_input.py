@@ -1,0 +1,221 @@
+"""A log edited by hand, and a hostile ``bisect --equals``: reading them runs nothing.
+
+A real workflow writes a SQLite log; the test then rewrites the stored JSON of a state write to
+name a class whose module leaves a marker file when imported (on ``sys.path`` under ``tmp_path``),
+or ``subprocess:Popen`` with a command that would leave one. Reading committed state through a
+``Workflow`` and through every reading command of the CLI must give plain data or a clear error,
+never import the module, never call the class.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from kernel import (
+    DecodeError,
+    EventStore,
+    Executor,
+    Workflow,
+    WorkflowBuilder,
+    WorkflowContext,
+    handler,
+    open_store,
+)
+from projections.cli import main
+
+INSTANCE = "orders-1"
+TRAP = "steplog_hostile_trap"
+
+
+class Writer(Executor):
+    """Commits ``k = "harmless"`` and ``n = 1`` in one superstep."""
+
+    @handler
+    async def run(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state("k", "harmless")
+        ctx.set_state("n", 1)
+        await ctx.yield_output("ok")
+
+
+def workflow(store: EventStore) -> Workflow:
+    builder = WorkflowBuilder(start_executor=Writer("writer"), store=store, instance_id=INSTANCE)
+    return builder.build()
+
+
+@pytest.fixture
+def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file that appears if anything hostile runs; a trap module that creates it on import."""
+    path = tmp_path / "hostile-code-ran"
+    (tmp_path / f"{TRAP}.py").write_text(
+        "import enum, pathlib\n"
+        "from dataclasses import dataclass\n"
+        f"pathlib.Path({str(path)!r}).write_text('imported')\n"
+        "class Evil(enum.Enum):\n"
+        "    X = 'x'\n"
+        "@dataclass\n"
+        "class Box:\n"
+        "    v: int\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, TRAP, raising=False)
+    return path
+
+
+@pytest.fixture
+async def logged(sqlite_url: str) -> str:
+    """A SQLite store holding one committed run of ``Writer`` on ``INSTANCE``."""
+    with open_store(sqlite_url) as store:
+        await workflow(store).run("go")
+    return sqlite_url
+
+
+def edit_stored_value(url: str, key: str, tree: Any) -> None:
+    """Rewrite, in the database file, the stored value of the state write of ``key``."""
+    path = url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT originator_version, state FROM steplog_events "
+            "WHERE originator_id = ? AND topic LIKE 'state_staged@%'",
+            (INSTANCE,),
+        ).fetchall()
+        (position, state) = next((p, s) for p, s in rows if orjson.loads(s)["key"] == key)
+        payload = orjson.loads(state)
+        payload["value"] = tree
+        db.execute(  # json, not orjson: orjson refuses to write more than 254 levels
+            "UPDATE steplog_events SET state = ? "
+            "WHERE originator_id = ? AND originator_version = ?",
+            (json.dumps(payload).encode(), INSTANCE, position),
+        )
+
+
+def hostile_trees(marker: Path) -> dict[str, tuple[Any, Any]]:
+    """Hostile stored values, each with the plain data it must decode to."""
+    command = ["touch", str(marker)]
+    return {
+        "enum-trap": ({"$t": "enum", "cls": f"{TRAP}:Evil", "v": "x"}, "x"),
+        "dataclass-trap": ({"$t": "dataclass", "cls": f"{TRAP}:Box", "v": {"v": 1}}, {"v": 1}),
+        "model-trap": ({"$t": "model", "cls": f"{TRAP}:Box", "v": {"v": 1}}, {"v": 1}),
+        "enum-popen": ({"$t": "enum", "cls": "subprocess:Popen", "v": command}, command),
+        "dataclass-popen": (
+            {"$t": "dataclass", "cls": "subprocess:Popen", "v": {"args": command}},
+            {"args": command},
+        ),
+    }
+
+
+HOSTILE = ["enum-trap", "dataclass-trap", "model-trap", "enum-popen", "dataclass-popen"]
+
+
+def nothing_ran(marker: Path) -> bool:
+    return not marker.exists() and TRAP not in sys.modules
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_reading_an_edited_log_through_the_workflow_runs_nothing(
+    logged: str, marker: Path, name: str
+) -> None:
+    tree, plain = hostile_trees(marker)[name]
+    edit_stored_value(logged, "k", tree)
+    with open_store(logged) as store:
+        assert workflow(store).committed_state() == {"k": plain, "n": 1}
+    assert nothing_ran(marker)
+
+
+READING_COMMANDS = [
+    ["state", INSTANCE],
+    ["state", INSTANCE, "pos:4"],
+    ["log", INSTANCE],
+    ["log", INSTANCE, "--json"],
+    ["history", INSTANCE],
+    ["blame", INSTANCE, "k"],
+    ["diff", INSTANCE, "pos:1", "pos:8"],
+    ["bisect", INSTANCE, "--key", "k"],
+    ["bisect", INSTANCE, "--key", "n", "--equals", "1"],
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+@pytest.mark.parametrize("command", READING_COMMANDS, ids=" ".join)
+def test_reading_an_edited_log_through_the_cli_runs_nothing(
+    logged: str, marker: Path, name: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, _ = hostile_trees(marker)[name]
+    edit_stored_value(logged, "k", tree)
+    assert main(["--store", logged, *command]) == 0
+    assert nothing_ran(marker)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_bisect_equals_runs_nothing_and_compares_as_plain_data(
+    logged: str, marker: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, _ = hostile_trees(marker)[name]
+    equals = orjson.dumps(tree).decode()
+    # The stored value is harmless: the hostile value is never equal to it.
+    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 1
+    assert "never" in capsys.readouterr().out
+    # The same hostile value stored: both sides decode to the same plain data.
+    edit_stored_value(logged, "k", tree)
+    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 0
+    assert "first true after superstep 1" in capsys.readouterr().out
+    assert nothing_ran(marker)
+
+
+def deep(depth: int) -> Any:
+    tree: Any = 1
+    for _ in range(depth):
+        tree = [tree]
+    return tree
+
+
+MALFORMED = {
+    "unknown-tag": ({"$t": "future", "v": 1}, "unknown value tag 'future'"),
+    "missing-part": ({"$t": "date"}, "has no 'v'"),
+    "wrong-part": ({"$t": "timedelta", "v": "soon"}, "a list of days, seconds and microseconds"),
+    "no-class-name": ({"$t": "model", "v": {}}, "needs 'cls' (text) and 'v'"),
+    "too-deep": (deep(600), "levels deep"),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_stored_value_is_a_decode_error_through_the_workflow(
+    logged: str, marker: Path, name: str
+) -> None:
+    tree, problem = MALFORMED[name]
+    edit_stored_value(logged, "k", tree)
+    with open_store(logged) as store, pytest.raises(DecodeError, match="cannot decode") as caught:
+        workflow(store).committed_state()
+    assert problem in str(caught.value)
+    assert nothing_ran(marker)
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_stored_value_makes_bisect_exit_2_with_the_problem(
+    logged: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, problem = MALFORMED[name]
+    edit_stored_value(logged, "k", tree)
+    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", '"x"']) == 2
+    err = capsys.readouterr().err
+    assert "cannot decode" in err
+    assert problem in " ".join(err.split())
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_a_malformed_bisect_equals_exits_2_with_the_problem(
+    logged: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, problem = MALFORMED[name]
+    equals = json.dumps(tree)
+    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cannot decode --equals: " in err
+    assert problem in err
