@@ -62,29 +62,19 @@ class Emit(Protocol):
 
 
 def emitter(run_id: str, put: Put) -> Emit:
-    """The ``Emit`` of a streamed run: builds each event and awaits ``put(event)``."""
+    """The ``Emit`` of a streamed run: builds each event and awaits ``put(event)``.
 
-    async def emit(
-        type: WorkflowEventType,
-        superstep: int | None = None,
-        superstep_id: str | None = None,
-        executor_id: str | None = None,
-        data: Any = None,
-        error: BaseException | None = None,
-    ) -> None:
-        await put(WorkflowEvent(type, run_id, superstep, superstep_id, executor_id, data, error))
+    The arguments are ``Emit``'s, in ``WorkflowEvent``'s order after ``run_id``: they are passed on
+    as given, and the signature is declared once, on ``Emit``.
+    """
+
+    async def emit(type: WorkflowEventType, *where: Any, **fields: Any) -> None:
+        await put(WorkflowEvent(type, run_id, *where, **fields))
 
     return emit
 
 
-async def silent(
-    type: WorkflowEventType,
-    superstep: int | None = None,
-    superstep_id: str | None = None,
-    executor_id: str | None = None,
-    data: Any = None,
-    error: BaseException | None = None,
-) -> None:
+async def silent(type: WorkflowEventType, *where: Any, **fields: Any) -> None:
     """The ``Emit`` of a run nobody streams: builds nothing, hands nothing over.
 
     A plain function, not an object: this is awaited a few times per superstep of every run.

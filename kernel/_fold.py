@@ -21,8 +21,6 @@ from kernel._events import (
     RunEvent,
     RunStarted,
     StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
     SuperstepEvent,
     SuperstepStarted,
 )
@@ -113,14 +111,6 @@ class CommittedState(Fold):
             return  # staged after its superstep's marker: never counts
         self._pending.setdefault(event.superstep_id, []).append(event)
 
-    @folds("superstep_committed")
-    def _committed(self, event: SuperstepCommitted) -> None:
-        self._mark(event, committed=True)
-
-    @folds("superstep_aborted")
-    def _aborted(self, event: SuperstepAborted) -> None:
-        self._mark(event, committed=False)
-
     @folds(*RUN_END_TYPES)
     def _run_ended(self, event: RunEvent) -> None:
         self.position = max(self.position, event.position)
@@ -128,7 +118,9 @@ class CommittedState(Fold):
         for superstep_id in self._closed.pop(event.run_id, {}):
             self._pending.pop(superstep_id, None)
 
-    def _mark(self, event: SuperstepEvent, *, committed: bool) -> None:
+    @folds("superstep_committed", "superstep_aborted")
+    def _mark(self, event: SuperstepEvent) -> None:
+        committed = event.type == "superstep_committed"
         self.position = max(self.position, event.position)
         if event.run_id in self._ended_runs:
             return
@@ -140,12 +132,7 @@ class CommittedState(Fold):
         writes = self._pending.pop(superstep_id, ())
         if not committed:
             return
-        values = self.values
-        for write in writes:
-            if write.op == "set":
-                values[write.key] = write.value
-            else:
-                values.pop(write.key, None)
+        _apply_writes(self.values, writes)
         self.last_committed = superstep_id
 
     def staged(self, superstep_id: str) -> tuple[StateStaged, ...]:
@@ -158,6 +145,11 @@ class CommittedState(Fold):
         if not writes or writes[0].run_id in self._ended_runs:
             return ()
         return tuple(writes)
+
+    def overlay(self, superstep_id: str) -> dict[str, Any]:
+        """What an executor inside ``superstep_id`` sees: the committed values with the
+        superstep's staged writes (``staged``) applied in order. The view is not changed."""
+        return _apply_writes(dict(self.values), self.staged(superstep_id))
 
     def to_snapshot(self) -> dict[str, Any]:
         """The whole view, pending writes included, as a JSON tree (see ``from_snapshot``)."""
@@ -206,6 +198,16 @@ class CommittedState(Fold):
 
     def __repr__(self) -> str:
         return f"CommittedState(position={self.position}, keys={sorted(self.values)})"
+
+
+def _apply_writes(values: dict[str, Any], writes: Iterable[StateStaged]) -> dict[str, Any]:
+    """Apply staged writes to ``values`` in order; return ``values``."""
+    for write in writes:
+        if write.op == "set":
+            values[write.key] = write.value
+        else:
+            values.pop(write.key, None)
+    return values
 
 
 def apply_committed(view: CommittedState, event: EventBase) -> CommittedState:

@@ -44,15 +44,20 @@ class Default:
     target: Executor | str
 
 
-@dataclass(frozen=True)
-class Single:
+class _FromOne:
+    """An edge group with one source."""
+
     source: str
-    target: str
-    condition: Condition | None = None
 
     @property
     def sources(self) -> tuple[str, ...]:
         return (self.source,)
+
+
+class _ToOne:
+    """An edge group with one target."""
+
+    target: str
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -60,36 +65,31 @@ class Single:
 
 
 @dataclass(frozen=True)
-class FanOut:
+class Single(_FromOne, _ToOne):
     source: str
-    targets: tuple[str, ...]
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return (self.source,)
+    target: str
+    condition: Condition | None = None
 
 
 @dataclass(frozen=True)
-class FanIn:
+class FanOut(_FromOne):
+    source: str
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FanIn(_ToOne):
     """The target runs once every source has sent; it receives the list of their messages."""
 
     sources: tuple[str, ...]
     target: str
 
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return (self.target,)
-
 
 @dataclass(frozen=True)
-class SwitchCase:
+class SwitchCase(_FromOne):
     source: str
     cases: tuple[tuple[Condition, str], ...]
     default: str | None
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return (self.source,)
 
     @property
     def targets(self) -> tuple[str, ...]:

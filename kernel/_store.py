@@ -110,6 +110,10 @@ class EventStore(ABC):
     url: str
     """The store's URL, without any password."""
 
+    _closed = False
+    """Set by ``close()``. A class default, so ``_translated`` also serves an adapter's setup
+    before ``EventStore.__init__`` runs."""
+
     def __init__(
         self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None
     ):

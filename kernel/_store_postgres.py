@@ -218,7 +218,7 @@ class PostgresStore(EventStore):
             originator_id_type="text",
         )
         try:
-            with self._translated_setup("open the store"):
+            with self._translated("open the store"):
                 recorder = PostgresRecorder(self._ds, events_table_name=EVENTS_TABLE)
             super().__init__(recorder, url=self.url)
             self._channel = recorder.channel_name
@@ -230,17 +230,6 @@ class PostgresStore(EventStore):
         except BaseException:
             self._ds.close()
             raise
-
-    @contextmanager
-    def _translated_setup(self, action: str) -> Iterator[None]:
-        """``_translated`` for the moments before the base class is initialized."""
-        try:
-            yield
-        except Exception as error:
-            translated = self._store_error(error, action)
-            if translated is error:
-                raise
-            raise translated from error
 
     def _connect_params(self, connect_timeout: float) -> dict[str, Any]:
         p = self._params

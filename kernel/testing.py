@@ -50,29 +50,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from kernel import _events as ev
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._errors import StepLogError
-from kernel._events import (
-    AbortReason,
-    ErrorInfo,
-    EventBase,
-    ExecutorCompleted,
-    ExecutorFailed,
-    ExecutorInvoked,
-    MessageStaged,
-    OutputYielded,
-    RunAbandoned,
-    RunCancelled,
-    RunCompleted,
-    RunFailed,
-    RunStarted,
-    StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
-    SuperstepStarted,
-    _defaults,
-)
+from kernel._events import AbortReason, ErrorInfo, EventBase, _defaults
 from kernel._store import EventStore
 
 __all__ = ["LogBuilder", "LogBuilderError", "ticking_clock"]
@@ -237,12 +219,12 @@ class LogBuilder:
         owner: str = "",
         durability: Literal["superstep", "write"] = "superstep",
         run_id: str | None = None,
-    ) -> RunStarted:
+    ) -> ev.RunStarted:
         """``RunStarted``: the new run is the open one (a run still open stays unended)."""
         run_id = run_id if run_id is not None else self._ids()
         encode = self._encode
         event = self._emit(
-            RunStarted,
+            ev.RunStarted,
             {
                 "run_id": run_id,
                 "workflow_name": workflow_name,
@@ -259,12 +241,12 @@ class LogBuilder:
 
     def complete_run(
         self, *, supersteps: int | None = None, run: str | None = None
-    ) -> RunCompleted:
+    ) -> ev.RunCompleted:
         """``RunCompleted``; ``supersteps`` defaults to the number started in the run."""
         run_id = self._ending(run)
         if supersteps is None:
             supersteps = self._steps_in.get(run_id, 0)
-        return self._end(RunCompleted, run_id, {"supersteps": supersteps})
+        return self._end(ev.RunCompleted, run_id, {"supersteps": supersteps})
 
     def fail_run(
         self,
@@ -273,7 +255,7 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep_id: str | _Unset | None = _UNSET,
         run: str | None = None,
-    ) -> RunFailed:
+    ) -> ev.RunFailed:
         """``RunFailed``; ``superstep_id`` defaults to the run's last superstep if it did not
         commit (the failed one), else None (a run that failed between supersteps)."""
         run_id = self._ending(run)
@@ -282,15 +264,15 @@ class LogBuilder:
             "executor_id": executor_id,
             "superstep_id": self._failed_step(run_id, superstep_id),
         }
-        return self._end(RunFailed, run_id, fields)
+        return self._end(ev.RunFailed, run_id, fields)
 
     def cancel_run(
         self, *, superstep_id: str | _Unset | None = _UNSET, run: str | None = None
-    ) -> RunCancelled:
+    ) -> ev.RunCancelled:
         """``RunCancelled``; ``superstep_id`` defaults as for ``fail_run``."""
         run_id = self._ending(run)
         fields = {"superstep_id": self._failed_step(run_id, superstep_id)}
-        return self._end(RunCancelled, run_id, fields)
+        return self._end(ev.RunCancelled, run_id, fields)
 
     def abandon_run(
         self,
@@ -299,7 +281,7 @@ class LogBuilder:
         closed_by: str | None = None,
         superstep_id: str | _Unset | None = _UNSET,
         run: str | None = None,
-    ) -> RunAbandoned:
+    ) -> ev.RunAbandoned:
         """``RunAbandoned``; ``superstep_id`` defaults as for ``fail_run``. When a later run
         closes it, the runner appends this (after ``abort(reason)``) before that run starts."""
         run_id = self._ending(run)
@@ -308,13 +290,13 @@ class LogBuilder:
             "closed_by": closed_by,
             "superstep_id": self._failed_step(run_id, superstep_id),
         }
-        return self._end(RunAbandoned, run_id, fields)
+        return self._end(ev.RunAbandoned, run_id, fields)
 
     # -- supersteps ------------------------------------------------------------------------
 
     def start_superstep(
         self, *, index: int | None = None, superstep_id: str | None = None, run: str | None = None
-    ) -> SuperstepStarted:
+    ) -> ev.SuperstepStarted:
         """``SuperstepStarted`` in the open run (or ``run``); it becomes the open superstep.
         ``index`` defaults to the number of supersteps started in the run so far, plus one."""
         run_id = run if run is not None else self._run
@@ -324,7 +306,7 @@ class LogBuilder:
         count = self._steps_in.get(run_id, 0) + 1
         self._steps_in[run_id] = count
         event = self._emit(
-            SuperstepStarted,
+            ev.SuperstepStarted,
             {"run_id": run_id, "superstep_id": superstep_id, "index": index or count},
         )
         self._run_of[superstep_id] = run_id
@@ -334,12 +316,12 @@ class LogBuilder:
 
     def invoke(
         self, executor_id: str, *, superstep: str | None = None, run: str | None = None
-    ) -> ExecutorInvoked:
+    ) -> ev.ExecutorInvoked:
         """``ExecutorInvoked``: later calls in the superstep default to this executor."""
         fields = self._in(superstep, run)
         self._executor_of[fields["superstep_id"]] = executor_id
         fields["executor_id"] = executor_id
-        return self._emit(ExecutorInvoked, fields)
+        return self._emit(ev.ExecutorInvoked, fields)
 
     def write(
         self,
@@ -349,11 +331,11 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> StateStaged:
+    ) -> ev.StateStaged:
         """``StateStaged`` setting ``key`` to ``value``."""
         fields = self._by(executor_id, superstep, run)
         fields.update(key=key, op="set", value=self._encode(value, f"state key {key!r}"))
-        return self._emit(StateStaged, fields)
+        return self._emit(ev.StateStaged, fields)
 
     def delete(
         self,
@@ -362,11 +344,11 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> StateStaged:
+    ) -> ev.StateStaged:
         """``StateStaged`` deleting ``key``."""
         fields = self._by(executor_id, superstep, run)
         fields.update(key=key, op="delete", value=None)
-        return self._emit(StateStaged, fields)
+        return self._emit(ev.StateStaged, fields)
 
     def send(
         self,
@@ -377,7 +359,7 @@ class LogBuilder:
         source: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> MessageStaged:
+    ) -> ev.MessageStaged:
         """``MessageStaged`` from ``source`` (default: the executor last invoked), routed to
         ``targets`` (default: ``[target]`` when a target is named)."""
         fields = self._in(superstep, run)
@@ -387,7 +369,7 @@ class LogBuilder:
             targets=list(targets) if targets or target is None else [target],
             message=self._encode(message, "a message"),
         )
-        return self._emit(MessageStaged, fields)
+        return self._emit(ev.MessageStaged, fields)
 
     def output(
         self,
@@ -396,11 +378,11 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> OutputYielded:
+    ) -> ev.OutputYielded:
         """``OutputYielded``."""
         fields = self._by(executor_id, superstep, run)
         fields["value"] = self._encode(value, "an output")
-        return self._emit(OutputYielded, fields)
+        return self._emit(ev.OutputYielded, fields)
 
     def complete(
         self,
@@ -408,9 +390,9 @@ class LogBuilder:
         *,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> ExecutorCompleted:
+    ) -> ev.ExecutorCompleted:
         """``ExecutorCompleted``."""
-        return self._emit(ExecutorCompleted, self._by(executor_id, superstep, run))
+        return self._emit(ev.ExecutorCompleted, self._by(executor_id, superstep, run))
 
     def fail(
         self,
@@ -419,16 +401,18 @@ class LogBuilder:
         *,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> ExecutorFailed:
+    ) -> ev.ExecutorFailed:
         """``ExecutorFailed`` (``error`` defaults to ``RuntimeError: boom``)."""
         fields = self._by(executor_id, superstep, run)
         fields["error"] = _error_info(error if error is not None else RuntimeError("boom"))
-        return self._emit(ExecutorFailed, fields)
+        return self._emit(ev.ExecutorFailed, fields)
 
-    def commit(self, *, superstep: str | None = None, run: str | None = None) -> SuperstepCommitted:
+    def commit(
+        self, *, superstep: str | None = None, run: str | None = None
+    ) -> ev.SuperstepCommitted:
         """``SuperstepCommitted``; the superstep is no longer open."""
         fields = self._in(superstep, run)
-        event = self._emit(SuperstepCommitted, fields)
+        event = self._emit(ev.SuperstepCommitted, fields)
         sid = fields["superstep_id"]
         if self._pending_of.get(fields["run_id"]) == sid:
             self._pending_of[fields["run_id"]] = None
@@ -442,11 +426,11 @@ class LogBuilder:
         error: ErrorInfo | BaseException | None = None,
         superstep: str | None = None,
         run: str | None = None,
-    ) -> SuperstepAborted:
+    ) -> ev.SuperstepAborted:
         """``SuperstepAborted``; the superstep is no longer open."""
         fields = self._in(superstep, run)
         fields.update(reason=reason, error=_error_info(error) if error is not None else None)
-        event = self._emit(SuperstepAborted, fields)
+        event = self._emit(ev.SuperstepAborted, fields)
         self._close(fields["superstep_id"])
         return event
 

@@ -40,7 +40,6 @@ from projections._timetravel import (
     StateAt,
     state_at,
 )
-from projections._tracker import overlay
 from projections._views import VIEW_NAMES, Projector, VerifyReport, default_views, run_follower
 from projections._viewspecs import BlameView, DocumentView, HistoryView, StateView, ViewSpec
 
@@ -92,7 +91,6 @@ __all__ = [
     "fold_blame",
     "fold_committed",
     "fold_history",
-    "overlay",
     "run_follower",
     "state_at",
 ]

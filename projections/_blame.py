@@ -48,6 +48,7 @@ from kernel import (
     SuperstepStarted,
     folds,
 )
+from projections._runrecords import in_memory
 from projections._tracker import SuperstepTracker
 
 __all__ = ["KeyBlame", "MemoryWriteRows", "WriteRecord", "WriteRows", "WriteStatus", "fold_blame"]
@@ -204,10 +205,7 @@ class KeyBlame(Fold):
     # -- reading ------------------------------------------------------------------------------
 
     def _memory(self) -> MemoryWriteRows:
-        rows = self._rows
-        if not isinstance(rows, MemoryWriteRows):
-            raise ProjectionError("this blame keeps its rows in a view: read it from the view")
-        return rows
+        return in_memory(self._rows, MemoryWriteRows, "blame")
 
     def written_keys(self) -> list[str]:
         """Every key ever written, in first-write order."""

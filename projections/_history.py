@@ -29,7 +29,6 @@ from kernel import (
     ExecutorInvoked,
     Fold,
     OutputYielded,
-    ProjectionError,
     RunAbandoned,
     RunEvent,
     RunFailed,
@@ -46,6 +45,7 @@ from projections._runrecords import (
     RunRecord,
     RunStatus,
     SuperstepRecord,
+    in_memory,
 )
 from projections._tracker import SuperstepTracker
 
@@ -178,10 +178,7 @@ class RunHistory(Fold):
     # -- reading ------------------------------------------------------------------------------
 
     def _memory(self) -> MemoryHistoryRows:
-        rows = self._rows
-        if not isinstance(rows, MemoryHistoryRows):
-            raise ProjectionError("this history keeps its rows in a view: read it from the view")
-        return rows
+        return in_memory(self._rows, MemoryHistoryRows, "history")
 
     def runs(self) -> list[RunRecord]:
         """Every run, in start order."""

@@ -8,11 +8,12 @@ them in dictionaries, a materialized view passes one over its table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from kernel import ErrorInfo
+from kernel import ErrorInfo, ProjectionError
 
 __all__ = [
     "HistoryRows",
@@ -21,6 +22,7 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "SuperstepRecord",
+    "in_memory",
 ]
 
 RunStatus = Literal["running", "completed", "failed", "cancelled", "abandoned", "crashed"]
@@ -31,8 +33,64 @@ def _time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
+def _time_text(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
 def _error(tree: dict[str, Any] | None) -> ErrorInfo | None:
     return None if tree is None else ErrorInfo.model_validate(tree)
+
+
+def _error_tree(error: ErrorInfo | None) -> dict[str, Any] | None:
+    return None if error is None else error.model_dump(mode="json")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+# How a field goes into a record's JSON row and back: (to the row, from the row).
+_Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+_CODECS: dict[str, _Codec] = {
+    "index": (_same, int),
+    "start_position": (_same, int),
+    "supersteps": (_same, int),
+    "committed": (_same, int),
+    "aborted": (_same, int),
+    "started_at": (datetime.isoformat, datetime.fromisoformat),
+    "ended_at": (_time_text, _time),
+    "error": (_error_tree, _error),
+    "executors": (_same, list),
+    "failed_executors": (_same, list),
+    "keys": (_same, list),
+    "outputs": (_same, list),
+}
+_PLAIN: _Codec = (_same, _same)
+R = TypeVar("R")
+M = TypeVar("M")
+
+
+def in_memory(rows: object, kind: type[M], fold: str) -> M:
+    """``rows`` as the in-memory sink ``kind``; a fold whose rows live in a view's table is read
+    from that view, so asking the fold itself is a ``ProjectionError``."""
+    if not isinstance(rows, kind):
+        raise ProjectionError(f"this {fold} keeps its rows in a view: read it from the view")
+    return rows
+
+
+def _row_codecs(cls: type, *leave_out: str) -> tuple[tuple[str, _Codec], ...]:
+    """The fields of ``cls`` that its row keeps (all but ``leave_out``), in order, with codecs."""
+    return tuple(
+        (f.name, _CODECS.get(f.name, _PLAIN)) for f in fields(cls) if f.name not in leave_out
+    )
+
+
+def _to_row(record: Any, codecs: tuple[tuple[str, _Codec], ...]) -> dict[str, Any]:
+    return {name: encode(getattr(record, name)) for name, (encode, _) in codecs}
+
+
+def _from_row(cls: type[R], row: dict[str, Any], codecs: tuple[tuple[str, _Codec], ...]) -> R:
+    return cls(**{name: decode(row[name]) for name, (_, decode) in codecs})
 
 
 @dataclass(slots=True)
@@ -73,42 +131,12 @@ class SuperstepRecord:
 
     def to_row(self) -> dict[str, Any]:
         """The record as a JSON row."""
-        return {
-            "superstep_id": self.superstep_id,
-            "run_id": self.run_id,
-            "index": self.index,
-            "started_at": self.started_at.isoformat(),
-            "start_position": self.start_position,
-            "status": self.status,
-            "reason": self.reason,
-            "error": None if self.error is None else self.error.model_dump(mode="json"),
-            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
-            "position": self.position,
-            "executors": self.executors,
-            "failed_executors": self.failed_executors,
-            "keys": self.keys,
-            "outputs": self.outputs,
-        }
+        return _to_row(self, _STEP_ROW)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SuperstepRecord:
         """The record of a row written by ``to_row``."""
-        return cls(
-            superstep_id=row["superstep_id"],
-            run_id=row["run_id"],
-            index=int(row["index"]),
-            started_at=datetime.fromisoformat(row["started_at"]),
-            start_position=int(row["start_position"]),
-            status=row["status"],
-            reason=row["reason"],
-            error=_error(row["error"]),
-            ended_at=_time(row["ended_at"]),
-            position=row["position"],
-            executors=list(row["executors"]),
-            failed_executors=list(row["failed_executors"]),
-            keys=list(row["keys"]),
-            outputs=list(row["outputs"]),
-        )
+        return _from_row(cls, row, _STEP_ROW)
 
 
 @dataclass(slots=True)
@@ -141,36 +169,16 @@ class RunRecord:
 
     def to_row(self) -> dict[str, Any]:
         """The record as a JSON row, without the derived ``outputs`` and ``superstep_ids``."""
-        return {
-            "run_id": self.run_id,
-            "workflow_name": self.workflow_name,
-            "started_at": self.started_at.isoformat(),
-            "start_position": self.start_position,
-            "status": self.status,
-            "ended_at": None if self.ended_at is None else self.ended_at.isoformat(),
-            "supersteps": self.supersteps,
-            "committed": self.committed,
-            "aborted": self.aborted,
-            "error": None if self.error is None else self.error.model_dump(mode="json"),
-            "closed_by": self.closed_by,
-        }
+        return _to_row(self, _RUN_ROW)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> RunRecord:
         """The record of a row written by ``to_row`` (``outputs`` and ``superstep_ids`` empty)."""
-        return cls(
-            run_id=row["run_id"],
-            workflow_name=row["workflow_name"],
-            started_at=datetime.fromisoformat(row["started_at"]),
-            start_position=int(row["start_position"]),
-            status=row["status"],
-            ended_at=_time(row["ended_at"]),
-            supersteps=int(row["supersteps"]),
-            committed=int(row["committed"]),
-            aborted=int(row["aborted"]),
-            error=_error(row["error"]),
-            closed_by=row["closed_by"],
-        )
+        return _from_row(cls, row, _RUN_ROW)
+
+
+_STEP_ROW = _row_codecs(SuperstepRecord)
+_RUN_ROW = _row_codecs(RunRecord, "outputs", "superstep_ids")
 
 
 class HistoryRows(Protocol):

@@ -47,7 +47,6 @@ from kernel import (
     ValueCodec,
     folds,
 )
-from projections._tracker import overlay
 
 __all__ = [
     "AtPosition",
@@ -211,29 +210,31 @@ class Locator(Fold):
         """The answer once the scan has stopped (or the events ran out)."""
         point = self.point
         last = max(state.position, self.last)
-        if isinstance(point, AtPosition):
-            return StateAt(point, dict(state.values), last, f"committed state at position {last}")
-        if isinstance(point, AtTime):
+
+        def committed(
+            where: str, superstep_id: str | None = None, run_id: str | None = None
+        ) -> StateAt:
             return StateAt(
                 point,
                 dict(state.values),
                 last,
-                f"committed state at {point.when.isoformat()} (position {last})",
+                f"committed state {where}",
+                superstep_id=superstep_id,
+                run_id=run_id,
             )
+
+        if isinstance(point, AtPosition):
+            return committed(f"at position {last}")
+        if isinstance(point, AtTime):
+            return committed(f"at {point.when.isoformat()} (position {last})")
         if self.superstep_id is None or (isinstance(point, AtSuperstep) and not self.found):
             raise ProjectionError(
                 f"instance {instance_id!r} has no marker for superstep {_name(point)}: it is "
                 "unknown or still open (use InsideSuperstep to see an open superstep)"
             )
         if isinstance(point, AtSuperstep):
-            return StateAt(
-                point,
-                dict(state.values),
-                last,
-                f"committed state after superstep {self.superstep_id} (position {last})",
-                superstep_id=self.superstep_id,
-                run_id=self.run_id,
-            )
+            where = f"after superstep {self.superstep_id} (position {last})"
+            return committed(where, self.superstep_id, self.run_id)
         if self.run_id is None:
             raise ProjectionError(
                 f"instance {instance_id!r} has no superstep {point.superstep_id!r}"
@@ -242,7 +243,7 @@ class Locator(Fold):
         staged = len(state.staged(self.superstep_id))
         return StateAt(
             point,
-            overlay(state, self.superstep_id),
+            state.overlay(self.superstep_id),
             last,
             f"inside superstep {self.superstep_id} ({status}): committed state at position "
             f"{last} plus the {staged} write(s) it staged; not a committed state"

@@ -6,9 +6,7 @@ staged in time, which superstep a marker closed, which writes a commit made coun
 ``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.staged``), so
 there is no second copy of the commit rule here; the tracker only adds bookkeeping the fold drops
 (the status of markers after a run ends), and checks it against the fold.
-
-``overlay(state, superstep_id)`` is the one definition of what an executor inside a superstep
-sees: the committed values plus the writes the superstep has staged so far.
+What an executor inside a superstep sees is the kernel's ``CommittedState.overlay``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from kernel import (
     folds,
 )
 
-__all__ = ["Outcome", "SuperstepTracker", "overlay"]
+__all__ = ["Outcome", "SuperstepTracker"]
 
 OutcomeKind = Literal["other", "staged", "late", "committed", "aborted", "ignored", "run_ended"]
 
@@ -52,18 +50,6 @@ class Outcome:
 
 OTHER = Outcome("other")
 IGNORED = Outcome("ignored")
-
-
-def overlay(state: CommittedState, superstep_id: str) -> dict[str, Any]:
-    """The values an executor inside ``superstep_id`` sees: ``state``'s committed values with the
-    superstep's staged writes (``state.staged``) applied in order. ``state`` is not changed."""
-    values = dict(state.values)
-    for write in state.staged(superstep_id):
-        if write.op == "set":
-            values[write.key] = write.value
-        else:
-            values.pop(write.key, None)
-    return values
 
 
 class SuperstepTracker(Fold):
@@ -103,14 +89,6 @@ class SuperstepTracker(Fold):
         if event.run_id not in self._ended:
             self._open.setdefault(event.run_id, []).append(event.superstep_id)
 
-    @folds("superstep_committed")
-    def _committed(self, event: SuperstepEvent) -> None:
-        self._marker(event, committed=True)
-
-    @folds("superstep_aborted")
-    def _aborted(self, event: SuperstepEvent) -> None:
-        self._marker(event, committed=False)
-
     @folds(*RUN_END_TYPES)
     def _run_ended(self, event: RunEvent) -> None:
         run_id = event.run_id
@@ -121,7 +99,9 @@ class SuperstepTracker(Fold):
         self._status.pop(run_id, None)
         self.outcome = Outcome("run_ended", unmarked=tuple(self._open.pop(run_id, ())))
 
-    def _marker(self, event: SuperstepEvent, *, committed: bool) -> None:
+    @folds("superstep_committed", "superstep_aborted")
+    def _marker(self, event: SuperstepEvent) -> None:
+        committed = event.type == "superstep_committed"
         run_id, superstep_id = event.run_id, event.superstep_id
         state = self.state
         writes = state.staged(superstep_id)

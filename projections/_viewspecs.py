@@ -26,8 +26,9 @@ remembers their markers), not with the instance's whole history.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from kernel import CommittedState, EventBase, LogIntegrityError
 from projections._backends import ViewTx
@@ -38,6 +39,7 @@ __all__ = ["BlameView", "DocumentView", "HistoryView", "StateView", "ViewSpec"]
 
 DOC_KEY = "view"
 TRACKER_KEY = "t"
+T = TypeVar("T")
 
 
 class ViewSpec(ABC):
@@ -129,6 +131,15 @@ class _Rows:
             self._missing.add(key)
         return row
 
+    def record(self, key: str, from_row: Callable[[Any], Any]) -> Any:
+        """The record under ``key``, made from its row by ``from_row`` once (None if no row)."""
+        record = self.loaded.get(key)
+        if record is None:
+            row = self.row(key)
+            if row is not None:
+                record = self.loaded[key] = from_row(row)
+        return record
+
     def put(self, key: str, record: Any) -> None:
         """Cache ``record`` under ``key``: ``save()`` writes its row."""
         self.loaded[key] = record
@@ -168,21 +179,11 @@ class _HistoryRows(_Rows):
     __slots__ = ()
 
     def run(self, run_id: str) -> RunRecord | None:
-        key = f"r:{run_id}"
-        run: RunRecord | None = self.loaded.get(key)
-        if run is None:
-            row = self.row(key)
-            if row is not None:
-                run = self.loaded[key] = RunRecord.from_row(row)
+        run: RunRecord | None = self.record(f"r:{run_id}", RunRecord.from_row)
         return run
 
     def step(self, superstep_id: str) -> SuperstepRecord | None:
-        key = f"s:{superstep_id}"
-        step: SuperstepRecord | None = self.loaded.get(key)
-        if step is None:
-            row = self.row(key)
-            if row is not None:
-                step = self.loaded[key] = SuperstepRecord.from_row(row)
+        step: SuperstepRecord | None = self.record(f"s:{superstep_id}", SuperstepRecord.from_row)
         return step
 
     def add_run(self, record: RunRecord) -> None:
@@ -206,12 +207,9 @@ class _WriteRows(_Rows):
 
     def get(self, position: int) -> WriteRecord:
         key = write_key(position)
-        record: WriteRecord | None = self.loaded.get(key)
+        record: WriteRecord | None = self.record(key, WriteRecord.model_validate)
         if record is None:
-            row = self.row(key)
-            if row is None:
-                raise LogIntegrityError(f"blame row {key} is missing from {self._table}")
-            record = self.loaded[key] = WriteRecord.model_validate(row)
+            raise LogIntegrityError(f"blame row {key} is missing from {self._table}")
         return record
 
 
@@ -220,7 +218,29 @@ def write_key(position: int) -> str:
     return f"w:{position:012d}"
 
 
-class HistoryView(ViewSpec):
+class _RowsView(ViewSpec):
+    """A view kept as rows: ``load`` returns a ``_Paged`` fold, which saves its own rows."""
+
+    def apply(self, state: Any, event: EventBase) -> Any:
+        return state.apply(event)
+
+    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
+        state.save()
+
+
+def _read(
+    docs: dict[str, Any], empty: Callable[[], T], from_rows: Callable[..., T], *prefixes: str
+) -> T:
+    """The fold of one instance's rows ``docs``: ``from_rows`` of the rows under each key prefix
+    (in ``prefixes`` order) and the tracker, or ``empty()`` when there is no tracker row."""
+    tracker = docs.get(TRACKER_KEY)
+    if tracker is None:
+        return empty()
+    rows = ([doc for key, doc in docs.items() if key.startswith(prefix)] for prefix in prefixes)
+    return from_rows(*rows, tracker)
+
+
+class HistoryView(_RowsView):
     """Run history per instance (``RunHistory``), one row per run and per superstep."""
 
     name = "history"
@@ -230,24 +250,13 @@ class HistoryView(ViewSpec):
         rows = _HistoryRows(tx, table, instance_id)
         return _Paged(RunHistory(rows, tracker=tx.get(table, instance_id, TRACKER_KEY)), rows)
 
-    def apply(self, state: Any, event: EventBase) -> Any:
-        return state.apply(event)
-
-    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
-        state.save()
-
     @staticmethod
     def read(docs: dict[str, Any]) -> RunHistory:
         """The ``RunHistory`` of one instance from its rows (``ViewBackend.documents``)."""
-        tracker = docs.get(TRACKER_KEY)
-        if tracker is None:
-            return RunHistory()
-        runs = [doc for key, doc in docs.items() if key.startswith("r:")]
-        steps = [doc for key, doc in docs.items() if key.startswith("s:")]
-        return RunHistory.from_rows(runs, steps, tracker)
+        return _read(docs, RunHistory, RunHistory.from_rows, "r:", "s:")
 
 
-class BlameView(ViewSpec):
+class BlameView(_RowsView):
     """Key provenance per instance (``KeyBlame``), one row per write."""
 
     name = "blame"
@@ -258,17 +267,7 @@ class BlameView(ViewSpec):
         rows = _WriteRows(tx, table, instance_id)
         return _Paged(KeyBlame(rows=rows, tracker=tx.get(table, instance_id, TRACKER_KEY)), rows)
 
-    def apply(self, state: Any, event: EventBase) -> Any:
-        return state.apply(event)
-
-    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
-        state.save()
-
     @staticmethod
     def read(docs: dict[str, Any]) -> KeyBlame:
         """The ``KeyBlame`` of one instance from its rows (``ViewBackend.documents``)."""
-        tracker = docs.get(TRACKER_KEY)
-        if tracker is None:
-            return KeyBlame()
-        writes = [doc for key, doc in docs.items() if key.startswith("w:")]
-        return KeyBlame.from_rows(writes, tracker)
+        return _read(docs, KeyBlame, KeyBlame.from_rows, "w:")

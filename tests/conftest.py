@@ -14,6 +14,7 @@ not pass by skipping them.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,29 @@ def durable_store_url(request: pytest.FixtureRequest) -> str:
     """The URL of an empty store that other processes can open: SQLite, then PostgreSQL."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url
+
+
+@pytest.fixture
+def trap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module ``steplog_trap`` on ``sys.path`` (under ``tmp_path``) whose import leaves a marker
+    file; it defines ``Evil`` (an enum) and ``Box`` (a dataclass) for hostile values to name.
+
+    Returns the marker's path, which must never exist.
+    """
+    marker = tmp_path / "trap-fired"
+    (tmp_path / "steplog_trap.py").write_text(
+        "import enum, pathlib\n"
+        "from dataclasses import dataclass\n"
+        f"pathlib.Path({str(marker)!r}).write_text('imported')\n"
+        "class Evil(enum.Enum):\n"
+        "    X = 'x'\n"
+        "@dataclass\n"
+        "class Box:\n"
+        "    v: int\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "steplog_trap", raising=False)
+    return marker
 
 
 @pytest.fixture

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
-from kernel import (
-    EventBase,
-    RunCompleted,
-    RunStarted,
-    StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
-    SuperstepStarted,
-    fold_committed,
-    open_store,
-)
+from kernel import EventBase, fold_committed, open_store
 from projections import fold_blame
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
+from tests.projections.helpers import raw_events
 
 
 def test_demo_runs_the_bug_scenario_on_sqlite_and_finds_no_leak(sqlite_url, capsys):
@@ -210,34 +200,26 @@ def test_bad_input_exits_2_and_names_what_was_wrong(demo_store, capsys, args, me
 def _disorderly_log(instance_id: str) -> list[EventBase]:
     """A write staged after its superstep's commit (late), and two supersteps with two markers
     each: commit then abort, abort then commit. Only the first marker decides."""
-    at = iter(range(1, 100))
-    moment = datetime(2025, 1, 1, tzinfo=UTC)
-
-    def make(cls: type[EventBase], **fields: object) -> EventBase:
-        position = next(at)
-        when = moment + timedelta(seconds=position)
-        return cls(instance_id=instance_id, position=position, timestamp=when, **fields)
-
-    def write(sid: str, key: str, value: int) -> EventBase:
-        ids = {"run_id": "r1", "superstep_id": sid, "executor_id": "e"}
-        return make(StateStaged, key=key, op="set", value=value, **ids)
-
-    return [
-        make(RunStarted, run_id="r1", workflow_name="wf"),  # 1
-        make(SuperstepStarted, run_id="r1", superstep_id="s1", index=1),  # 2
-        write("s1", "a", 1),  # 3: counts
-        make(SuperstepCommitted, run_id="r1", superstep_id="s1"),  # 4
-        write("s1", "a", 2),  # 5: late, never counts
-        make(SuperstepStarted, run_id="r1", superstep_id="s2", index=2),  # 6
-        write("s2", "b", 1),  # 7: counts (committed first)
-        make(SuperstepCommitted, run_id="r1", superstep_id="s2"),  # 8
-        make(SuperstepAborted, run_id="r1", superstep_id="s2", reason="failed"),  # 9: ignored
-        make(SuperstepStarted, run_id="r1", superstep_id="s3", index=3),  # 10
-        write("s3", "c", 1),  # 11: never counts (aborted first)
-        make(SuperstepAborted, run_id="r1", superstep_id="s3", reason="failed"),  # 12
-        make(SuperstepCommitted, run_id="r1", superstep_id="s3"),  # 13: ignored
-        make(RunCompleted, run_id="r1", supersteps=3),  # 14
-    ]
+    s1, s2, s3 = ("r1", 1), ("r1", 2), ("r1", 3)
+    return raw_events(
+        instance_id,
+        [
+            ("run", "r1"),  # 1
+            ("start", s1),  # 2
+            ("write", s1, "a", "set"),  # 3: counts
+            ("commit", s1),  # 4
+            ("write", s1, "a", "set"),  # 5: late, never counts
+            ("start", s2),  # 6
+            ("write", s2, "b", "set"),  # 7: counts (committed first)
+            ("commit", s2),  # 8
+            ("abort", s2),  # 9: ignored
+            ("start", s3),  # 10
+            ("write", s3, "c", "set"),  # 11: never counts (aborted first)
+            ("abort", s3),  # 12
+            ("commit", s3),  # 13: ignored
+            ("end", "r1", "completed"),  # 14
+        ],
+    )
 
 
 EXPECTED_VERDICTS = {3: "committed", 5: "late", 7: "committed", 11: "aborted"}
@@ -263,7 +245,7 @@ def test_log_json_says_a_late_write_and_a_second_marker_count_as_the_fold_says(
     assert "counts" not in next(line for line in lines if line["type"] != "state_staged")
     with open_store(disorderly_store) as store:
         events = store.read("odd")
-    assert fold_committed(events).values == {"a": 1, "b": 1}
+    assert fold_committed(events).values == {"a": {"written_at": 3}, "b": {"written_at": 7}}
     blame = fold_blame(events)
     assert {w.position: w.status for k in "abc" for w in blame.writes(k)} == EXPECTED_VERDICTS
 

@@ -31,7 +31,7 @@ from kernel import (
 from projections.cli import main
 
 INSTANCE = "orders-1"
-TRAP = "steplog_hostile_trap"
+TRAP = "steplog_trap"  # planted by the ``trap`` fixture
 
 
 class Writer(Executor):
@@ -47,25 +47,6 @@ class Writer(Executor):
 def workflow(store: EventStore) -> Workflow:
     builder = WorkflowBuilder(start_executor=Writer("writer"), store=store, instance_id=INSTANCE)
     return builder.build()
-
-
-@pytest.fixture
-def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The file that appears if anything hostile runs; a trap module that creates it on import."""
-    path = tmp_path / "hostile-code-ran"
-    (tmp_path / f"{TRAP}.py").write_text(
-        "import enum, pathlib\n"
-        "from dataclasses import dataclass\n"
-        f"pathlib.Path({str(path)!r}).write_text('imported')\n"
-        "class Evil(enum.Enum):\n"
-        "    X = 'x'\n"
-        "@dataclass\n"
-        "class Box:\n"
-        "    v: int\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, TRAP, raising=False)
-    return path
 
 
 @pytest.fixture
@@ -119,13 +100,13 @@ def nothing_ran(marker: Path) -> bool:
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_reading_an_edited_log_through_the_workflow_runs_nothing(
-    logged: str, marker: Path, name: str
+    logged: str, trap: Path, name: str
 ) -> None:
-    tree, plain = hostile_trees(marker)[name]
+    tree, plain = hostile_trees(trap)[name]
     edit_stored_value(logged, "k", tree)
     with open_store(logged) as store:
         assert workflow(store).committed_state() == {"k": plain, "n": 1}
-    assert nothing_ran(marker)
+    assert nothing_ran(trap)
 
 
 READING_COMMANDS = [
@@ -144,20 +125,20 @@ READING_COMMANDS = [
 @pytest.mark.parametrize("name", HOSTILE)
 @pytest.mark.parametrize("command", READING_COMMANDS, ids=" ".join)
 def test_reading_an_edited_log_through_the_cli_runs_nothing(
-    logged: str, marker: Path, name: str, command: list[str], capsys: pytest.CaptureFixture[str]
+    logged: str, trap: Path, name: str, command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tree, _ = hostile_trees(marker)[name]
+    tree, _ = hostile_trees(trap)[name]
     edit_stored_value(logged, "k", tree)
     assert main(["--store", logged, *command]) == 0
-    assert nothing_ran(marker)
+    assert nothing_ran(trap)
     capsys.readouterr()
 
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_hostile_bisect_equals_runs_nothing_and_compares_as_plain_data(
-    logged: str, marker: Path, name: str, capsys: pytest.CaptureFixture[str]
+    logged: str, trap: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tree, _ = hostile_trees(marker)[name]
+    tree, _ = hostile_trees(trap)[name]
     equals = orjson.dumps(tree).decode()
     # The stored value is harmless: the hostile value is never equal to it.
     assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 1
@@ -166,7 +147,7 @@ def test_a_hostile_bisect_equals_runs_nothing_and_compares_as_plain_data(
     edit_stored_value(logged, "k", tree)
     assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 0
     assert "first true after superstep 1" in capsys.readouterr().out
-    assert nothing_ran(marker)
+    assert nothing_ran(trap)
 
 
 def deep(depth: int) -> Any:
@@ -187,14 +168,14 @@ MALFORMED = {
 
 @pytest.mark.parametrize("name", list(MALFORMED))
 def test_a_malformed_stored_value_is_a_decode_error_through_the_workflow(
-    logged: str, marker: Path, name: str
+    logged: str, trap: Path, name: str
 ) -> None:
     tree, problem = MALFORMED[name]
     edit_stored_value(logged, "k", tree)
     with open_store(logged) as store, pytest.raises(DecodeError, match="cannot decode") as caught:
         workflow(store).committed_state()
     assert problem in str(caught.value)
-    assert nothing_ran(marker)
+    assert nothing_ran(trap)
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))

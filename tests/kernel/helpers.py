@@ -1,10 +1,20 @@
-"""Small helpers for reading a workflow's log in assertions."""
+"""Small helpers for reading a workflow's log in assertions, and executors shared by tests."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from kernel import EventBase, StateStaged, SuperstepAborted, SuperstepCommitted, Workflow
+from kernel import (
+    EventBase,
+    Executor,
+    StateStaged,
+    SuperstepAborted,
+    SuperstepCommitted,
+    Workflow,
+    WorkflowContext,
+    handler,
+)
 
 
 def of_type(events: list[EventBase], kind: str) -> list[Any]:
@@ -36,3 +46,35 @@ def fate_of(wf: Workflow, key: str) -> list[str]:
     """For each staged write of ``key``, its superstep's marker (or "none")."""
     found = markers(wf)
     return [found.get(e.superstep_id, "none") for e in staged(wf, key)]
+
+
+class Router(Executor):
+    """Sends every message on, unchanged."""
+
+    @handler
+    async def run(self, n: int, ctx: WorkflowContext[int]) -> None:
+        await ctx.send_message(n)
+
+
+class Sink(Executor):
+    """Stages the message under its own id and yields ``"<id>:<message>"``."""
+
+    @handler
+    async def run(self, n: int, ctx: WorkflowContext[Any, str]) -> None:
+        ctx.set_state(self.id, n)
+        await ctx.yield_output(f"{self.id}:{n}")
+
+
+class FailsAfter(Executor):
+    """Waits until ``go`` is set (by a sibling in the same superstep), then raises
+    ``ValueError(reason)``."""
+
+    def __init__(self, id: str, go: asyncio.Event, reason: str) -> None:
+        super().__init__(id)
+        self.go = go
+        self.reason = reason
+
+    @handler
+    async def run(self, message: Any, ctx: WorkflowContext[Any]) -> None:
+        await self.go.wait()
+        raise ValueError(self.reason)

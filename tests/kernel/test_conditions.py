@@ -20,19 +20,7 @@ from kernel import (
     WorkflowContext,
     handler,
 )
-from tests.kernel.helpers import of_type
-
-
-class Router(Executor):
-    @handler
-    async def run(self, n: int, ctx: WorkflowContext[int]) -> None:
-        await ctx.send_message(n)
-
-
-class Sink(Executor):
-    @handler
-    async def run(self, n: int, ctx: WorkflowContext[Any, str]) -> None:
-        await ctx.yield_output(f"{self.id}:{n}")
+from tests.kernel.helpers import FailsAfter, Router, Sink, of_type
 
 
 def small_sync(n: int) -> bool:
@@ -119,17 +107,6 @@ async def test_an_async_condition_that_is_false_for_every_edge_delivers_nothing(
     assert of_type(wf.events(), "message_staged")[0].targets == []
 
 
-class FailsAfterSiblingRoutes(Executor):
-    def __init__(self, id: str, routing: asyncio.Event) -> None:
-        super().__init__(id)
-        self.routing = routing
-
-    @handler
-    async def run(self, n: int, ctx: WorkflowContext[Any]) -> None:
-        await self.routing.wait()
-        raise ValueError("sibling failed while a condition was awaited")
-
-
 @pytest.mark.parametrize("durability", ["superstep", "write"])
 async def test_a_send_whose_async_condition_outlives_its_superstep_is_refused(store, durability):
     routing = asyncio.Event()
@@ -153,7 +130,7 @@ async def test_a_send_whose_async_condition_outlives_its_superstep_is_refused(st
     source, sender, failer, sink = (
         Router("source"),
         Sender("sender"),
-        FailsAfterSiblingRoutes("failer", routing),
+        FailsAfter("failer", routing, "sibling failed while a condition was awaited"),
         Sink("sink"),
     )
     wf = (

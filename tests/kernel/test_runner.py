@@ -24,7 +24,7 @@ from kernel import (
     executor,
     handler,
 )
-from tests.kernel.helpers import kinds, markers, of_type
+from tests.kernel.helpers import Router, Sink, kinds, markers, of_type
 
 
 class Counter(Executor):
@@ -89,19 +89,6 @@ async def test_state_persists_across_runs_of_an_instance(store):
     reopened = WorkflowBuilder(start_executor=tally, store=store, instance_id="till").build()
     assert reopened.committed_state() == {"total": 42}
     assert len(of_type(reopened.events(), "run_completed")) == 3
-
-
-class Router(Executor):
-    @handler
-    async def run(self, n: int, ctx: WorkflowContext[int]) -> None:
-        await ctx.send_message(n)
-
-
-class Sink(Executor):
-    @handler
-    async def run(self, n: int, ctx: WorkflowContext[Any, str]) -> None:
-        ctx.set_state(self.id, n)
-        await ctx.yield_output(f"{self.id}:{n}")
 
 
 async def test_conditional_edges_route_by_the_message(store):

@@ -23,7 +23,7 @@ from kernel import (
     WorkflowContext,
     handler,
 )
-from tests.kernel.helpers import fate_of, kinds, markers, of_type, staged
+from tests.kernel.helpers import FailsAfter, fate_of, kinds, markers, of_type, staged
 
 
 class Msg(BaseModel):
@@ -149,17 +149,6 @@ class Source(Executor):
         await ctx.send_message(message)
 
 
-class FailsFast(Executor):
-    def __init__(self, id: str, sibling_wrote: asyncio.Event) -> None:
-        super().__init__(id)
-        self.sibling_wrote = sibling_wrote
-
-    @handler
-    async def run(self, message: Msg, ctx: WorkflowContext[Msg]) -> None:
-        await self.sibling_wrote.wait()
-        raise ValueError("fast failure")
-
-
 class WritesAroundTheFailure(Executor):
     """Writes once, lets its sibling fail, then tries to write again from its cancellation."""
 
@@ -187,9 +176,8 @@ async def test_a_sibling_writing_after_another_failed_never_counts(store):
     wrote = asyncio.Event()
     writer = WritesAroundTheFailure("writer", wrote)
     source = Source("source")
-    wf = (
-        build(store, source).add_fan_out_edges(source, [FailsFast("failer", wrote), writer]).build()
-    )
+    failer = FailsAfter("failer", wrote, "fast failure")
+    wf = build(store, source).add_fan_out_edges(source, [failer, writer]).build()
 
     with pytest.raises(ValueError, match="fast failure"):
         await wf.run(Msg())

@@ -1,15 +1,26 @@
-"""Helpers for the store-backed projection tests."""
+"""Helpers for the store-backed projection tests, and logs written step by step, rules or not."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel import EventBase, EventStore
+from kernel import (
+    EventBase,
+    EventStore,
+    RunAbandoned,
+    RunCompleted,
+    RunStarted,
+    StateStaged,
+    SuperstepAborted,
+    SuperstepCommitted,
+    SuperstepStarted,
+)
 from projections import ViewSpec, ViewTx
 from tests.projections.logs import RunPlan, append_all, build_events, flatten, plans, ticking_clock
 
@@ -44,6 +55,51 @@ def populate(store: EventStore, instance_plans: list[list[RunPlan]]) -> dict[str
     }
     append_all(store, batches)
     return {instance_id: flatten(b) for instance_id, b in batches.items()}
+
+
+START = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def raw_events(instance_id: str, plan: list[tuple[Any, ...]]) -> list[EventBase]:
+    """One event per step of ``plan``, in its order, whether or not the kernel would write it so.
+
+    Steps: ``("run", run)``, ``("start", (run, n))``, ``("write", (run, n), key, op)``,
+    ``("commit", (run, n))``, ``("abort", (run, n))``, ``("end", run, "completed" | "crashed")``.
+    Superstep ``(run, n)`` has id ``f"{run}-s{n}"``; event ``i`` (from 1) has position ``i`` and
+    is stamped ``i`` seconds after 2025-01-01 UTC; every ``set`` writes ``{"written_at": i}``, a
+    value no other write has.
+    """
+    events: list[EventBase] = []
+    for number, action in enumerate(plan, start=1):
+        common: dict[str, Any] = {
+            "instance_id": instance_id,
+            "position": number,
+            "timestamp": START + timedelta(seconds=number),
+        }
+        kind = action[0]
+        if kind == "run":
+            events.append(RunStarted(run_id=action[1], workflow_name="wf", **common))
+            continue
+        if kind == "end":
+            run_id, how = action[1], action[2]
+            if how == "completed":
+                events.append(RunCompleted(run_id=run_id, supersteps=0, **common))
+            else:
+                events.append(RunAbandoned(run_id=run_id, reason="crashed", **common))
+            continue
+        (run_id, index) = action[1]
+        ids = {"run_id": run_id, "superstep_id": f"{run_id}-s{index}", **common}
+        if kind == "start":
+            events.append(SuperstepStarted(index=index, **ids))
+        elif kind == "write":
+            key, op = action[2], action[3]
+            value = {"written_at": number} if op == "set" else None
+            events.append(StateStaged(executor_id="e", key=key, op=op, value=value, **ids))
+        elif kind == "commit":
+            events.append(SuperstepCommitted(**ids))
+        else:
+            events.append(SuperstepAborted(reason="failed", **ids))
+    return events
 
 
 class Crash(Exception):

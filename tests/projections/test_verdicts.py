@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import math
 from contextlib import redirect_stdout
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,18 @@ from hypothesis import strategies as st
 
 from kernel import (
     EventBase,
-    RunAbandoned,
-    RunCompleted,
-    RunStarted,
     StateStaged,
     SuperstepAborted,
     SuperstepCommitted,
-    SuperstepStarted,
     fold_committed,
     open_store,
 )
 from projections import blame_keys, fold_blame
 from projections.cli import main
+from tests.projections.helpers import raw_events
 
 RUNS = ("r1", "r2")
 KEYS = ("a", "b")
-START = datetime(2025, 1, 1, tzinfo=UTC)
 
 step_ids = st.tuples(st.sampled_from(RUNS), st.integers(1, 2))
 ops = st.sampled_from(("set", "set", "delete"))
@@ -51,41 +46,6 @@ actions = st.one_of(
     st.tuples(st.just("abort"), step_ids),
     st.tuples(st.just("end"), st.sampled_from(RUNS), st.sampled_from(["completed", "crashed"])),
 )
-
-
-def build(instance_id: str, plan: list[tuple[Any, ...]]) -> list[EventBase]:
-    """The plan as events; every ``set`` writes a value no other write has (its position)."""
-    events: list[EventBase] = []
-    for number, action in enumerate(plan, start=1):
-        common: dict[str, Any] = {
-            "instance_id": instance_id,
-            "position": number,
-            "timestamp": START + timedelta(seconds=number),
-        }
-        kind = action[0]
-        if kind == "run":
-            events.append(RunStarted(run_id=action[1], workflow_name="wf", **common))
-            continue
-        if kind == "end":
-            run_id, how = action[1], action[2]
-            if how == "completed":
-                events.append(RunCompleted(run_id=run_id, supersteps=0, **common))
-            else:
-                events.append(RunAbandoned(run_id=run_id, reason="crashed", **common))
-            continue
-        (run_id, index) = action[1]
-        ids = {"run_id": run_id, "superstep_id": f"{run_id}-s{index}", **common}
-        if kind == "start":
-            events.append(SuperstepStarted(index=index, **ids))
-        elif kind == "write":
-            key, op = action[2], action[3]
-            value = {"written_at": number} if op == "set" else None
-            events.append(StateStaged(executor_id="e", key=key, op=op, value=value, **ids))
-        elif kind == "commit":
-            events.append(SuperstepCommitted(**ids))
-        else:
-            events.append(SuperstepAborted(reason="failed", **ids))
-    return events
 
 
 def log_column(url: str, instance_id: str) -> dict[int, bool | None]:
@@ -127,7 +87,7 @@ def replayed(events: list[EventBase], counted: set[int], upto: float) -> dict[st
 )
 @given(plan=st.lists(actions, min_size=1, max_size=24))
 def test_log_blame_and_fold_committed_agree_on_every_write(tmp_path_factory, plan):
-    events = build("inst", plan)
+    events = raw_events("inst", plan)
     url = f"sqlite:///{Path(tmp_path_factory.mktemp('verdicts')) / 'log.db'}"
     with open_store(url) as store:
         store.append("inst", events, expected_version=0)

@@ -440,28 +440,6 @@ def test_the_deepest_values_encode_writes_survive_the_store(store: EventStore) -
 # -- decoding is data only: an allow-list, never an import -----------------------------------
 
 
-@pytest.fixture
-def trap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A module ``steplog_trap`` on ``sys.path`` whose import (or any call) leaves a marker file.
-
-    Returns the marker's path, which must never exist.
-    """
-    marker = tmp_path / "trap-fired"
-    (tmp_path / "steplog_trap.py").write_text(
-        "import enum, pathlib\n"
-        "from dataclasses import dataclass\n"
-        f"pathlib.Path({str(marker)!r}).write_text('imported')\n"
-        "class Evil(enum.Enum):\n"
-        "    X = 'x'\n"
-        "@dataclass\n"
-        "class Box:\n"
-        "    v: int\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "steplog_trap", raising=False)
-    return marker
-
-
 @pytest.mark.parametrize("tag", ["enum", "model", "dataclass"])
 def test_decoding_never_imports_the_module_a_value_names(trap: Path, tag: str) -> None:
     inner = {"v": 1} if tag != "enum" else "x"

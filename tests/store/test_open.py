@@ -147,6 +147,12 @@ def admin(postgres_server_url: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
+@pytest.fixture
+def schema(postgres_url: str) -> str:
+    """The schema ``postgres_url`` names."""
+    return postgres_params(postgres_url)["schema"]
+
+
 def schema_objects(admin: psycopg.Connection[Any], schema: str) -> dict[str, list[str]]:
     """What exists in ``schema``: the schema itself, its relations, functions and types."""
     found = admin.execute(
@@ -177,9 +183,8 @@ def setup_locks(admin: psycopg.Connection[Any], schema: str) -> int:
 
 @pytest.mark.postgres
 def test_a_missing_postgres_schema_is_not_found_and_not_created(
-    postgres_url: str, admin: psycopg.Connection[Any]
+    postgres_url: str, admin: psycopg.Connection[Any], schema: str
 ) -> None:
-    schema = postgres_params(postgres_url)["schema"]
     with pytest.raises(StoreNotFoundError, match="holds no steplog store"):
         open_store(postgres_url, create=False)
     assert schema_objects(admin, schema) == {
@@ -190,9 +195,8 @@ def test_a_missing_postgres_schema_is_not_found_and_not_created(
 
 @pytest.mark.postgres
 def test_the_setup_lock_counted_here_is_the_one_create_takes(
-    postgres_url: str, admin: psycopg.Connection[Any]
+    postgres_url: str, admin: psycopg.Connection[Any], schema: str
 ) -> None:
-    schema = postgres_params(postgres_url)["schema"]
     with psycopg.connect(postgres_url.split("?")[0], autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"steplog setup {schema}",))
         assert setup_locks(admin, schema) == 1
@@ -200,9 +204,8 @@ def test_the_setup_lock_counted_here_is_the_one_create_takes(
 
 @pytest.mark.postgres
 def test_an_empty_postgres_schema_is_not_found_and_left_empty(
-    postgres_url: str, admin: psycopg.Connection[Any]
+    postgres_url: str, admin: psycopg.Connection[Any], schema: str
 ) -> None:
-    schema = postgres_params(postgres_url)["schema"]
     admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     with pytest.raises(StoreNotFoundError):
         open_store(postgres_url, create=False)
@@ -213,9 +216,8 @@ def test_an_empty_postgres_schema_is_not_found_and_left_empty(
 
 @pytest.mark.postgres
 def test_opening_an_existing_postgres_store_without_create_runs_no_ddl(
-    postgres_url: str, admin: psycopg.Connection[Any]
+    postgres_url: str, admin: psycopg.Connection[Any], schema: str
 ) -> None:
-    schema = postgres_params(postgres_url)["schema"]
     open_store(postgres_url).close()
     created = schema_objects(admin, schema)
     assert "steplog_append" in created["functions"]
@@ -234,7 +236,6 @@ def test_a_missing_postgres_database_is_not_found(postgres_server_url: str) -> N
     for create in (False, True):  # a database is never created, only schemas
         with pytest.raises(StoreNotFoundError, match="does not exist"):
             open_store(url, create=create, connect_timeout=2)
-
 
 
 def test_the_store_port_is_abstract() -> None:
