@@ -5,6 +5,8 @@ Ported from Microsoft Agent Framework workflows by changing imports::
     from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
 """
 
+from typing import TYPE_CHECKING, Any
+
 from kernel._builder import WorkflowBuilder
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
@@ -60,9 +62,11 @@ from kernel._fold import CommittedState, Fold, OpenRun, apply_committed, fold_co
 from kernel._graph import Case, Default
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, EventStore, Recorded, open_store
-from kernel._store_memory import MemoryStore
-from kernel._store_postgres import PostgresStore
-from kernel._store_sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from kernel._store_memory import MemoryStore
+    from kernel._store_postgres import PostgresStore
+    from kernel._store_sqlite import SQLiteStore
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
@@ -139,3 +143,23 @@ __all__ = [
     "system_clock",
     "uuid_ids",
 ]
+
+
+_ADAPTERS = {
+    "MemoryStore": "kernel._store_memory",
+    "PostgresStore": "kernel._store_postgres",
+    "SQLiteStore": "kernel._store_sqlite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The store adapters, imported on first use: ``import kernel`` does not load every driver
+    (psycopg, filelock) whether or not its backend is used."""
+    module = _ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernel' has no attribute {name!r}")
+    import importlib
+
+    adapter = getattr(importlib.import_module(module), name)
+    globals()[name] = adapter
+    return adapter

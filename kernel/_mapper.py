@@ -8,6 +8,8 @@ remaining fields as compact JSON in ``state``.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Callable
 from datetime import datetime
 from types import UnionType
@@ -140,7 +142,7 @@ def _build(
     cls: type[EventBase], payload: dict[str, Any], instance_id: str, position: int, topic: str
 ) -> EventBase:
     built = _construct(cls, payload)
-    if isinstance(built, EventBase):
+    if type(built) is cls:  # (not isinstance: pydantic's metaclass makes that slow, per event)
         return built
     where = f"event {instance_id!r}#{position} ({topic})"
     if built is not None:
@@ -214,8 +216,62 @@ def _checks(cls: type[EventBase]) -> tuple[_Field, ...]:
     return tuple(checks)
 
 
+@functools.cache
+def _fast_checks(
+    cls: type[EventBase],
+) -> tuple[
+    Callable[[dict[str, Any]], Any],
+    frozenset[tuple[type, ...]],
+    tuple[tuple[str, frozenset[Any]], ...],
+    tuple[tuple[str, int], ...],
+    tuple[tuple[str, type], ...],
+]:
+    """``_checks(cls)`` arranged for ``_problem``'s pass over every decoded event: a getter of the
+    checked fields, every allowed combination of their types, then allowed values, lower bounds
+    and list item types. Every event type has at least two checked fields, so the getter always
+    returns a tuple."""
+    checks = [c for c in _checks(cls) if c.name != "type"]  # the topic says the type
+    return (
+        operator.itemgetter(*(c.name for c in checks)),
+        frozenset(itertools.product(*(c.types for c in checks))),
+        tuple((c.name, c.values) for c in checks if c.values is not None),
+        tuple((c.name, c.minimum) for c in checks if c.minimum is not None),
+        tuple((c.name, c.items) for c in checks if c.items is not None),
+    )
+
+
 def _problem(cls: type[EventBase], payload: dict[str, Any]) -> str | None:
-    """What is wrong with the fields of ``payload`` (the first problem), or None."""
+    """What is wrong with the fields of ``payload`` (the first problem), or None.
+
+    Runs for every event read, so the common case (every field present and right) costs one
+    lookup of the fields' types among the allowed combinations, and a few comparisons; anything
+    else is looked at again, field by field, to say what is wrong (or that a field is just
+    missing, which its default fills).
+    """
+    if "type" in payload:  # the mapper never stores it (the topic says it): a tampered row
+        return _describe(cls, payload)
+    fields, combinations, values, minimums, items = _fast_checks(cls)
+    try:
+        if tuple(map(type, fields(payload))) not in combinations:
+            return _describe(cls, payload)
+    except KeyError:  # a field is missing: its default may fill it
+        return _describe(cls, payload)
+    get = payload.get
+    for name, allowed in values:  # the types are right, so the values are hashable
+        if get(name) not in allowed:
+            return _describe(cls, payload)
+    for name, minimum in minimums:
+        number = get(name)
+        if number is not None and number < minimum:
+            return _describe(cls, payload)
+    for name, item in items:
+        if any(type(one) is not item for one in get(name) or ()):
+            return _describe(cls, payload)
+    return None
+
+
+def _describe(cls: type[EventBase], payload: dict[str, Any]) -> str | None:
+    """The first problem with the fields of ``payload``, in words."""
     for name, types, values, minimum, items in _checks(cls):
         if name not in payload:
             continue  # a default fills it; a required one missing is reported by the caller

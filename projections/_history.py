@@ -113,20 +113,20 @@ class RunHistory(Fold):
     def _invoked(self, event: ExecutorInvoked) -> None:
         step = self._rows.step(event.superstep_id)
         if step is not None:
-            step.executors.append(event.executor_id)
+            step.executors += (event.executor_id,)
 
     @folds("executor_failed")
     def _failed(self, event: ExecutorFailed) -> None:
         step = self._rows.step(event.superstep_id)
         if step is not None:
-            step.failed_executors.append(event.executor_id)
+            step.failed_executors += (event.executor_id,)
 
     @folds("state_staged")
     def _staged(self, event: StateStaged) -> None:
         self._tracker.track(event)
         step = self._rows.step(event.superstep_id)
         if step is not None and event.key not in step.keys:
-            step.keys.append(event.key)
+            step.keys += (event.key,)
 
     @folds("output_yielded")
     def _output(self, event: OutputYielded) -> None:
@@ -135,7 +135,7 @@ class RunHistory(Fold):
             return
         run = self._rows.run(step.run_id)
         if run is not None and run.status == "running":
-            step.outputs.append(event.value)
+            step.outputs += (event.value,)
 
     @folds("superstep_committed", "superstep_aborted")
     def _marked(self, event: SuperstepEvent) -> None:

@@ -60,10 +60,10 @@ _CODECS: dict[str, _Codec] = {
     "started_at": (datetime.isoformat, datetime.fromisoformat),
     "ended_at": (_time_text, _time),
     "error": (_error_tree, _error),
-    "executors": (_same, list),
-    "failed_executors": (_same, list),
-    "keys": (_same, list),
-    "outputs": (_same, list),
+    "executors": (list, tuple),
+    "failed_executors": (list, tuple),
+    "keys": (list, tuple),
+    "outputs": (list, tuple),
 }
 _PLAIN: _Codec = (_same, _same)
 R = TypeVar("R")
@@ -114,20 +114,16 @@ class SuperstepRecord:
     error: ErrorInfo | None = None
     ended_at: datetime | None = None
     position: int | None = None
-    executors: list[str] = field(default_factory=list)
-    failed_executors: list[str] = field(default_factory=list)
-    keys: list[str] = field(default_factory=list)
-    outputs: list[Any] = field(default_factory=list)
+    # Tuples, not lists: a history holds a record per superstep, and most of these stay empty
+    # (one shared empty tuple instead of four lists each).
+    executors: tuple[str, ...] = ()
+    failed_executors: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    outputs: tuple[Any, ...] = ()
 
     def copy(self) -> SuperstepRecord:
-        """An independent copy (its lists are new)."""
-        return replace(
-            self,
-            executors=list(self.executors),
-            failed_executors=list(self.failed_executors),
-            keys=list(self.keys),
-            outputs=list(self.outputs),
-        )
+        """An independent copy."""
+        return replace(self)
 
     def to_row(self) -> dict[str, Any]:
         """The record as a JSON row."""

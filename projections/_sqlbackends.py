@@ -17,14 +17,8 @@ from typing import Any
 
 import orjson
 
-from kernel import (
-    EventStore,
-    MemoryStore,
-    PostgresStore,
-    ProjectionError,
-    SQLiteStore,
-    StepLogError,
-)
+import kernel
+from kernel import EventStore, ProjectionError, StepLogError
 from projections._backends import (
     POSITIONS_TABLE,
     Json,
@@ -281,15 +275,18 @@ _memory_lock = threading.Lock()
 
 
 def backend_for(store: EventStore) -> ViewBackend:
-    """The view backend in ``store``'s own database (one shared object per memory store)."""
-    if isinstance(store, MemoryStore):
+    """The view backend in ``store``'s own database (one shared object per memory store).
+
+    The adapter classes are looked up in this order so that only the store's own driver is ever
+    imported (``kernel`` loads its adapters on first use)."""
+    if isinstance(store, kernel.MemoryStore):
         with _memory_lock:
             backend = _memory_backends.get(store)
             if backend is None:
                 backend = _memory_backends[store] = MemoryViewBackend()
             return backend
-    if isinstance(store, SQLiteStore):
+    if isinstance(store, kernel.SQLiteStore):
         return SQLiteViewBackend(store.datastore, store.url)
-    if isinstance(store, PostgresStore):
+    if isinstance(store, kernel.PostgresStore):
         return PostgresViewBackend(store.datastore, store.url, store.schema)
     raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")
