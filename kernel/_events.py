@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 __all__ = [
     "EVENT_TYPES",
@@ -41,7 +41,6 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepEvent",
     "SuperstepStarted",
-    "event_adapter",
     "trusted_event",
 ]
 
@@ -309,10 +308,10 @@ def trusted_event(cls: type[E], fields: dict[str, Any]) -> E | None:
     """
     plain, factories, required, allowed = _defaults(cls)
     keys = fields.keys()
-    if not (required <= keys <= allowed):
-        return None
-    if len(keys) == len(allowed):
+    if keys == allowed:
         data = fields  # every field given (the mapper's case): nothing to fill in
+    elif not (required <= keys <= allowed):
+        return None
     else:
         data = {**plain, **fields}
         for name, factory in factories.items():
@@ -324,8 +323,3 @@ def trusted_event(cls: type[E], fields: dict[str, Any]) -> E | None:
     object.__setattr__(event, "__pydantic_extra__", None)
     object.__setattr__(event, "__pydantic_private__", None)
     return event
-
-
-def event_adapter() -> TypeAdapter[Event]:
-    """A validator for the discriminated union (built on call: no work at import time)."""
-    return TypeAdapter(Event)

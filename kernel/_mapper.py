@@ -240,6 +240,13 @@ def _fast_checks(
     )
 
 
+@functools.cache
+def _type_of(cls: type[EventBase]) -> str:
+    """The ``type`` every event of ``cls`` carries."""
+    name: str = cls.model_fields["type"].default
+    return name
+
+
 def _problem(cls: type[EventBase], payload: dict[str, Any]) -> str | None:
     """What is wrong with the fields of ``payload`` (the first problem), or None.
 
@@ -310,6 +317,7 @@ def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | str
     if problem is not None:
         return problem
     payload["timestamp"] = when
+    payload["type"] = _type_of(cls)  # every field present: the event is built without merging
     error = payload.get("error")
     if error is not None:
         if error.keys() != {"type", "message"} or not all(type(v) is str for v in error.values()):

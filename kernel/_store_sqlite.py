@@ -232,7 +232,11 @@ class SQLiteStore(EventStore):
         super().__init__(self._sqlite, url=f"sqlite:///{path}")
         try:
             with self._translated("open the store"):
-                if create and not self._has_tables():
+                # Setting up a new file takes turns, from its first connection on: that one
+                # switches the file to WAL, which fails at once ("database is locked", no busy
+                # wait) while another process is doing the same. So whether setup is needed is
+                # decided by a read-only look, outside the datastore.
+                if create and _steplog_tables(path) != _TABLES:
                     lock = path.with_name(f"{path.name}.lock")
                     with _setup_turn(lock, timeout=lock_timeout):
                         if not self._has_tables():
@@ -252,11 +256,10 @@ class SQLiteStore(EventStore):
                 "such as a run, creates it)"
             )
         try:
-            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-                found = {row[0] for row in db.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE))}
+            found = _steplog_tables(path, strict=True)
         except sqlite3.Error as error:
             raise self._store_error(error, "open the store") from error
-        if found != {EVENTS_TABLE, META_TABLE}:
+        if found != _TABLES:
             raise StoreNotFoundError(
                 f"{path} holds no steplog store (no {EVENTS_TABLE} and {META_TABLE} tables); "
                 "it was left untouched"
@@ -332,3 +335,19 @@ class SQLiteStore(EventStore):
 
 
 _TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
+_TABLES = frozenset({EVENTS_TABLE, META_TABLE})
+
+
+def _steplog_tables(path: Path, *, strict: bool = False) -> frozenset[str]:
+    """Which of steplog's tables the file at ``path`` holds, looked at read-only (nothing is
+    created or changed); none for a missing file. An unreadable file also counts as none unless
+    ``strict``, when the ``sqlite3.Error`` is raised."""
+    if not path.exists():
+        return frozenset()
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return frozenset(row[0] for row in db.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE)))
+    except sqlite3.Error:
+        if strict:
+            raise
+        return frozenset()
