@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -198,7 +198,7 @@ class SQLiteStore(EventStore):
 
     With ``create=True`` a missing file is created with its tables, and a file without them gets
     them; while it does, ``<file>.lock`` beside it serializes the processes that do the same (the
-    lock file stays, as SQLite's ``-wal`` and ``-shm`` files do). With ``create=False`` the file
+    lock file is removed once the tables exist). With ``create=False`` the file
     is first inspected read-only: a missing file, or one without steplog's tables, raises
     ``StoreNotFoundError`` and is left exactly as it was.
     """
@@ -242,6 +242,11 @@ class SQLiteStore(EventStore):
                         if not self._has_tables():
                             self._sqlite.create_table()
                             self._stamp_schema_version()
+                    # The tables exist now, so no process will set them up again: whoever still
+                    # waits on (or later takes) a lock file finds them and does nothing. The lock
+                    # file can go, rather than sit beside the user's database.
+                    with suppress(OSError):
+                        lock.unlink()
                 self._check_schema_version()
         except BaseException:
             self._ds.close()

@@ -101,6 +101,11 @@ def test_the_lock_file_serializes_creating_a_store(tmp_path: Path) -> None:
         store.append("a", [event()], expected_version=0)
 
 
+def test_creating_a_store_leaves_no_lock_file_beside_it(tmp_path: Path) -> None:
+    open_store(f"sqlite:///{tmp_path}/s.db").close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")) == []
+
+
 def test_opening_an_existing_sqlite_store_takes_no_lock(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
     open_store(url).close()
