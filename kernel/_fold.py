@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from kernel._events import (
     RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
     EventBase,
     RunEvent,
     RunStarted,
@@ -56,13 +57,15 @@ class Fold:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dispatch: dict[str, Callable[[Any, Any], None]] = {}
+        names: dict[str, str] = {}  # event type -> name of the method marked for it
         for klass in reversed(cls.__mro__):
-            for member in vars(klass).values():
+            for name, member in vars(klass).items():
                 for kind in getattr(member, "__steplog_folds__", ()):
-                    dispatch[kind] = member
-        cls._DISPATCH = dispatch
-        cls.EVENT_TYPES = frozenset(dispatch)
+                    names[kind] = name
+        # Resolved by name on this class, so a subclass that overrides a marked method (without
+        # marking it again) has its own method called.
+        cls._DISPATCH = {kind: getattr(cls, name) for kind, name in names.items()}
+        cls.EVENT_TYPES = frozenset(names)
 
     def apply(self, event: EventBase) -> Self:
         """Fold one event in; return the fold (updated in place)."""
@@ -118,7 +121,7 @@ class CommittedState(Fold):
         for superstep_id in self._closed.pop(event.run_id, {}):
             self._pending.pop(superstep_id, None)
 
-    @folds("superstep_committed", "superstep_aborted")
+    @folds(*SUPERSTEP_MARKER_TYPES)
     def _mark(self, event: SuperstepEvent) -> None:
         committed = event.type == "superstep_committed"
         self.position = max(self.position, event.position)
@@ -145,6 +148,12 @@ class CommittedState(Fold):
         if not writes or writes[0].run_id in self._ended_runs:
             return ()
         return tuple(writes)
+
+    def is_pending(self, write: StateStaged) -> bool:
+        """Whether ``write`` (folded in) is among the writes that will count if its superstep's
+        next marker is a commit: the cheap form of ``write in staged(write.superstep_id)``."""
+        writes = self._pending.get(write.superstep_id)
+        return writes is not None and writes[-1] is write and write.run_id not in self._ended_runs
 
     def overlay(self, superstep_id: str) -> dict[str, Any]:
         """What an executor inside ``superstep_id`` sees: the committed values with the
@@ -258,7 +267,7 @@ class OpenRun(Fold):
         if event.run_id == self.run_id:
             self.superstep_id, self.index = event.superstep_id, event.index
 
-    @folds("superstep_committed", "superstep_aborted")
+    @folds(*SUPERSTEP_MARKER_TYPES)
     def _marked(self, event: SuperstepEvent) -> None:
         if event.run_id == self.run_id and event.superstep_id == self.superstep_id:
             self.superstep_id = None

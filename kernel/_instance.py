@@ -2,10 +2,11 @@
 
 A ``Run`` (``kernel._runner``) talks to its instance through this one interface and nothing else:
 the instance's settings, fresh ids and the time, its committed state, the log's view of which run
-is unfinished, and appending a batch of events. ``InstanceContext`` is the implementation a
-``Workflow`` gives its runs; it owns the instance's fold of the log (committed state and the open
-run), and keeps it up to date with every append. Resuming, checkpointing or running a
-sub-workflow plugs in here: anything that implements ``RunnerContext`` can host a run.
+is unfinished and whether its process is gone, and appending a batch of events.
+``InstanceContext`` is the implementation a ``Workflow`` gives its runs; it owns the instance's
+fold of the log (committed state and the open run), and keeps it up to date with every append.
+Resuming, checkpointing or running a sub-workflow plugs in here: anything that implements
+``RunnerContext`` can host a run.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernel._clock import Clock, IdFactory
 from kernel._codec import ValueCodec
-from kernel._events import EventBase
+from kernel._events import AbortReason, EventBase
 from kernel._fold import CommittedState, OpenRun
+from kernel._owner import presumed_reason
 from kernel._store import EventStore
 
 if TYPE_CHECKING:
@@ -61,11 +63,16 @@ class RunnerContext(Protocol):
         (``version`` is the stream's version, ``run_id`` an unfinished run's, if any)."""
         ...
 
+    def presumed_reason(self, owner: str) -> AbortReason:
+        """Why an unfinished run of ``owner`` (its ``RunStarted.owner``) stopped: ``crashed`` if
+        its process is provably gone, else ``abandoned``."""
+        ...
+
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         """Append ``batch`` atomically after ``expected_version`` and fold it into the view.
 
         Raises what the store raises (``ConcurrencyConflictError``, ``EncodingError``, ...);
-        nothing of the batch was appended then, and the view is rebuilt from the log on next use.
+        nothing of the batch is folded then, and the view stays what it was.
         """
         ...
 
@@ -112,18 +119,15 @@ class InstanceContext:
         self._fold(events)
         return self._head
 
+    def presumed_reason(self, owner: str) -> AbortReason:
+        return presumed_reason(owner)
+
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
-        try:
-            self.store.append(self.instance_id, batch, expected_version=expected_version)
-        except BaseException:
-            # The view may be behind the log now, or ahead of what the run thought: rebuild it.
-            self._committed = CommittedState()
-            self._head = OpenRun()
-            raise
-        committed, head = self._committed, self._head
-        for event in batch:
-            committed.apply(event)
-            head.apply(event)
+        # Folded only once appended: a refused batch leaves the view as it was, a true fold of the
+        # log up to ``version``. (If a failure was ambiguous and the batch did land, the next
+        # ``catch_up`` reads it, and an append at the same positions is a version conflict.)
+        self.store.append(self.instance_id, batch, expected_version=expected_version)
+        self._fold(batch)
 
     def _fold(self, events: Sequence[EventBase]) -> None:
         committed, head = self._committed, self._head

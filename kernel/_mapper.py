@@ -99,9 +99,10 @@ class EventMapper:
                 f"{where} has unknown type {type_name!r}; it was written by a newer or a "
                 "different program"
             )
-        if not (version_text or "1").isdigit():
+        version_text = version_text or "1"
+        if not (version_text.isascii() and version_text.isdigit()):
             raise DecodeError(f"{where} has a malformed topic {topic!r} (expected type@version)")
-        version = int(version_text or 1)
+        version = int(version_text)
         payload = _load(instance_id, position, topic, state)
         if version > cls.SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -114,7 +115,18 @@ class EventMapper:
                 raise DecodeError(
                     f"{where}: no upcaster for {type_name} from schema version {version}"
                 )
-            payload = upcast(payload)
+            try:
+                payload = upcast(payload)
+            except Exception as error:  # an old payload its upcaster cannot read
+                raise DecodeError(
+                    f"{where}: the upcaster of {type_name} from schema version {version} failed: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            if type(payload) is not dict:
+                raise DecodeError(
+                    f"{where}: the upcaster of {type_name} from schema version {version} returned "
+                    f"a {type(payload).__name__}, not a dict"
+                )
             version += 1
         payload["instance_id"] = instance_id
         payload["position"] = position
@@ -320,7 +332,11 @@ def _construct(cls: type[EventBase], payload: dict[str, Any]) -> EventBase | str
     payload["type"] = _type_of(cls)  # every field present: the event is built without merging
     error = payload.get("error")
     if error is not None:
-        if error.keys() != {"type", "message"} or not all(type(v) is str for v in error.values()):
+        if (
+            type(error) is not dict
+            or error.keys() != {"type", "message"}
+            or not all(type(v) is str for v in error.values())
+        ):
             return f"field 'error' is {error!r:.80}, not {{'type': str, 'message': str}}"
         payload["error"] = trusted_event_info(error)
     return trusted_event(cls, payload)

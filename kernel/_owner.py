@@ -2,13 +2,14 @@
 
 A run records its owner in ``RunStarted.owner``. When a later run finds it unfinished in the log,
 ``presumed_reason`` says whether its process is provably gone (``crashed``) or not (``abandoned``).
-Leases and recovery build on this module.
+Leases and recovery are to join it here.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 
 from kernel._events import AbortReason
 
@@ -28,15 +29,15 @@ def presumed_reason(owner: str) -> AbortReason:
     ``abandoned``.
     """
     host, _, pid_text = owner.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != socket.gethostname() or not (pid_text.isascii() and pid_text.isdigit()):
         return "abandoned"
     pid = int(pid_text)
-    if pid == os.getpid():
+    if pid == os.getpid() or sys.platform == "win32":  # os.kill(pid, 0) is no probe on Windows
         return "abandoned"
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return "crashed"
-    except PermissionError:
+    except (OSError, OverflowError, ValueError):  # not ours to signal, or not a possible pid
         return "abandoned"
     return "abandoned"

@@ -5,6 +5,9 @@ messages go and what the next superstep receives is the step algebra of ``kernel
 loop starts from a ``Position`` (next superstep's index, inbox, fan-in buffers), so a run can be
 driven on from wherever its log says it stands.
 
+The module is a little over 450 lines because every path that closes a superstep (commit, failure,
+cancellation, a batch the store refuses) is here, side by side: they must write the same markers.
+
 The rules it keeps, by construction:
 
 * Every superstep ends with exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborted``.
@@ -56,7 +59,6 @@ from kernel._events import (
     SuperstepStarted,
     trusted_event,
 )
-from kernel._owner import presumed_reason
 from kernel._superstep import Superstep, SuperstepOutcome
 
 if TYPE_CHECKING:
@@ -161,6 +163,30 @@ class Run:
         """
         if put is not None:
             self._emit = emitter(self.run_id, put)
+        try:
+            await self._settle_previous()
+            position = self._start()
+        except BaseException:
+            self.finished = True  # nothing of the run is open: the instance is free again
+            raise
+        try:
+            return await self._supersteps(position)
+        except asyncio.CancelledError:
+            if not self.finished:
+                self._record_end(self.cancel_reason or "cancelled")
+            raise
+        except BaseException as error:  # SystemExit from a handler, a store error mid-superstep
+            if not self.finished:
+                self._record_end("failed", error)
+            raise
+        finally:
+            self.finished = True
+
+    def _start(self) -> Position:
+        """Check the input, close a run the log shows unfinished, and append the run's start.
+
+        Returns the position of the run's first superstep, which is open in the log.
+        """
         instance = self.instance
         graph = self.router.graph
         start = graph.executors[graph.start]
@@ -173,11 +199,10 @@ class Run:
         wire_kwargs = {
             k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
         }
-        await self._settle_previous()
         head = instance.catch_up()
         self._version = head.version
         if head.run_id is not None:
-            reason = presumed_reason(head.owner)
+            reason = instance.presumed_reason(head.owner)
             self._close_unfinished(head.run_id, head.superstep_id, reason)
         self.log(
             RunStarted,
@@ -190,18 +215,7 @@ class Run:
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=1)
         self.flush()
-        try:
-            return await self._supersteps(Position.start(start.id, self.message))
-        except asyncio.CancelledError:
-            if not self.finished:
-                self._record_end(self.cancel_reason or "cancelled")
-            raise
-        except BaseException as error:  # SystemExit from a handler, a store error mid-superstep
-            if not self.finished:
-                self._record_end("failed", error)
-            raise
-        finally:
-            self.finished = True
+        return Position.start(start.id, self.message)
 
     async def _settle_previous(self) -> None:
         """Wait for a dropped stream's run to record its abort before this run appends anything."""
@@ -261,16 +275,26 @@ class Run:
                 for eid, msgs in inbox.items()
             }
             pending = tasks
+            escaped: BaseException | None = None  # not a handler's failure: the store's, say
             try:
-                while pending and step.failure is None:
-                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                while pending and step.failure is None and escaped is None:
+                    done, pending = await asyncio.wait(
+                        pending, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    escaped = next(
+                        (t.exception() for t in done if not t.cancelled() and t.exception()), None
+                    )
             except asyncio.CancelledError:
                 if step.outcome is None:
                     step.outcome = SuperstepOutcome(self.cancel_reason or "cancelled")
                 await _cancel_and_wait(step, pending)
                 raise
+            if escaped is not None and step.failure is None:
+                step.outcome = SuperstepOutcome.FAILED  # siblings' writes are refused from now
             if pending:
                 await _cancel_and_wait(step, pending)
+            if escaped is not None and step.failure is None:
+                raise escaped  # the run records the abort and its end (see ``drive``)
         if step.failure is not None:
             await self._abort_failed(step)
 
@@ -335,24 +359,27 @@ class Run:
         step.outcome = SuperstepOutcome.COMMITTED
         after = position.after(step.sent)
         opened = len(self._buffer)  # in "write" durability, 0: the closing goes in as it is made
+        # What the log holds moves on only once it is appended: if an append fails, the run's
+        # end is recorded against the superstep that is really open, and only if it is open.
         self.log(SuperstepCommitted, superstep_id=step.superstep_id)
+        if self._write_through:
+            self._open_superstep_id = None  # the marker is in the log
+        next_id = None
         if not after.inbox:
             self.log(RunCompleted, supersteps=step.index)
-            self._open_superstep_id = None
-            self.finished = True
         elif step.index >= self.instance.max_supersteps:
             error = self._convergence_error(step.index, after)
             self.log(RunFailed, error=ErrorInfo.of(error))
-            self._open_superstep_id = None
-            self.finished = True
         else:
-            self._open_superstep_id = self.instance.new_id()
-            self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=step.index + 1)
+            next_id = self.instance.new_id()
+            self.log(SuperstepStarted, superstep_id=next_id, index=step.index + 1)
         refused = self._flush_closing(opened, lambda error: self._log_unstorable(step, error))
         self._open_superstep = None
         if refused is not None:
             self.finished = True
             raise refused
+        self._open_superstep_id = next_id
+        self.finished = next_id is None
         self.outputs.extend(value for _, value in step.outputs)
         return after
 
@@ -377,8 +404,8 @@ class Run:
         self._write_through = False  # the marker and the run's end go in one batch
         opened = len(self._buffer)
         step = self._open_superstep
-        if step is not None and step.outcome is None:
-            step.outcome = SuperstepOutcome(reason)
+        if step is not None and step.superstep_id == self._open_superstep_id:
+            step.outcome = SuperstepOutcome(reason)  # even "committed": its commit never landed
         superstep_id = self._open_superstep_id
         info = None if error is None else ErrorInfo.of(error)
         if superstep_id is not None:

@@ -125,6 +125,16 @@ class EventStore(ABC):
         self._closed = False
         self._seen_versions: dict[str, int] = {}
 
+    def _newer_schema(self, stamped: object) -> bool:
+        """Whether the schema version stamped in the store's meta table is newer than this
+        steplog's; a stamp that is not a whole number is a ``StoreError``."""
+        text = str(stamped)
+        if not (text.isascii() and text.isdigit()):
+            raise StoreError(
+                f"{self.url} has a malformed schema version {text!r:.40} in its meta table"
+            )
+        return int(text) > STORE_SCHEMA_VERSION
+
     @property
     def recorder(self) -> ApplicationRecorder:
         """eventsourcing's application recorder behind this store, for tools and tests that work

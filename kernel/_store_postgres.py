@@ -333,7 +333,7 @@ class PostgresStore(EventStore):
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(sql.SQL("SELECT value FROM {} WHERE key='schema_version'").format(table))
             row = cursor.fetchone()
-        if row is not None and int(row["value"]) > STORE_SCHEMA_VERSION:
+        if row is not None and self._newer_schema(row["value"]):
             raise SchemaVersionError(
                 f"PostgreSQL store {self.url} was written by a newer steplog (store schema version "
                 f"{row['value']}; this steplog knows up to {STORE_SCHEMA_VERSION}); upgrade steplog"

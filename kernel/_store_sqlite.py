@@ -45,8 +45,8 @@ Row = Sequence[Any]
 """A row of the global log (a ``sqlite3.Row``): rowid, instance id, position, topic, state."""
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
-_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
-    3, 5, 6, 8, 10, 11, 13, 14, 26,
+_SQLITE_ERROR, _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
+    1, 3, 5, 6, 8, 10, 11, 13, 14, 26,
 )  # fmt: skip
 _NOT_WRITABLE = "check that the file and its directory exist and are writable by this user"
 _HINTS: dict[int, str] = {
@@ -290,7 +290,7 @@ class SQLiteStore(EventStore):
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key='schema_version'")
             row = cursor.fetchone()
-        if row is not None and int(row[0]) > STORE_SCHEMA_VERSION:
+        if row is not None and self._newer_schema(row[0]):
             raise SchemaVersionError(
                 f"SQLite store {self.path} was written by a newer steplog (store schema "
                 f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
@@ -333,6 +333,8 @@ class SQLiteStore(EventStore):
         if not isinstance(code, int):
             return kind, ""
         primary = code & 0xFF
+        if primary == _SQLITE_ERROR:  # a statement failed ("no such table"): the file is there
+            return StoreError, ""
         if primary in (_NOTADB, _CORRUPT):
             return StoreUnavailableError, f"{self.path} is not a readable SQLite database"
         hint = _HINTS.get(primary)

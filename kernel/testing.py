@@ -54,7 +54,7 @@ from kernel import _events as ev
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._errors import StepLogError
-from kernel._events import AbortReason, ErrorInfo, EventBase, _defaults
+from kernel._events import AbortReason, ErrorInfo, EventBase, trusted_event
 from kernel._store import EventStore
 
 __all__ = ["LogBuilder", "LogBuilderError", "ticking_clock"]
@@ -307,7 +307,11 @@ class LogBuilder:
         self._steps_in[run_id] = count
         event = self._emit(
             ev.SuperstepStarted,
-            {"run_id": run_id, "superstep_id": superstep_id, "index": index or count},
+            {
+                "run_id": run_id,
+                "superstep_id": superstep_id,
+                "index": count if index is None else index,
+            },
         )
         self._run_of[superstep_id] = run_id
         self._pending_of[run_id] = superstep_id
@@ -440,17 +444,16 @@ class LogBuilder:
         timestamp = self._clock()
         if timestamp.tzinfo is None:
             raise LogBuilderError(f"the builder's clock returned a naive datetime: {timestamp!r}")
-        self._position += 1
         fields["instance_id"] = self._instance_id
-        fields["position"] = self._position
+        fields["position"] = self._position + 1
         fields["timestamp"] = timestamp
-        if not self._validate:
-            event = _construct(cls, fields)
-        else:
+        event = trusted_event(cls, fields) if not self._validate else None
+        if event is None:
             try:
                 event = cls.model_validate(fields)
             except ValidationError as error:
                 raise LogBuilderError(f"not a valid {cls.__name__}: {error}") from error
+        self._position += 1  # only once the event exists: a refused call leaves no gap
         self._batch.append(event)
         return event
 
@@ -517,31 +520,6 @@ class LogBuilder:
         if codec is None:
             return _as_is
         return lambda value, what: codec.encode(value, what=what)
-
-
-_SHAPES: dict[type[EventBase], tuple[dict[str, Any], tuple[tuple[str, Any], ...]]] = {}
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _construct(cls: type[E], fields: dict[str, Any]) -> E:
-    """``cls`` from fields the builder made, without validation (``trusted_event`` without its
-    field-name check: the builder always names the right fields). Owns ``fields``."""
-    shape = _SHAPES.get(cls)
-    if shape is None:
-        defaults, factories, _, _ = _defaults(cls)
-        shape = _SHAPES[cls] = (defaults, tuple(factories.items()))
-    plain, made = shape
-    data = {**plain, **fields}
-    for name, factory in made:
-        if name not in fields:
-            data[name] = factory()
-    event = _new(cls)
-    _set(event, "__dict__", data)
-    _set(event, "__pydantic_fields_set__", set(fields))
-    _set(event, "__pydantic_extra__", None)
-    _set(event, "__pydantic_private__", None)
-    return event
 
 
 def _as_is(value: Any, what: str) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 
 from kernel import (
     RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
     EventBase,
     ExecutorFailed,
     ExecutorInvoked,
@@ -137,7 +138,7 @@ class RunHistory(Fold):
         if run is not None and run.status == "running":
             step.outputs += (event.value,)
 
-    @folds("superstep_committed", "superstep_aborted")
+    @folds(*SUPERSTEP_MARKER_TYPES)
     def _marked(self, event: SuperstepEvent) -> None:
         kind = self._tracker.track(event).kind
         if kind != "committed" and kind != "aborted":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from kernel import (
     RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
     CommittedState,
     EventBase,
     Fold,
@@ -81,8 +82,7 @@ class SuperstepTracker(Fold):
     def _staged(self, event: StateStaged) -> None:
         state = self.state
         state.apply(event)
-        staged = state.staged(event.superstep_id)
-        self.outcome = Outcome("staged" if staged and staged[-1] is event else "late", (event,))
+        self.outcome = Outcome("staged" if state.is_pending(event) else "late", (event,))
 
     @folds("superstep_started")
     def _started(self, event: SuperstepStarted) -> None:
@@ -99,7 +99,7 @@ class SuperstepTracker(Fold):
         self._status.pop(run_id, None)
         self.outcome = Outcome("run_ended", unmarked=tuple(self._open.pop(run_id, ())))
 
-    @folds("superstep_committed", "superstep_aborted")
+    @folds(*SUPERSTEP_MARKER_TYPES)
     def _marker(self, event: SuperstepEvent) -> None:
         committed = event.type == "superstep_committed"
         run_id, superstep_id = event.run_id, event.superstep_id

@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kernel import (
@@ -147,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _complain(error: StepLogError) -> None:
     """One line on standard error (never wrapped: scripts grep it)."""
     text = " ".join(str(error).split())
-    Console(stderr=True, highlight=False).print(f"[bold red]steplog:[/] {text}", soft_wrap=True)
+    Console(stderr=True, highlight=False).print(
+        f"[bold red]steplog:[/] {escape(text)}", soft_wrap=True
+    )
 
 
 # -- demo and raw log ------------------------------------------------------------------------
@@ -162,7 +165,7 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         "Upstream, run 2 committed run 1's pending write. Here is what steplog's log says.\n"
     )
     wf, outcome = asyncio.run(run_demo(store, instance_id))
-    console.print(f"store: {store.url}   instance: [bold]{instance_id}[/]")
+    console.print(f"store: {escape(store.url)}   instance: [bold]{escape(instance_id)}[/]")
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
     events = wf.events()
@@ -182,7 +185,7 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 
 def _instances(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     for instance in store.instances():
-        console.print(instance)
+        console.print(instance, markup=False)
     return 0
 
 
@@ -201,7 +204,7 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         for event in events:
             sys.stdout.write(event_line(event, fates.get(event.position)) + "\n")
         return 0
-    console.print(events_table(events, blame, title=f"the log of {args.instance}"))
+    console.print(events_table(events, blame, title=escape(f"the log of {args.instance}")))
     return 0
 
 
@@ -212,18 +215,18 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
     events = _require_events(store, args.instance)
     point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
     at = state_at(events, point)
-    table = Table(title=f"{args.instance}: {at.label}")
+    table = Table(title=escape(f"{args.instance}: {at.label}"))
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
     for key in sorted(at.values):
-        table.add_row(key, show_json(at.values[key]))
+        table.add_row(escape(key), escape(show_json(at.values[key])))
     console.print(table)
     return 0
 
 
 def _history(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     history = fold_history(_require_events(store, args.instance))
-    table = Table(title=f"runs of {args.instance}", expand=True)
+    table = Table(title=escape(f"runs of {args.instance}"), expand=True)
     for column in ("run", "status", "started / ended", "steps", "ok", "aborted"):
         table.add_column(column, no_wrap=True)
     table.add_column("error", overflow="fold", ratio=1)
@@ -236,7 +239,7 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
             str(run.supersteps),
             str(run.committed),
             str(run.aborted),
-            error,
+            escape(error),
         )
     console.print(table)
     steps = Table(title="supersteps", expand=True)
@@ -249,8 +252,8 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
             str(step.index),
             step.superstep_id[:8],
             status,
-            ", ".join(step.executors),
-            ", ".join(step.keys),
+            escape(", ".join(step.executors)),
+            escape(", ".join(step.keys)),
         )
     console.print(steps)
     return 0
@@ -269,15 +272,16 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
     changes = diff_points(events, parse_point(args.before, events), parse_point(args.after, events))
-    table = Table(title=f"{args.instance}: {args.before} -> {args.after}")
+    table = Table(title=escape(f"{args.instance}: {args.before} -> {args.after}"))
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
     for key, value in sorted(changes.added.items()):
-        table.add_row(key, "[green]added[/]", "", show_json(value))
+        table.add_row(escape(key), "[green]added[/]", "", escape(show_json(value)))
     for key, value in sorted(changes.removed.items()):
-        table.add_row(key, "[red]removed[/]", show_json(value), "")
+        table.add_row(escape(key), "[red]removed[/]", escape(show_json(value)), "")
     for key, change in sorted(changes.changed.items()):
-        table.add_row(key, "[yellow]changed[/]", show_json(change.old), show_json(change.new))
+        old, new = escape(show_json(change.old)), escape(show_json(change.new))
+        table.add_row(escape(key), "[yellow]changed[/]", old, new)
     console.print(table if changes else "no difference")
     return 0
 
@@ -297,11 +301,14 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
         wanted = f"{key!r} == {args.equals}"
     found = bisect(events, predicate)
     if found is None:
-        console.print(f"never: no committed superstep of {args.instance} has {wanted}")
+        console.print(
+            f"never: no committed superstep of {args.instance} has {wanted}", markup=False
+        )
         return EXIT_PROBLEM
     console.print(
         f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
-        f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}"
+        f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}",
+        markup=False,
     )
     return 0
 
@@ -323,7 +330,7 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)")
+    console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)", markup=False)
     projector.follow(stop)
     return 0
 
@@ -343,7 +350,8 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
     if report.ok:
         console.print(f"{args.view}: the live view equals a rebuild from the log")
         return 0
-    console.print(f"[bold red]{args.view}: the live view differs from a rebuild[/]\n{report}")
+    console.print(f"[bold red]{args.view}: the live view differs from a rebuild[/]")
+    console.print(report, markup=False)
     return EXIT_PROBLEM
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from rich.markup import escape
 from rich.table import Table
 
 from kernel import EventBase
@@ -67,7 +68,7 @@ def events_table(events: list[EventBase], blame: KeyBlame, *, title: str) -> Tab
             str(event.position),
             str(getattr(event, "run_id", ""))[:8],
             event.type,
-            _details(data),
+            escape(_details(data)),
             "" if status is None else _fate(status),
         )
     return table
@@ -82,7 +83,7 @@ def _fate(status: WriteStatus) -> str:
 
 def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
     """Every write of ``key``: position, status, run and time, executor, operation, value."""
-    table = Table(title=f"blame of {key!r} in {instance}", expand=True)
+    table = Table(title=escape(f"blame of {key!r} in {instance}"), expand=True)
     for column in ("#", "counted?", "run / time", "executor", "op"):
         table.add_column(column, no_wrap=True)
     table.add_column("value", overflow="fold", ratio=1)
@@ -93,9 +94,9 @@ def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
             str(write.position),
             f"[{colour}]{verdict}[/]",
             f"{write.run_id[:8]}\n{show_time(write.timestamp)}",
-            write.executor_id,
+            escape(write.executor_id),
             write.op,
-            "" if write.op == "delete" else show_json(write.value),
+            "" if write.op == "delete" else escape(show_json(write.value)),
         )
     return table
 

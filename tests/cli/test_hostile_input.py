@@ -20,6 +20,7 @@ import pytest
 
 from kernel import (
     DecodeError,
+    ErrorInfo,
     EventStore,
     Executor,
     Workflow,
@@ -200,3 +201,43 @@ def test_a_malformed_bisect_equals_exits_2_with_the_problem(
     err = " ".join(capsys.readouterr().err.split())
     assert "cannot decode --equals: " in err
     assert problem in err
+
+
+MARKUP = "[/] [red]not red[/red] [bold"
+
+
+async def test_markup_in_stored_data_is_shown_as_it_is_never_interpreted(sqlite_url, capsys):
+    from kernel.testing import LogBuilder, ticking_clock
+
+    store = open_store(sqlite_url)
+    log = LogBuilder(MARKUP, clock=ticking_clock())
+    log.start_run(MARKUP)
+    log.start_superstep()
+    log.invoke(MARKUP)
+    log.write(MARKUP, MARKUP)
+    log.fail(error=ErrorInfo(type="E", message=MARKUP))
+    log.abort(error=ErrorInfo(type="E", message=MARKUP))
+    log.fail_run(ErrorInfo(type="E", message=MARKUP))
+    log.start_run()
+    log.start_superstep()
+    log.invoke("w")
+    log.write(MARKUP, MARKUP)
+    log.commit()
+    log.complete_run()
+    log.append_to(store)
+    store.close()
+    commands = [
+        ["instances"],
+        ["log", MARKUP],
+        ["state", MARKUP],
+        ["history", MARKUP],
+        ["blame", MARKUP, MARKUP],
+        ["diff", MARKUP, "pos:1", f"pos:{log.version}"],
+        ["bisect", MARKUP, "--key", MARKUP],
+    ]
+    for args in commands:
+        capsys.readouterr()
+        status = main(["--store", sqlite_url, *args])
+        out = capsys.readouterr().out
+        assert status == 0, (args, out)
+        assert "[/]" in out, (args, out)  # shown literally, never taken as markup

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kernel import (
+    AbortReason,
     CommittedState,
     EventBase,
     OpenRun,
@@ -45,6 +46,9 @@ class ListContext:
 
     def catch_up(self) -> OpenRun:
         return OpenRun().apply_all(self.log)
+
+    def presumed_reason(self, owner: str) -> AbortReason:
+        return "crashed"
 
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         assert expected_version == len(self.log)

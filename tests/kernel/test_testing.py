@@ -277,6 +277,15 @@ def test_wrong_calls_are_errors_of_the_library_tree() -> None:
     assert issubclass(LogBuilderError, StepLogError)
 
 
+def test_a_refused_call_leaves_no_gap_in_positions() -> None:
+    log = LogBuilder("i", clock=ticking_clock(), ids=counter_ids())
+    log.start_run()
+    with pytest.raises(LogBuilderError):
+        log.start_run(durability="bogus")  # type: ignore[arg-type]
+    assert log.start_superstep().position == 2
+    assert [e.position for e in log.events()] == [1, 2]
+
+
 def test_a_ticking_clock_advances_on_every_reading() -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     clock = ticking_clock(start, step=0.5)

@@ -203,7 +203,7 @@ def test_a_read_only_directory_is_unavailable(tmp_path: Path) -> None:
 # -- schema versions ------------------------------------------------------------------------
 
 
-def stamp_schema_version(url: str, version: int) -> None:
+def stamp_schema_version(url: str, version: int | str) -> None:
     """Write ``version`` into the store's ``steplog_meta`` table, as a newer steplog would."""
     if url.startswith("sqlite:"):
         with closing(sqlite3.connect(sqlite_path(url))) as db, db:
@@ -228,6 +228,14 @@ def test_a_store_written_by_a_newer_steplog_is_refused(durable_store_url: str) -
         open_store(durable_store_url)
     assert "schema version 999" in str(caught.value)
     assert "upgrade steplog" in str(caught.value)
+
+
+@pytest.mark.parametrize("stamp", ["2.0", "²", "seven"])
+def test_a_malformed_schema_version_is_a_store_error(durable_store_url: str, stamp: str) -> None:
+    open_store(durable_store_url).close()
+    stamp_schema_version(durable_store_url, stamp)
+    with pytest.raises(StoreError, match="malformed schema version"):
+        open_store(durable_store_url)
 
 
 # -- PostgreSQL servers ---------------------------------------------------------------------
@@ -318,6 +326,8 @@ UNREADABLE = {
                       "'targets' holds an item that is not a str"),
     "bad-error": ("executor_failed@1", row(error={"type": 1, "message": "m"}), DecodeError,
                   "field 'error'"),
+    "error-not-object": ("state_staged@1", row(error="x"), DecodeError, "field 'error' is 'x'"),
+    "unicode-digit-version": ("state_staged@²", row(), DecodeError, "malformed topic"),
     "bad-timestamp": ("state_staged@1", row(timestamp="yesterday"), DecodeError,
                       "timestamp 'yesterday' is not an ISO 8601"),
     "naive-timestamp": ("state_staged@1", row(timestamp="2024-01-01T00:00:00"), DecodeError,
@@ -448,6 +458,15 @@ def test_sqlite_hints_follow_the_error_code_not_the_message(
     assert result.__cause__ is error
     _, _, given = str(result).partition(f"{error}; ")
     assert hint in given  # in the hint, not in the driver's message
+
+
+def test_a_missing_table_in_sqlite_is_a_store_error_not_unavailable(sqlite_url: str) -> None:
+    with open_store(sqlite_url) as store:
+        with closing(sqlite3.connect(sqlite_path(sqlite_url))) as db, db:
+            db.execute("DROP TABLE steplog_events")
+        with pytest.raises(StoreError, match="no such table") as caught:
+            store.read("a")
+    assert not isinstance(caught.value, StoreUnavailableError)
 
 
 def test_a_database_held_by_another_process_is_unavailable(sqlite_url: str) -> None:
