@@ -135,7 +135,8 @@ class ProjectionError(StepLogError):
 
 
 class LogIntegrityError(ProjectionError):
-    """The log contradicts an invariant the kernel enforces (say, two markers for one superstep)."""
+    """The log contradicts an invariant the kernel enforces (say, a commit marker that the
+    committed-state fold did not take as a commit)."""
 
 
 for _name in __all__:

@@ -277,8 +277,8 @@ _memory_lock = threading.Lock()
 def backend_for(store: EventStore) -> ViewBackend:
     """The view backend in ``store``'s own database (one shared object per memory store).
 
-    The adapter classes are looked up in this order so that only the store's own driver is ever
-    imported (``kernel`` loads its adapters on first use)."""
+    The adapter classes are looked up in this order (``kernel`` loads its adapters on first use),
+    so that a memory or SQLite store never loads psycopg."""
     if isinstance(store, kernel.MemoryStore):
         with _memory_lock:
             backend = _memory_backends.get(store)

@@ -3,9 +3,10 @@
 History, blame and the ``steplog log`` column need more than committed values: which writes were
 staged in time, which superstep a marker closed, which writes a commit made count.
 ``SuperstepTracker`` wraps the one fold (``kernel.CommittedState``) and reports, for each event, an
-``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.staged``), so
-there is no second copy of the commit rule here; the tracker only adds bookkeeping the fold drops
-(the status of markers after a run ends), and checks it against the fold.
+``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.is_pending`` and
+``staged``), so there is no second copy of the commit rule here; the tracker adds which marker
+closed each superstep of a run still going and which supersteps a run left unmarked, and checks
+each commit against the fold.
 What an executor inside a superstep sees is the kernel's ``CommittedState.overlay``.
 """
 

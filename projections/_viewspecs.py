@@ -19,8 +19,8 @@ history, so they keep rows, and a page loads and rewrites only the rows its even
 The folds do no I/O: a page hands each one a row sink (``HistoryRows``, ``WriteRows``) that loads
 the rows the page touches through the page's transaction and writes them back at ``save``.
 
-The tracker grows with the supersteps of the runs still going (the committed-state fold
-remembers their markers), not with the instance's whole history.
+The tracker row holds the committed-state fold: the committed values, the markers of the runs
+still going, and the ids of the runs that have ended (so it grows with the number of runs).
 """
 
 from __future__ import annotations

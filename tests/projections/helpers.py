@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 from kernel import (
     EventBase,
     EventStore,
-    RunAbandoned,
-    RunCompleted,
-    RunStarted,
-    StateStaged,
-    SuperstepAborted,
-    SuperstepCommitted,
-    SuperstepStarted,
 )
+from kernel.testing import LogBuilder
 from projections import ViewSpec, ViewTx
 from tests.projections.logs import RunPlan, append_all, build_events, flatten, plans, ticking_clock
 
@@ -67,39 +61,38 @@ def raw_events(instance_id: str, plan: list[tuple[Any, ...]]) -> list[EventBase]
     ``("commit", (run, n))``, ``("abort", (run, n))``, ``("end", run, "completed" | "crashed")``.
     Superstep ``(run, n)`` has id ``f"{run}-s{n}"``; event ``i`` (from 1) has position ``i`` and
     is stamped ``i`` seconds after 2025-01-01 UTC; every ``set`` writes ``{"written_at": i}``, a
-    value no other write has.
+    value no other write has. Built with ``kernel.testing.LogBuilder``, naming every run and
+    superstep, so nothing defaults to what the runner would do.
     """
-    events: list[EventBase] = []
-    for number, action in enumerate(plan, start=1):
-        common: dict[str, Any] = {
-            "instance_id": instance_id,
-            "position": number,
-            "timestamp": START + timedelta(seconds=number),
-        }
+    log = LogBuilder(instance_id, clock=ticking_clock(START, step=1.0))
+    for action in plan:
         kind = action[0]
         if kind == "run":
-            events.append(RunStarted(run_id=action[1], workflow_name="wf", **common))
+            log.start_run(run_id=action[1], workflow_name="wf")
             continue
         if kind == "end":
             run_id, how = action[1], action[2]
             if how == "completed":
-                events.append(RunCompleted(run_id=run_id, supersteps=0, **common))
+                log.complete_run(supersteps=0, run=run_id)
             else:
-                events.append(RunAbandoned(run_id=run_id, reason="crashed", **common))
+                log.abandon_run("crashed", superstep_id=None, run=run_id)
             continue
         (run_id, index) = action[1]
-        ids = {"run_id": run_id, "superstep_id": f"{run_id}-s{index}", **common}
+        sid = f"{run_id}-s{index}"
         if kind == "start":
-            events.append(SuperstepStarted(index=index, **ids))
+            log.start_superstep(superstep_id=sid, index=index, run=run_id)
         elif kind == "write":
             key, op = action[2], action[3]
-            value = {"written_at": number} if op == "set" else None
-            events.append(StateStaged(executor_id="e", key=key, op=op, value=value, **ids))
+            if op == "set":
+                value = {"written_at": log.version + 1}
+                log.write(key, value, executor_id="e", superstep=sid, run=run_id)
+            else:
+                log.delete(key, executor_id="e", superstep=sid, run=run_id)
         elif kind == "commit":
-            events.append(SuperstepCommitted(**ids))
+            log.commit(superstep=sid, run=run_id)
         else:
-            events.append(SuperstepAborted(reason="failed", **ids))
-    return events
+            log.abort("failed", superstep=sid, run=run_id)
+    return log.events()
 
 
 class Crash(Exception):
