@@ -24,7 +24,7 @@ from kernel import (
     handler,
 )
 from kernel.testing import LogBuilder
-from tests.kernel.helpers import kinds, of_type
+from tests.kernel.helpers import Router, Sink, kinds, of_type
 
 
 class FlakyStore(MemoryStore):
@@ -109,21 +109,9 @@ async def test_a_refused_last_commit_still_ends_the_run():
     assert wf.committed_state() == {"n": 0}
 
 
-class Fans(Executor):
-    @handler
-    async def fan(self, n: int, ctx: WorkflowContext[int]) -> None:
-        await ctx.send_message(n)
-
-
-class Writes(Executor):
-    @handler
-    async def write(self, n: int, ctx: WorkflowContext[Any]) -> None:
-        ctx.set_state(self.id, n)
-
-
 async def test_a_store_error_in_one_parallel_executor_aborts_the_superstep():
     store = FlakyStore()
-    source, a, b = Fans("source"), Writes("a"), Writes("b")
+    source, a, b = Router("source"), Sink("a"), Sink("b")
     wf = (
         WorkflowBuilder(start_executor=source, store=store, durability="write")
         .add_fan_out_edges(source, [a, b])
