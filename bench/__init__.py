@@ -2,6 +2,8 @@
 
 Each benchmark module exposes ``BENCHMARK``: a list of cases (plain functions returning a
 ``Measurement``) with a named baseline; ``benchmarks()`` lists them in report order.
+``resume`` is two benchmarks of one name (1,000 and 100,000 supersteps of history), so that
+each size has its own ratios; ``--only resume`` runs both.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ __all__ = ["benchmarks"]
 
 
 def benchmarks() -> list[Benchmark]:
-    from bench import fanout, loop, rebuild, scaleout, timetravel
+    from bench import fanout, loop, rebuild, resume, scaleout, timetravel
 
     return [
         loop.BENCHMARK,
@@ -20,4 +22,6 @@ def benchmarks() -> list[Benchmark]:
         rebuild.BENCHMARK,
         timetravel.BENCHMARK,
         scaleout.BENCHMARK,
+        resume.BENCHMARK_SMALL,
+        resume.BENCHMARK_LARGE,
     ]

@@ -3,7 +3,8 @@
     python -m bench                    # every benchmark, real sizes, median of 5
     python -m bench --smoke            # tiny sizes, asserts results, < 60 s
     python -m bench --smoke --strict   # and a skipped case fails too (CI: baselines must run)
-    python -m bench --only loop        # one benchmark (loop, fanout, rebuild, timetravel, scaleout)
+    python -m bench --only loop        # one benchmark (loop, fanout, rebuild, timetravel, scaleout,
+                                       # resume)
     python -m bench --only loop --case sqlite   # and only the cases whose name contains "sqlite"
     python -m bench --repeat 3
 
@@ -33,7 +34,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks-results.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    names = [b.name for b in benchmarks()]
+    names = list(dict.fromkeys(b.name for b in benchmarks()))  # resume: two of one name
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; assert results only")
     parser.add_argument(

@@ -9,13 +9,25 @@ from typing import Any
 
 from agent_framework import (
     Executor,
+    FileCheckpointStorage,
     InMemoryCheckpointStorage,
     WorkflowBuilder,
     WorkflowContext,
+    WorkflowConvergenceException,
     handler,
 )
 
-__all__ = ["InMemoryCheckpointStorage", "fanout_workflow", "loop_workflow"]
+__all__ = [
+    "RESUME_WORKFLOW_NAME",
+    "FileCheckpointStorage",
+    "InMemoryCheckpointStorage",
+    "WorkflowConvergenceException",
+    "fanout_workflow",
+    "loop_workflow",
+    "resumable_loop_workflow",
+]
+
+RESUME_WORKFLOW_NAME = "bench-resume"
 
 
 class LoopStep(Executor):
@@ -40,6 +52,28 @@ def loop_workflow(n: int, checkpoint_storage: Any = None) -> Any:
     return (
         WorkflowBuilder(
             max_iterations=n + 10, start_executor=a, checkpoint_storage=checkpoint_storage
+        )
+        .add_edge(a, b)
+        .add_edge(b, a)
+        .build()
+    )
+
+
+def resumable_loop_workflow(n: int, max_iterations: int, checkpoint_storage: Any) -> Any:
+    """The loop under a fixed name, with its own superstep limit.
+
+    Checkpoints are found by workflow name (``get_latest(workflow_name=...)``), so the workflow
+    that resumes must carry the name of the one that checkpointed. A run stopped by
+    ``max_iterations`` before ``n`` leaves its last superstep's checkpoint with the next message
+    pending: the resumable point of the resume benchmark.
+    """
+    a, b = LoopStep("a", n), LoopStep("b", n)
+    return (
+        WorkflowBuilder(
+            name=RESUME_WORKFLOW_NAME,
+            max_iterations=max_iterations,
+            start_executor=a,
+            checkpoint_storage=checkpoint_storage,
         )
         .add_edge(a, b)
         .add_edge(b, a)

@@ -8,9 +8,10 @@ from typing import Any, TypedDict
 
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, StateGraph
 
-__all__ = ["LoopState", "PostgresSaver", "SqliteSaver", "loop_graph"]
+__all__ = ["GraphRecursionError", "LoopState", "PostgresSaver", "SqliteSaver", "loop_graph"]
 
 
 class LoopState(TypedDict):

@@ -8,6 +8,7 @@ Ported from Microsoft Agent Framework workflows by changing imports::
 from typing import TYPE_CHECKING, Any
 
 from kernel._builder import WorkflowBuilder
+from kernel._checkpoints import Checkpoint, CheckpointStatus
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._context import WorkflowContext
@@ -22,6 +23,8 @@ from kernel._errors import (
     InvalidBatchError,
     LogIntegrityError,
     ProjectionError,
+    ResponseError,
+    ResumeError,
     RoutingError,
     RunInProgressError,
     SchemaVersionError,
@@ -43,9 +46,13 @@ from kernel._events import (
     ExecutorCompleted,
     ExecutorFailed,
     ExecutorInvoked,
+    InfoRequested,
+    InstanceForked,
     MessageStaged,
     OutputYielded,
+    ResponseReceived,
     RunAbandoned,
+    RunAwaitingInput,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -57,9 +64,22 @@ from kernel._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import Executor, FunctionExecutor, executor, handler
-from kernel._fold import CommittedState, Fold, OpenRun, apply_committed, fold_committed, folds
+from kernel._executor import Executor, FunctionExecutor, executor, handler, response_handler
+from kernel._fold import (
+    CommittedState,
+    Fold,
+    OpenRun,
+    SuperstepFold,
+    apply_committed,
+    fold_committed,
+    folds,
+)
 from kernel._graph import Case, Default
+from kernel._lease import Lease
+from kernel._recovery import RecoveredRun, recover
+from kernel._replay import RecordedError, replay
+from kernel._requests import PendingRequest
+from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, EventStore, Recorded, open_store
 
@@ -76,6 +96,8 @@ __all__ = [
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
     "Case",
+    "Checkpoint",
+    "CheckpointStatus",
     "Clock",
     "CommittedState",
     "ConcurrencyConflictError",
@@ -83,6 +105,8 @@ __all__ = [
     "DecodeError",
     "Default",
     "DefinitionError",
+    "Divergence",
+    "DivergenceKind",
     "EncodingError",
     "ErrorInfo",
     "Event",
@@ -96,17 +120,28 @@ __all__ = [
     "Fold",
     "FunctionExecutor",
     "IdFactory",
+    "InfoRequested",
+    "InstanceForked",
     "InvalidBatchError",
+    "Lease",
     "LogIntegrityError",
     "MemoryStore",
     "MessageStaged",
     "OpenRun",
     "OutputYielded",
+    "PendingRequest",
     "PostgresStore",
     "ProjectionError",
     "Recorded",
+    "RecordedError",
+    "RecoveredRun",
+    "RerunReport",
+    "ResponseError",
+    "ResponseReceived",
+    "ResumeError",
     "RoutingError",
     "RunAbandoned",
+    "RunAwaitingInput",
     "RunCancelled",
     "RunCompleted",
     "RunEvent",
@@ -127,6 +162,7 @@ __all__ = [
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
+    "SuperstepFold",
     "SuperstepStarted",
     "ValueCodec",
     "Workflow",
@@ -140,6 +176,10 @@ __all__ = [
     "folds",
     "handler",
     "open_store",
+    "recover",
+    "replay",
+    "rerun",
+    "response_handler",
     "system_clock",
     "uuid_ids",
 ]

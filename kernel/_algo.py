@@ -22,6 +22,7 @@ from typing import Any
 
 from kernel._errors import RoutingError
 from kernel._graph import Condition, EdgeGroup, FanIn, FanOut, Graph, Single
+from kernel._requests import PendingRequest
 
 __all__ = ["Delivery", "FanInBuffers", "Inbox", "Position", "Router", "Sent", "deliver"]
 
@@ -65,23 +66,31 @@ class Position:
     """Where a run stands between supersteps: everything the next superstep needs.
 
     ``index`` is the next superstep's index (from 1), ``inbox`` its messages, ``buffers`` the
-    fan-in groups' gathered messages. An empty inbox means the run has nothing left to do.
-    Read-only by convention: ``after`` makes a new position.
+    fan-in groups' gathered messages, ``requests`` the requests made and not yet answered (by
+    request id, in the order made). An empty inbox means the run has nothing left to do now; with
+    requests pending, it waits for their responses. Read-only by convention: ``after`` makes a new
+    position.
     """
 
     index: int
     inbox: Inbox
     buffers: FanInBuffers = field(default_factory=dict)
+    requests: Mapping[str, PendingRequest] = field(default_factory=dict)
 
     @classmethod
     def start(cls, executor_id: str, message: Any) -> Position:
         """The position of a new run: superstep 1 delivers ``message`` to ``executor_id``."""
         return cls(1, {executor_id: [message]})
 
-    def after(self, sent: Iterable[Sent]) -> Position:
-        """The position once the superstep at this one commits, having sent ``sent``."""
+    def after(self, sent: Iterable[Sent], requested: Iterable[PendingRequest] = ()) -> Position:
+        """The position once the superstep at this one commits, having sent ``sent`` and made the
+        requests ``requested``."""
         inbox, buffers = deliver(sent, self.buffers)
-        return Position(self.index + 1, inbox, buffers)
+        requests = self.requests
+        made = {request.request_id: request for request in requested}
+        if made:
+            requests = {**requests, **made}
+        return Position(self.index + 1, inbox, buffers, requests)
 
 
 def deliver(sent: Iterable[Sent], buffers: FanInBuffers) -> tuple[Inbox, FanInBuffers]:
@@ -191,6 +200,29 @@ class Router:
                 f"executor {source!r} sent a {type(message).__qualname__}, which no target "
                 f"connected to it handles ({names})"
             )
+        return Delivery(tuple(targets), tuple(fan_ins))
+
+    def delivery_of(self, source: str, logged: Iterable[str]) -> Delivery:
+        """The delivery a ``MessageStaged`` recorded as ``targets`` (``Delivery.logged``), rebuilt
+        from the graph: a target that a fan-in group of ``source`` gathers for is a fan-in.
+        Raises ``KeyError`` naming a target that is no executor of the graph."""
+        targets: list[str] = []
+        fan_ins: list[FanIn] = []
+        for target in logged:
+            if target not in self.graph.executors:
+                raise KeyError(target)
+            group = next(
+                (
+                    g
+                    for g in self._outgoing.get(source, ())
+                    if isinstance(g, FanIn) and g.target == target
+                ),
+                None,
+            )
+            if group is None:
+                targets.append(target)
+            else:
+                fan_ins.append(group)
         return Delivery(tuple(targets), tuple(fan_ins))
 
     def _type_reachable(self, group: EdgeGroup, message: object, target_id: str | None) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Self
@@ -23,6 +24,7 @@ from kernel._graph import (
     SwitchCase,
     validate,
 )
+from kernel._instance import LeasePolicy
 from kernel._store import EventStore, open_store
 from kernel._valuetypes import value_classes
 from kernel._workflow import Durability, Workflow
@@ -64,6 +66,7 @@ class WorkflowBuilder:
         self._clock = clock or system_clock
         self._ids = id_factory or uuid_ids
         self._value_types: list[type] = []
+        self._lease = LeasePolicy()
         if start_executor is not None:
             self.set_start_executor(start_executor)
 
@@ -166,6 +169,24 @@ class WorkflowBuilder:
         if len(set(ids)) != len(ids):
             raise DefinitionError(f"{what} must be distinct, got {list(ids)}")
 
+    # -- leases -------------------------------------------------------------------------------
+
+    def with_lease(self, *, ttl: float = 30.0, wait: float = 0.0) -> Self:
+        """How a run holds its instance's lease (one writer per instance, across processes).
+
+        A run takes the lease before it appends anything and renews it every ``ttl / 3``
+        seconds; a lease not renewed for ``ttl`` seconds, or whose process is gone, is taken over
+        by the next run (which aborts the open superstep as ``crashed`` first). A run that finds
+        a live holder waits up to ``wait`` seconds, then raises ``RunInProgressError``.
+        """
+        for value, what, least in ((ttl, "ttl", 0.0), (wait, "wait", 0.0)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DefinitionError(f"the lease {what} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < least or (what == "ttl" and value == 0):
+                raise DefinitionError(f"the lease {what} must be a positive number, got {value!r}")
+        self._lease = LeasePolicy(float(ttl), float(wait))
+        return self
+
     # -- value types --------------------------------------------------------------------------
 
     def register_types(self, *types: Any) -> Self:
@@ -227,6 +248,7 @@ class WorkflowBuilder:
             durability=self._durability,
             clock=self._clock,
             id_factory=self._ids,
+            lease=self._lease,
         )
 
 
@@ -243,4 +265,6 @@ def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:
             )
             with contextlib.suppress(NameError, TypeError):  # named with @handler(input=...)
                 found.extend(typing.get_type_hints(method).values())
+        for rspec in executor.response_handlers:
+            found.extend((rspec.requests or ()) + (rspec.responses or ()))
     return found

@@ -6,6 +6,8 @@ anyone is listening.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -19,10 +21,12 @@ WorkflowEventType = Literal[
     "executor_completed",
     "executor_failed",
     "output",
+    "request_info",
     "superstep_completed",
     "failed",
     "cancelled",
     "completed",
+    "awaiting_input",
 ]
 
 
@@ -30,8 +34,10 @@ WorkflowEventType = Literal[
 class WorkflowEvent:
     """What a streaming run yields. ``type`` says what happened; the other fields say where.
 
-    ``data`` holds the output for ``output`` events; ``error`` the exception for ``executor_failed``
-    and ``failed``.
+    ``data`` holds the output for ``output`` events and the request for ``request_info`` events
+    (whose ``request_id`` is what a response answers); ``error`` the exception for
+    ``executor_failed`` and ``failed``. A run that ends with requests unanswered ends with
+    ``awaiting_input`` instead of ``completed``.
     """
 
     type: WorkflowEventType
@@ -41,6 +47,7 @@ class WorkflowEvent:
     executor_id: str | None = None
     data: Any = None
     error: BaseException | None = None
+    request_id: str | None = None
 
 
 Put = Callable[[WorkflowEvent], Awaitable[None]]
@@ -58,6 +65,7 @@ class Emit(Protocol):
         executor_id: str | None = None,
         data: Any = None,
         error: BaseException | None = None,
+        request_id: str | None = None,
     ) -> Awaitable[None]: ...
 
 
@@ -65,11 +73,22 @@ def emitter(run_id: str, put: Put) -> Emit:
     """The ``Emit`` of a streamed run: builds each event and awaits ``put(event)``.
 
     The arguments are ``Emit``'s, in ``WorkflowEvent``'s order after ``run_id``: they are passed on
-    as given, and the signature is declared once, on ``Emit``.
+    as given, and the signature is declared once, on ``Emit``. Events are handed over first come,
+    first served (a fair lock): parallel executors reach the consumer in the order they logged
+    their events, which is what ``replay`` gives back, and an event once logged is handed over
+    even if the executor that logged it is cancelled before its turn.
     """
+    outbox: deque[WorkflowEvent] = deque()
+    turn = asyncio.Lock()
 
     async def emit(type: WorkflowEventType, *where: Any, **fields: Any) -> None:
-        await put(WorkflowEvent(type, run_id, *where, **fields))
+        # Queued at once, so that an executor cancelled while it waits for its turn (a sibling
+        # failed) still has its event handed over, by whoever emits next.
+        outbox.append(WorkflowEvent(type, run_id, *where, **fields))
+        async with turn:
+            while outbox:
+                await put(outbox[0])
+                outbox.popleft()
 
     return emit
 

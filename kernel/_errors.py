@@ -8,7 +8,11 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   ├── RunInProgressError       a second run on an instance that is still running one
     │   ├── ConvergenceError         more supersteps than max_supersteps
     │   ├── StateWriteRejectedError  a write to a superstep that is already closed
-    │   └── RoutingError             a message that no edge can deliver
+    │   ├── RoutingError             a message that no edge can deliver
+    │   ├── ResumeError              a checkpoint or run that cannot be continued (names why)
+    │   └── ResponseError            a response to a request that is unknown, answered or mistyped
+    ├── RecordedError                an exception as the log recorded it, in a replayed stream
+    │                                (kernel._replay: it carries the recorded ErrorInfo)
     ├── EncodingError                a value or message that cannot be stored as JSON
     ├── StoreError                   anything the event store could not do
     │   ├── StoreConfigError         a store URL or option that is wrong
@@ -30,6 +34,9 @@ and ``ErrorInfo.of`` record ``kernel.StoreError``, never a private module path.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 __all__ = [
     "ConcurrencyConflictError",
     "ConvergenceError",
@@ -40,6 +47,8 @@ __all__ = [
     "InvalidBatchError",
     "LogIntegrityError",
     "ProjectionError",
+    "ResponseError",
+    "ResumeError",
     "RoutingError",
     "RunInProgressError",
     "SchemaVersionError",
@@ -65,7 +74,23 @@ class ExecutionError(StepLogError, RuntimeError):
 
 
 class RunInProgressError(ExecutionError):
-    """A workflow instance runs one run at a time; another one is still open."""
+    """A workflow instance runs one run at a time; another one is still open.
+
+    When another process holds the instance's lease, ``holder`` names it (``host:pid/token``) and
+    ``expires`` is when its lease runs out unless renewed (aware, UTC); both are ``None`` when the
+    other run is in this process (a workflow object still running one).
+    """
+
+    def __init__(
+        self, message: str, *, holder: str | None = None, expires: datetime | None = None
+    ) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.expires = expires
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword attributes survive pickling (a worker process reporting the error to another).
+        return (_run_in_progress, (str(self), self.holder, self.expires))
 
 
 class ConvergenceError(ExecutionError):
@@ -78,6 +103,17 @@ class StateWriteRejectedError(ExecutionError):
 
 class RoutingError(ExecutionError):
     """A message was sent that no edge of the graph can deliver."""
+
+
+class ResumeError(ExecutionError):
+    """A run cannot be continued from the log: an unknown checkpoint or run, a checkpoint that is
+    not the instance's latest committed superstep (fork it instead), nothing left to do, or a log
+    that names executors the workflow no longer has. Nothing was appended."""
+
+
+class ResponseError(ExecutionError):
+    """A response was refused: its request is unknown or already answered, or the value is not of
+    a type the requesting executor's response handlers accept. Nothing was appended."""
 
 
 class EncodingError(StepLogError, TypeError):
@@ -137,6 +173,13 @@ class ProjectionError(StepLogError):
 class LogIntegrityError(ProjectionError):
     """The log contradicts an invariant the kernel enforces (say, a commit marker that the
     committed-state fold did not take as a commit)."""
+
+
+def _run_in_progress(
+    message: str, holder: str | None, expires: datetime | None
+) -> RunInProgressError:
+    """Rebuild a pickled ``RunInProgressError`` with its attributes."""
+    return RunInProgressError(message, holder=holder, expires=expires)
 
 
 for _name in __all__:

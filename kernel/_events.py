@@ -28,9 +28,13 @@ __all__ = [
     "ExecutorCompleted",
     "ExecutorFailed",
     "ExecutorInvoked",
+    "InfoRequested",
+    "InstanceForked",
     "MessageStaged",
     "OutputYielded",
+    "ResponseReceived",
     "RunAbandoned",
+    "RunAwaitingInput",
     "RunCancelled",
     "RunCompleted",
     "RunEvent",
@@ -113,7 +117,13 @@ class SuperstepEvent(RunEvent):
 
 
 class RunStarted(RunEvent):
-    """A run began. ``owner`` names the process that ran it (``host:pid``)."""
+    """A run began. ``owner`` names the process that ran it (``host:pid``).
+
+    A run that continues another (resumed after a crash or failure, or given responses to its
+    requests) names it in ``continues``, and the committed superstep it goes on from in
+    ``checkpoint`` (None when the continued run committed none: it goes on from that run's own
+    beginning). Its first superstep's index follows the checkpoint's; ``input`` is then None.
+    """
 
     type: Literal["run_started"] = "run_started"
     workflow_name: str
@@ -121,6 +131,8 @@ class RunStarted(RunEvent):
     kwargs: dict[str, Json] = Field(default_factory=dict)
     owner: str = ""
     durability: Literal["superstep", "write"] = "superstep"
+    continues: str | None = None
+    checkpoint: str | None = None
 
 
 class RunCompleted(RunEvent):
@@ -144,6 +156,30 @@ class RunCancelled(RunEvent):
 
     type: Literal["run_cancelled"] = "run_cancelled"
     superstep_id: str | None = None
+
+
+class RunAwaitingInput(RunEvent):
+    """A run stopped with no message left to deliver and requests still unanswered.
+
+    ``requests`` are their ids. ``run(responses=...)`` continues it (a new run that ``continues``
+    this one), in this process or any later one.
+    """
+
+    type: Literal["run_awaiting_input"] = "run_awaiting_input"
+    supersteps: int
+    requests: list[str] = Field(default_factory=list)
+
+
+class ResponseReceived(RunEvent):
+    """A response to a request, recorded by the run that delivers it, right after its start.
+
+    The value is delivered to the requesting executor's response handler in the run's first
+    superstep; a run that continues this one after a crash delivers it again.
+    """
+
+    type: Literal["response_received"] = "response_received"
+    request_id: str
+    value: Json = None
 
 
 class RunAbandoned(RunEvent):
@@ -212,6 +248,21 @@ class OutputYielded(SuperstepEvent):
     value: Json = None
 
 
+class InfoRequested(SuperstepEvent):
+    """An executor asked for input from outside the workflow (``ctx.request_info``).
+
+    Like a message, it counts only if its superstep commits; then it is pending until a
+    ``ResponseReceived`` answers it. ``response_type`` names the type asked for (for people and
+    tools: the check is made against the executor's response handlers).
+    """
+
+    type: Literal["info_requested"] = "info_requested"
+    request_id: str
+    executor_id: str
+    data: Json = None
+    response_type: str = ""
+
+
 class SuperstepCommitted(SuperstepEvent):
     """The superstep's staged writes, messages and outputs now count."""
 
@@ -226,12 +277,29 @@ class SuperstepAborted(SuperstepEvent):
     error: ErrorInfo | None = None
 
 
+class InstanceForked(EventBase):
+    """The first event of an instance forked from another: its committed state starts as
+    ``values``, the committed state of ``origin_instance`` as of stream position
+    ``origin_position``. ``checkpoint`` is the origin's last committed superstep at that point
+    (of run ``origin_run``): a fork can be resumed from it. The origin is never modified.
+    """
+
+    type: Literal["instance_forked"] = "instance_forked"
+    origin_instance: str
+    origin_position: int = Field(ge=0)
+    checkpoint: str | None = None
+    origin_run: str | None = None
+    values: dict[str, Json] = Field(default_factory=dict)
+
+
 Event = Annotated[
     RunStarted
     | RunCompleted
     | RunFailed
     | RunCancelled
     | RunAbandoned
+    | RunAwaitingInput
+    | ResponseReceived
     | SuperstepStarted
     | ExecutorInvoked
     | ExecutorCompleted
@@ -239,8 +307,10 @@ Event = Annotated[
     | StateStaged
     | MessageStaged
     | OutputYielded
+    | InfoRequested
     | SuperstepCommitted
-    | SuperstepAborted,
+    | SuperstepAborted
+    | InstanceForked,
     Field(discriminator="type"),
 ]
 
@@ -252,6 +322,8 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         RunFailed,
         RunCancelled,
         RunAbandoned,
+        RunAwaitingInput,
+        ResponseReceived,
         SuperstepStarted,
         ExecutorInvoked,
         ExecutorCompleted,
@@ -259,14 +331,16 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         StateStaged,
         MessageStaged,
         OutputYielded,
+        InfoRequested,
         SuperstepCommitted,
         SuperstepAborted,
+        InstanceForked,
     )
 }
 
 
 RUN_END_TYPES: frozenset[str] = frozenset(
-    {"run_completed", "run_failed", "run_cancelled", "run_abandoned"}
+    {"run_completed", "run_failed", "run_cancelled", "run_abandoned", "run_awaiting_input"}
 )
 """The event types that end a run: after one of them, nothing of that run counts any more."""
 

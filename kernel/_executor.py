@@ -15,13 +15,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Union, cast, get_args, get_origin, overload
 
 from kernel._errors import DefinitionError
+from kernel._requests import Response
 
 if TYPE_CHECKING:
     from kernel._context import WorkflowContext
 
-__all__ = ["Executor", "FunctionExecutor", "HandlerSpec", "executor", "handler"]
+__all__ = [
+    "Executor",
+    "FunctionExecutor",
+    "HandlerSpec",
+    "ResponseHandlerSpec",
+    "executor",
+    "handler",
+    "response_handler",
+]
 
 _HANDLER_MARK = "__steplog_handler__"
+_RESPONSE_MARK = "__steplog_response_handler__"
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 
 
@@ -46,6 +56,36 @@ class HandlerSpec:
 
     def accepts_type(self, kind: type) -> bool:
         return self.accepts is None or any(_is_subtype(kind, t) for t in self.accepts)
+
+
+@dataclass(frozen=True)
+class ResponseHandlerSpec:
+    """A resolved response handler: the request and response types it takes (None: anything)."""
+
+    name: str
+    requests: tuple[type, ...] | None
+    responses: tuple[type, ...] | None
+
+    def takes(self, request: object, response: object) -> bool:
+        return (self.requests is None or isinstance(request, self.requests)) and (
+            self.responses is None or isinstance(response, self.responses)
+        )
+
+    def takes_request(self, request: object) -> bool:
+        return self.requests is None or isinstance(request, self.requests)
+
+
+def response_handler(func: F, /) -> F:
+    """Mark an async method ``(self, original_request: Req, response: Resp, ctx)`` of an
+    ``Executor`` as the handler of responses to its ``ctx.request_info`` requests.
+
+    The annotations of ``original_request`` and ``response`` decide which requests and responses
+    it takes; a response of another type is refused when it is given (``ResponseError``).
+    """
+    if not inspect.iscoroutinefunction(cast(Any, func)):
+        raise DefinitionError(f"response handler {func.__qualname__} must be an async function")
+    setattr(func, _RESPONSE_MARK, True)
+    return func
 
 
 @overload
@@ -83,6 +123,9 @@ class Executor:
         require_storable(id, "an executor id")
         self.id = id
         self._handlers: list[tuple[HandlerSpec, Callable[..., Awaitable[None]]]] | None = None
+        self._response_handlers: (
+            list[tuple[ResponseHandlerSpec, Callable[..., Awaitable[None]]]] | None
+        ) = None
 
     @property
     def handlers(self) -> list[HandlerSpec]:
@@ -111,12 +154,41 @@ class Executor:
                 found.append((_spec(name, member, options, skip_self=True), bound))
         return found
 
+    @property
+    def response_handlers(self) -> list[ResponseHandlerSpec]:
+        """The executor's ``@response_handler`` methods, resolved from their annotations."""
+        if self._response_handlers is None:
+            found = []
+            seen: set[str] = set()
+            for cls in type(self).__mro__:
+                for name, member in vars(cls).items():
+                    if not getattr(member, _RESPONSE_MARK, False) or name in seen:
+                        continue
+                    seen.add(name)
+                    found.append((_response_spec(name, member), getattr(self, name)))
+            self._response_handlers = found
+        return [spec for spec, _ in self._response_handlers]
+
     def can_handle(self, message: object) -> bool:
         """Whether some handler accepts ``message``."""
         return any(spec.accepts_message(message) for spec, _ in self._resolved())
 
     async def execute(self, message: object, ctx: WorkflowContext[Any, Any]) -> None:
-        """Run the first handler that accepts ``message``."""
+        """Run the first handler that accepts ``message`` (for a ``Response``, the first response
+        handler that takes its request and value)."""
+        if isinstance(message, Response):
+            self.response_handlers  # noqa: B018 - resolves them
+            assert self._response_handlers is not None
+            request = message.request.data
+            for rspec, rmethod in self._response_handlers:
+                if rspec.takes(request, message.value):
+                    await rmethod(request, message.value, ctx)
+                    return
+            raise DefinitionError(
+                f"executor {self.id!r} has no response handler for a "
+                f"{type(request).__qualname__} request answered with a "
+                f"{type(message.value).__qualname__}"
+            )
         for spec, method in self._resolved():
             if spec.accepts_message(message):
                 await method(message, ctx)
@@ -192,6 +264,19 @@ def _spec(name: str, func: Any, options: _HandlerOptions, *, skip_self: bool) ->
         else (ctx_args[1] if len(ctx_args) > 1 else Any)
     )
     return HandlerSpec(name, _types_of(message_type), _types_of(sends), _types_of(yields))
+
+
+def _response_spec(name: str, func: Any) -> ResponseHandlerSpec:
+    params = list(inspect.signature(func).parameters.values())[1:]
+    if len(params) < 3:
+        raise DefinitionError(
+            f"response handler {func.__qualname__} must take (original_request, response, ctx), "
+            f"got {len(params)} parameter(s)"
+        )
+    hints = _hints(func)
+    return ResponseHandlerSpec(
+        name, _types_of(hints.get(params[0].name, Any)), _types_of(hints.get(params[1].name, Any))
+    )
 
 
 def _hints(func: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from kernel._events import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
     EventBase,
+    InstanceForked,
     RunEvent,
     RunStarted,
     StateStaged,
@@ -26,7 +27,15 @@ from kernel._events import (
     SuperstepStarted,
 )
 
-__all__ = ["CommittedState", "Fold", "OpenRun", "apply_committed", "fold_committed", "folds"]
+__all__ = [
+    "CommittedState",
+    "Fold",
+    "OpenRun",
+    "SuperstepFold",
+    "apply_committed",
+    "fold_committed",
+    "folds",
+]
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -84,29 +93,28 @@ class Fold:
         return self
 
 
-class CommittedState(Fold):
-    """The committed user state of one workflow instance, as JSON trees (see ``ValueCodec``).
+class SuperstepFold(Fold):
+    """The marker rule, in one place, for every fold that cares what a superstep staged.
 
-    ``values`` maps keys to their committed wire values; ``position`` is the stream position of
-    the last event of ``EVENT_TYPES`` applied (so reading only those types gives an identical
-    view); ``last_committed`` the id of the last committed superstep.
+    Subclasses hand what a superstep stages to ``_stage``; it is held until the superstep's first
+    marker, and ``_decided(marker, committed, items)`` is called then, with the items if it
+    committed. Items staged after their superstep's marker, and anything of a run that has ended,
+    are inert: they never reach ``_decided``. ``position`` is the stream position of the last event
+    of ``EVENT_TYPES`` applied.
     """
 
-    __slots__ = ("_closed", "_ended_runs", "_pending", "last_committed", "position", "values")
+    __slots__ = ("_closed", "_ended_runs", "_pending", "position")
 
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
         self.position = 0
-        self.last_committed: str | None = None
-        # Writes staged in supersteps that have no marker yet, by superstep id.
-        self._pending: dict[str, list[StateStaged]] = {}
+        # What supersteps that have no marker yet staged, by superstep id.
+        self._pending: dict[str, list[Any]] = {}
         # Markers seen in runs that have not ended, by run id: superstep id -> committed?
         self._closed: dict[str, dict[str, bool]] = {}
         # Runs that have ended: anything arriving for them later is inert.
         self._ended_runs: set[str] = set()
 
-    @folds("state_staged")
-    def _staged(self, event: StateStaged) -> None:
+    def _stage(self, event: SuperstepEvent) -> None:
         self.position = max(self.position, event.position)
         if event.run_id in self._ended_runs:
             return
@@ -123,7 +131,6 @@ class CommittedState(Fold):
 
     @folds(*SUPERSTEP_MARKER_TYPES)
     def _mark(self, event: SuperstepEvent) -> None:
-        committed = event.type == "superstep_committed"
         self.position = max(self.position, event.position)
         if event.run_id in self._ended_runs:
             return
@@ -131,12 +138,53 @@ class CommittedState(Fold):
         superstep_id = event.superstep_id
         if superstep_id in closed:
             return  # the first marker is final
+        committed = event.type == "superstep_committed"
         closed[superstep_id] = committed
-        writes = self._pending.pop(superstep_id, ())
-        if not committed:
-            return
-        _apply_writes(self.values, writes)
-        self.last_committed = superstep_id
+        items = self._pending.pop(superstep_id, [])
+        self._decided(event, committed, items if committed else [])
+
+    def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
+        """A superstep got its (first) marker; ``items`` is what it staged, if it committed."""
+
+    def _pending_of(self, superstep_id: str) -> list[Any]:
+        """What ``superstep_id`` staged that counts if its next marker is a commit (a live list:
+        do not change it). Empty once it has a marker or its run has ended."""
+        items = self._pending.get(superstep_id)
+        if not items or items[0].run_id in self._ended_runs:
+            return []
+        return items
+
+
+class CommittedState(SuperstepFold):
+    """The committed user state of one workflow instance, as JSON trees (see ``ValueCodec``).
+
+    ``values`` maps keys to their committed wire values; ``position`` is the stream position of
+    the last event of ``EVENT_TYPES`` applied (so reading only those types gives an identical
+    view); ``last_committed`` the id of the last committed superstep (for a forked instance that
+    has committed nothing yet, the origin's superstep it was forked after).
+    """
+
+    __slots__ = ("last_committed", "values")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, Any] = {}
+        self.last_committed: str | None = None
+
+    @folds("state_staged")
+    def _staged(self, event: StateStaged) -> None:
+        self._stage(event)
+
+    def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
+        if committed:
+            _apply_writes(self.values, items)
+            self.last_committed = marker.superstep_id
+
+    @folds("instance_forked")
+    def _forked(self, event: InstanceForked) -> None:
+        self.position = max(self.position, event.position)
+        self.values = dict(event.values)
+        self.last_committed = event.checkpoint
 
     def staged(self, superstep_id: str) -> tuple[StateStaged, ...]:
         """The writes staged in ``superstep_id`` that will count if its next marker is a commit.
@@ -144,10 +192,7 @@ class CommittedState(Fold):
         Empty once the superstep has a marker or its run has ended. This is what an executor of an
         open superstep sees on top of ``values``; it reads the view and changes nothing.
         """
-        writes = self._pending.get(superstep_id, ())
-        if not writes or writes[0].run_id in self._ended_runs:
-            return ()
-        return tuple(writes)
+        return tuple(self._pending_of(superstep_id))
 
     def is_pending(self, write: StateStaged) -> bool:
         """Whether ``write`` (folded in) is among the writes that will count if its superstep's

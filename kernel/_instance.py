@@ -11,22 +11,62 @@ Resuming, checkpointing or running a sub-workflow plugs in here: anything that i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from kernel._checkpoints import Ledger
 from kernel._clock import Clock, IdFactory
 from kernel._codec import ValueCodec
-from kernel._events import AbortReason, EventBase
+from kernel._events import AbortReason, EventBase, InstanceForked
 from kernel._fold import CommittedState, OpenRun
+from kernel._lease import LeaseKeeper
 from kernel._owner import presumed_reason
 from kernel._store import EventStore
 
 if TYPE_CHECKING:
     from kernel._algo import Router
 
-__all__ = ["Durability", "InstanceContext", "RunnerContext"]
+__all__ = [
+    "Durability",
+    "InstanceContext",
+    "LeaseHold",
+    "LeasePolicy",
+    "RunnerContext",
+    "read_ledger",
+]
 
 Durability = Literal["superstep", "write"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How runs hold their instance's lease: renewed every ``ttl / 3`` s, taken over after
+    ``ttl`` s without renewal; a run waits up to ``wait`` s for a live holder to finish."""
+
+    ttl: float = 30.0
+    wait: float = 0.0
+
+
+class LeaseHold(Protocol):
+    """One run's hold on its instance's lease (``kernel._lease.LeaseKeeper``)."""
+
+    async def acquire(self) -> bool:
+        """Take the lease; True if taken over from a dead or expired holder. Raises
+        ``RunInProgressError`` while a live one has it."""
+        ...
+
+    def start_heartbeat(self, on_lost: Callable[[], None]) -> None:
+        """Renew the lease until released; call ``on_lost`` if another holder takes it."""
+        ...
+
+    async def release(self) -> None:
+        """Stop renewing and give the lease up. Never raises ``StoreError``."""
+        ...
+
+    def release_now(self) -> None:
+        """``release``, without waiting for the renewals to stop."""
+        ...
 
 
 class RunnerContext(Protocol):
@@ -68,6 +108,19 @@ class RunnerContext(Protocol):
         its process is provably gone, else ``abandoned``."""
         ...
 
+    def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
+        """``catch_up``, and the instance's runs and checkpoints folded from the log up to the
+        same version (from the same read, when the view starts from nothing)."""
+        ...
+
+    def origin_ledger(self, forked: InstanceForked) -> Ledger:
+        """The ledger of the instance this one was forked from, as of the fork's point."""
+        ...
+
+    def lease_keeper(self) -> LeaseHold:
+        """A keeper for one run's hold on the instance's lease (``acquire`` before appending)."""
+        ...
+
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         """Append ``batch`` atomically after ``expected_version`` and fold it into the view.
 
@@ -92,8 +145,10 @@ class InstanceContext:
         clock: Clock,
         id_factory: IdFactory,
         owner: str,
+        lease: LeasePolicy | None = None,
     ) -> None:
         self.store = store
+        self.lease = lease or LeasePolicy()
         self.instance_id = instance_id
         self.workflow_name = workflow_name
         self.router = router
@@ -122,6 +177,23 @@ class InstanceContext:
     def presumed_reason(self, owner: str) -> AbortReason:
         return presumed_reason(owner)
 
+    def lease_keeper(self) -> LeaseKeeper:
+        lease = self.lease
+        return LeaseKeeper(
+            self.store, self.instance_id, owner=self.owner, ttl=lease.ttl, wait=lease.wait
+        )
+
+    def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
+        if self._head.version == 0:  # a new view: the one read of the whole log serves both
+            events = self.store.read(self.instance_id)
+            self._fold(events)
+            return self._head, Ledger(self.instance_id).apply_all(events)
+        head = self.catch_up()
+        return head, read_ledger(self.store, self.instance_id, upto=head.version)
+
+    def origin_ledger(self, forked: InstanceForked) -> Ledger:
+        return read_ledger(self.store, forked.origin_instance, upto=forked.origin_position)
+
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         # Folded only once appended: a refused batch leaves the view as it was, a true fold of the
         # log up to ``version``. (If a failure was ambiguous and the batch did land, the next
@@ -134,3 +206,10 @@ class InstanceContext:
         for event in events:
             committed.apply(event)
             head.apply(event)
+
+
+def read_ledger(store: EventStore, instance_id: str, *, upto: int | None = None) -> Ledger:
+    """Fold an instance's runs and checkpoints from ``store`` (only the event types the ledger
+    folds are decoded), up to stream position ``upto``."""
+    events = store.read(instance_id, upto=upto, types=Ledger.EVENT_TYPES)
+    return Ledger(instance_id).apply_all(events)

@@ -28,17 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Position
+from kernel._checkpoints import answer, check_responses, continued_run, ledger_kwargs
 from kernel._context import WorkflowContext
-from kernel._emit import Emit, Put, emitter, silent
+from kernel._emit import Emit, Put, WorkflowEvent, emitter, silent
 from kernel._errors import (
     ConvergenceError,
     EncodingError,
     ExecutionError,
+    ResumeError,
     RoutingError,
     StoreError,
 )
@@ -49,7 +51,9 @@ from kernel._events import (
     ExecutorCompleted,
     ExecutorFailed,
     ExecutorInvoked,
+    ResponseReceived,
     RunAbandoned,
+    RunAwaitingInput,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -59,26 +63,59 @@ from kernel._events import (
     SuperstepStarted,
     trusted_event,
 )
+from kernel._requests import PendingRequest
 from kernel._superstep import Superstep, SuperstepOutcome
 
 if TYPE_CHECKING:
-    from kernel._instance import RunnerContext
+    from kernel._fold import OpenRun
+    from kernel._instance import LeaseHold, RunnerContext
 
-__all__ = ["Run", "RunResult"]
+__all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]
 
 
 @dataclass
 class RunResult:
-    """The outcome of a run that completed."""
+    """The outcome of a run that completed, or stopped waiting for responses to its requests.
+
+    For a run that continues another, ``outputs`` and ``supersteps`` count from the start of the
+    run it continues (its whole lineage), so a resumed run reports what an uninterrupted run of
+    the same workflow would.
+    """
 
     run_id: str
-    status: Literal["completed"]
+    status: Literal["completed", "awaiting_input"]
     supersteps: int
     outputs: list[Any] = field(default_factory=list)
+    pending_requests: list[PendingRequest] = field(default_factory=list)
 
     def get_outputs(self) -> list[Any]:
         """The outputs yielded in committed supersteps, in order."""
         return list(self.outputs)
+
+    def get_request_info_events(self) -> list[WorkflowEvent]:
+        """The requests still waiting for a response, as ``request_info`` events."""
+        return [
+            WorkflowEvent(
+                "request_info",
+                self.run_id,
+                executor_id=request.executor_id,
+                superstep_id=request.superstep_id,
+                data=request.data,
+                request_id=request.request_id,
+            )
+            for request in self.pending_requests
+        ]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What a run that continues another goes on from: the run ``run_id``, or the run whose
+    resume point is ``checkpoint_id``, or (neither) the instance's last run; and the
+    ``responses`` to record and deliver."""
+
+    run_id: str | None = None
+    checkpoint_id: str | None = None
+    responses: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Run:
@@ -87,10 +124,17 @@ class Run:
     ``instance`` is all the run knows of its workflow (see ``RunnerContext``).
     """
 
-    def __init__(self, instance: RunnerContext, message: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        instance: RunnerContext,
+        message: Any,
+        kwargs: dict[str, Any],
+        continuation: Continuation | None = None,
+    ) -> None:
         self.instance = instance
         self.message = message
         self.kwargs = kwargs
+        self.continuation = continuation
         self.codec = instance.codec
         self.router = instance.router
         self.run_id = instance.new_id()
@@ -106,6 +150,8 @@ class Run:
         self._open_superstep: Superstep | None = None
         self._open_superstep_id: str | None = None
         self._write_through = instance.durability == "write"
+        self._taken_over = False
+        self._keeper: LeaseHold | None = None
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -163,11 +209,18 @@ class Run:
         """
         if put is not None:
             self._emit = emitter(self.run_id, put)
+        self._keeper = keeper = self.instance.lease_keeper()
         try:
             await self._settle_previous()
-            position = self._start()
+            self._taken_over = await keeper.acquire()
+            keeper.start_heartbeat(self._lease_lost)
+            if self.continuation is None:
+                position = self._start()
+            else:
+                position = self._continue(self.continuation)
         except BaseException:
             self.finished = True  # nothing of the run is open: the instance is free again
+            await keeper.release()
             raise
         try:
             return await self._supersteps(position)
@@ -181,6 +234,32 @@ class Run:
             raise
         finally:
             self.finished = True
+            await keeper.release()
+
+    def _ended(self) -> None:
+        """The run's end is in the log: give the instance's lease up at once, before the last
+        events reach the consumer (who may take its time, or drop the stream)."""
+        self.finished = True
+        self.give_up_lease()
+
+    def give_up_lease(self) -> None:
+        """Release the instance's lease now (its stream was dropped): the run is as good as gone."""
+        if self._keeper is not None:
+            self._keeper.release_now()
+
+    def _lease_lost(self) -> None:
+        """The heartbeat found the lease taken over: another process judged this one gone and
+        has closed the run. Stop; nothing more of this run can be appended (the version check
+        refuses it)."""
+        task = self.task
+        if task is not None and not task.done() and not self.finished:
+            self.cancel_reason = self.cancel_reason or "abandoned"
+            task.cancel()
+
+    def _unfinished_reason(self, owner: str) -> AbortReason:
+        """Why the run found open stopped: ``crashed`` if this run took the lease over from a
+        dead or expired holder, else what its owner's process says."""
+        return "crashed" if self._taken_over else self.instance.presumed_reason(owner)
 
     def _start(self) -> Position:
         """Check the input, close a run the log shows unfinished, and append the run's start.
@@ -196,26 +275,79 @@ class Run:
                 f"{type(self.message).__qualname__}"
             )
         wire_input = self.codec.encode(self.message, what="the run's input message")
-        wire_kwargs = {
-            k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
-        }
-        head = instance.catch_up()
-        self._version = head.version
-        if head.run_id is not None:
-            reason = instance.presumed_reason(head.owner)
-            self._close_unfinished(head.run_id, head.superstep_id, reason)
-        self.log(
-            RunStarted,
-            workflow_name=instance.workflow_name,
-            input=wire_input,
-            kwargs=wire_kwargs,
-            owner=instance.owner,
-            durability=instance.durability,
-        )
+        self._log_start(instance.catch_up(), input=wire_input)
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=1)
         self.flush()
         return Position.start(start.id, self.message)
+
+    def _log_start(self, head: OpenRun, **fields: Any) -> None:
+        """Buffer the closing of the run ``head`` shows unfinished, if any, then ``RunStarted``
+        with this run's arguments and ``fields``. Raises ``EncodingError`` (buffering nothing)
+        for an argument the log cannot store."""
+        instance = self.instance
+        wire_kwargs = {
+            k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
+        }
+        self._version = head.version
+        if head.run_id is not None:
+            reason = self._unfinished_reason(head.owner)
+            self._close_unfinished(head.run_id, head.superstep_id, reason)
+        self.log(
+            RunStarted,
+            workflow_name=instance.workflow_name,
+            kwargs=wire_kwargs,
+            owner=instance.owner,
+            durability=instance.durability,
+            **fields,
+        )
+
+    def _continue(self, plan: Continuation) -> Position:
+        """Close a run the log shows unfinished, then start a run that continues one from its
+        latest checkpoint, recording and delivering ``plan.responses``.
+
+        Everything is checked before anything is appended: a refusal (``ResumeError``,
+        ``ResponseError``, ``ConvergenceError`` past ``max_supersteps``) leaves the log as it
+        was. Returns the position of the run's first superstep, which is open in the log.
+        """
+        instance = self.instance
+        head, ledger = instance.catch_up_ledger()
+        self._version = head.version
+        line, checkpoint = continued_run(ledger, plan, instance.workflow_name)
+        standing = ledger.standing(
+            line, checkpoint, router=self.router, codec=self.codec, origin=instance.origin_ledger
+        )
+        answers = check_responses(ledger, standing.position, plan.responses, self.router.graph)
+        wire = [
+            (rid, self.codec.encode(value, what=f"the response to request {rid!r}"))
+            for rid, (_, value) in answers.items()
+        ]
+        position = answer(standing.position, list(answers.values()))
+        if not position.inbox:
+            if position.requests:
+                pending = ", ".join(position.requests)
+                raise ResumeError(
+                    f"run {line} of {instance.instance_id!r} is waiting for responses to its "
+                    f"requests ({pending}); continue it with run(responses={{request_id: value}})"
+                )
+            raise ResumeError(
+                f"run {line} of {instance.instance_id!r} has nothing left to do after its "
+                "latest checkpoint: it completed; start a new run with a message"
+            )
+        if position.index > instance.max_supersteps:
+            raise ConvergenceError(
+                f"run {line} of {instance.instance_id!r} cannot be continued: its next superstep "
+                f"would be {position.index}, past max_supersteps={instance.max_supersteps}"
+            )
+        self.kwargs = self.kwargs or ledger_kwargs(ledger, line, self.codec)
+        self._log_start(head, continues=line, checkpoint=checkpoint)
+        for request_id, value in wire:
+            self.log(ResponseReceived, request_id=request_id, value=value)
+        self.outputs = list(standing.outputs)
+        self._open_superstep_id = instance.new_id()
+        self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=position.index)
+        self.flush()
+        return position
 
     async def _settle_previous(self) -> None:
         """Wait for a dropped stream's run to record its abort before this run appends anything."""
@@ -251,8 +383,23 @@ class Run:
                 raise
             for source, value in step.outputs:
                 await emit("output", step.index, superstep_id, source, value)
+            for request in step.requested:
+                await emit(
+                    "request_info",
+                    step.index,
+                    superstep_id,
+                    request.executor_id,
+                    data=request.data,
+                    request_id=request.request_id,
+                )
             await emit("superstep_completed", step.index, superstep_id)
             if not position.inbox:
+                if position.requests:
+                    await emit("awaiting_input", step.index)
+                    pending = list(position.requests.values())
+                    return RunResult(
+                        self.run_id, "awaiting_input", step.index, self.outputs, pending
+                    )
                 await emit("completed", step.index)
                 return RunResult(self.run_id, "completed", step.index, self.outputs)
             if step.index >= self.instance.max_supersteps:
@@ -278,9 +425,7 @@ class Run:
             escaped: BaseException | None = None  # not a handler's failure: the store's, say
             try:
                 while pending and step.failure is None and escaped is None:
-                    done, pending = await asyncio.wait(
-                        pending, return_when=asyncio.FIRST_COMPLETED
-                    )
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     escaped = next(
                         (t.exception() for t in done if not t.cancelled() and t.exception()), None
                     )
@@ -343,6 +488,7 @@ class Run:
         self._open_superstep_id = None
         self.finished = True
         self._flush_closing(opened)
+        self._ended()
         emit = self._emit
         await emit("executor_failed", step.index, step.superstep_id, executor_id, error=error)
         await emit("failed", step.index, step.superstep_id, executor_id, error=error)
@@ -357,7 +503,7 @@ class Run:
         the superstep as aborted and the run as failed) if the store cannot encode the batch.
         """
         step.outcome = SuperstepOutcome.COMMITTED
-        after = position.after(step.sent)
+        after = position.after(step.sent, step.requested)
         opened = len(self._buffer)  # in "write" durability, 0: the closing goes in as it is made
         # What the log holds moves on only once it is appended: if an append fails, the run's
         # end is recorded against the superstep that is really open, and only if it is open.
@@ -365,7 +511,9 @@ class Run:
         if self._write_through:
             self._open_superstep_id = None  # the marker is in the log
         next_id = None
-        if not after.inbox:
+        if not after.inbox and after.requests:
+            self.log(RunAwaitingInput, supersteps=step.index, requests=list(after.requests))
+        elif not after.inbox:
             self.log(RunCompleted, supersteps=step.index)
         elif step.index >= self.instance.max_supersteps:
             error = self._convergence_error(step.index, after)
@@ -379,7 +527,8 @@ class Run:
             self.finished = True
             raise refused
         self._open_superstep_id = next_id
-        self.finished = next_id is None
+        if next_id is None:
+            self._ended()
         self.outputs.extend(value for _, value in step.outputs)
         return after
 
@@ -421,23 +570,12 @@ class Run:
         # What unwinds must still propagate; if this append fails, the next run closes the run.
         with contextlib.suppress(StoreError, EncodingError):
             self._flush_closing(opened)
+            self._ended()
 
     def _close_unfinished(self, run_id: str, superstep_id: str | None, reason: AbortReason) -> None:
         """Close a run found unfinished in the log (dropped stream, dead process)."""
-        if superstep_id is not None:
-            self._log_for(
-                SuperstepAborted, {"run_id": run_id, "superstep_id": superstep_id, "reason": reason}
-            )
-        ended = "crashed" if reason == "crashed" else "abandoned"
-        self._log_for(
-            RunAbandoned,
-            {
-                "run_id": run_id,
-                "reason": ended,
-                "superstep_id": superstep_id,
-                "closed_by": self.run_id,
-            },
-        )
+        for cls, fields in unfinished_closing(run_id, superstep_id, reason, self.run_id):
+            self._log_for(cls, fields)
 
     def _log_for(self, cls: type[EventBase], fields: dict[str, Any]) -> None:
         """Buffer the next event of the stream (of this run, or of a run this one closes).
@@ -470,3 +608,33 @@ async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> No
             interrupted = True
     if interrupted:
         raise asyncio.CancelledError
+
+
+def unfinished_closing(
+    run_id: str, superstep_id: str | None, reason: AbortReason, closed_by: str | None
+) -> list[tuple[type[EventBase], dict[str, Any]]]:
+    """The events that close a run found unfinished: its open superstep's abort, and its end.
+
+    ``closed_by`` is the run that closes it (None when ``recover`` does).
+    """
+    closing: list[tuple[type[EventBase], dict[str, Any]]] = []
+    if superstep_id is not None:
+        closing.append(
+            (
+                SuperstepAborted,
+                {"run_id": run_id, "superstep_id": superstep_id, "reason": reason},
+            )
+        )
+    ended = "crashed" if reason == "crashed" else "abandoned"
+    closing.append(
+        (
+            RunAbandoned,
+            {
+                "run_id": run_id,
+                "reason": ended,
+                "superstep_id": superstep_id,
+                "closed_by": closed_by,
+            },
+        )
+    )
+    return closing

@@ -26,6 +26,8 @@ class MemoryStore(EventStore):
         super().__init__(POPOApplicationRecorder(), url="memory://")
         self._instances: set[str] = set()
         self._appended = threading.Condition()
+        self._leases: dict[str, tuple[str, int]] = {}  # instance id -> (holder, expires in µs)
+        self._leases_lock = threading.Lock()
 
     def _after_append(self, instance_id: str) -> None:
         with self._appended:
@@ -40,3 +42,33 @@ class MemoryStore(EventStore):
     def instances(self) -> list[str]:
         with self._translated("list instances"), self._appended:
             return sorted(self._instances)
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def _acquire_lease(
+        self, instance_id: str, holder: str, expires: int, replace: tuple[str, int] | None
+    ) -> bool:
+        with self._leases_lock:
+            stored = self._leases.get(instance_id)
+            if stored is not None and stored[0] != holder and stored != replace:
+                return False
+            self._leases[instance_id] = (holder, expires)
+            return True
+
+    def _renew_lease(self, instance_id: str, holder: str, expires: int) -> bool:
+        with self._leases_lock:
+            stored = self._leases.get(instance_id)
+            if stored is None or stored[0] != holder:
+                return False
+            self._leases[instance_id] = (holder, expires)
+            return True
+
+    def _release_lease(self, instance_id: str, holder: str) -> None:
+        with self._leases_lock:
+            stored = self._leases.get(instance_id)
+            if stored is not None and stored[0] == holder:
+                del self._leases[instance_id]
+
+    def _read_lease(self, instance_id: str) -> tuple[str, int] | None:
+        with self._leases_lock:
+            return self._leases.get(instance_id)

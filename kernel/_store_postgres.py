@@ -60,6 +60,19 @@ END;
 $$
 """
 META_TABLE = "steplog_meta"
+LEASES_TABLE = "steplog_leases"
+"""One row per leased instance: holder, and expires in whole microseconds since the Unix epoch
+(UTC). Added to stores made before leases by their next ``create=True`` open."""
+# Take the lease if it is free, ours, or exactly the stale one named (holder, expires). A
+# concurrent takeover of the same row waits for the first one's commit, then re-checks the WHERE
+# against the new row and updates nothing: no row comes back.
+_ACQUIRE_SQL = """
+INSERT INTO {table} AS lease (instance_id, holder, expires) VALUES (%s, %s, %s)
+ON CONFLICT (instance_id) DO UPDATE SET holder = EXCLUDED.holder, expires = EXCLUDED.expires
+WHERE lease.holder = EXCLUDED.holder
+   OR (lease.holder = %s::text AND lease.expires = %s::bigint)
+RETURNING holder
+"""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 POSTGRES_ERRORS: ErrorTable = (
@@ -226,6 +239,7 @@ class PostgresStore(EventStore):
                 if create:
                     recorder.create_table()
                     self._stamp_schema_version()
+                    self._create_leases_table()  # also in stores made before leases
                 self._check_schema_version()
         except BaseException:
             self._ds.close()
@@ -353,6 +367,42 @@ class PostgresStore(EventStore):
             cursor.execute(statement)
             return [row["originator_id"] for row in cursor.fetchall()]
 
+    def _select_stream(
+        self,
+        instance_id: str,
+        after: int | None,
+        upto: int | None,
+        limit: int | None,
+        topics: list[str],
+    ) -> list[tuple[int, str, bytes]]:
+        """A stream read as plain rows, filtered by topic in SQL when no ``limit`` counts them."""
+        conditions = [sql.SQL("originator_id = %s")]
+        params: list[Any] = [instance_id]
+        if after is not None:
+            conditions.append(sql.SQL("originator_version > %s"))
+            params.append(after)
+        if upto is not None:
+            conditions.append(sql.SQL("originator_version <= %s"))
+            params.append(upto)
+        if topics and limit is None:
+            conditions.append(sql.SQL("topic = ANY(%s)"))
+            params.append(topics)
+        statement = sql.SQL(
+            "SELECT originator_version, topic, state FROM {} WHERE {} ORDER BY originator_version"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE), sql.SQL(" AND ").join(conditions))
+        if limit is not None:
+            statement += sql.SQL(" LIMIT %s")
+            params.append(limit)
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(statement, params)
+            found = cursor.fetchall()
+        wanted = set(topics) if topics and limit is not None else None
+        return [
+            (row["originator_version"], row["topic"], bytes(row["state"]))
+            for row in found
+            if wanted is None or row["topic"] in wanted
+        ]
+
     def _wait_for_appends(self, position: int, timeout: float, stop: threading.Event) -> None:
         listener = getattr(self._local, "listener", None)
         if listener is None:
@@ -373,6 +423,60 @@ class PostgresStore(EventStore):
         except psycopg.Error:
             self._local.listener = None
             stop.wait(timeout)
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def _create_leases_table(self) -> None:
+        """Create the leases table if missing (run by create=True opens, under the setup lock)."""
+        with self._ds.get_connection() as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (instance_id text PRIMARY KEY, "
+                    "holder text NOT NULL, expires bigint NOT NULL)"
+                ).format(self._leases)
+            )
+
+    @property
+    def _leases(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, LEASES_TABLE)
+
+    def _acquire_lease(
+        self, instance_id: str, holder: str, expires: int, replace: tuple[str, int] | None
+    ) -> bool:
+        stale_holder, stale_expires = replace if replace is not None else (None, None)
+        statement = sql.SQL(_ACQUIRE_SQL).format(table=self._leases)
+        params = (instance_id, holder, expires, stale_holder, stale_expires)
+        with self._ds.get_connection() as conn:  # autocommit: one statement, one transaction
+            return conn.execute(statement, params).fetchone() is not None
+
+    def _renew_lease(self, instance_id: str, holder: str, expires: int) -> bool:
+        statement = sql.SQL(
+            "UPDATE {} SET expires = %s WHERE instance_id = %s AND holder = %s RETURNING holder"
+        ).format(self._leases)
+        with self._ds.get_connection() as conn:
+            return conn.execute(statement, (expires, instance_id, holder)).fetchone() is not None
+
+    def _release_lease(self, instance_id: str, holder: str) -> None:
+        statement = sql.SQL("DELETE FROM {} WHERE instance_id = %s AND holder = %s").format(
+            self._leases
+        )
+        with self._ds.get_connection() as conn:
+            conn.execute(statement, (instance_id, holder))
+
+    def _read_lease(self, instance_id: str) -> tuple[str, int] | None:
+        statement = sql.SQL("SELECT holder, expires FROM {} WHERE instance_id = %s").format(
+            self._leases
+        )
+        with self._ds.get_connection() as conn:
+            # A reader of a store made before leases has no such table: that is no lease.
+            if not conn.execute(_TABLES_SQL, (self.schema, [LEASES_TABLE])).fetchall():
+                return None
+            row = conn.execute(statement, (instance_id,)).fetchone()
+        return None if row is None else (str(row["holder"]), int(row["expires"]))
+
+    def _leases_missing(self) -> bool:
+        with self._ds.get_connection() as conn:
+            return not conn.execute(_TABLES_SQL, (self.schema, [LEASES_TABLE])).fetchall()
 
     def close(self) -> None:
         if not self._closed:

@@ -40,6 +40,9 @@ __all__ = ["SQLiteRecorder", "SQLiteStore", "sqlite_path"]
 
 EVENTS_TABLE = "steplog_events"
 META_TABLE = "steplog_meta"
+LEASES_TABLE = "steplog_leases"
+"""One row per leased instance: holder, and expires in whole microseconds since the Unix epoch
+(UTC). Added to stores made before leases by their next ``create=True`` open."""
 
 Row = Sequence[Any]
 """A row of the global log (a ``sqlite3.Row``): rowid, instance id, position, topic, state."""
@@ -236,12 +239,15 @@ class SQLiteStore(EventStore):
                 # switches the file to WAL, which fails at once ("database is locked", no busy
                 # wait) while another process is doing the same. So whether setup is needed is
                 # decided by a read-only look, outside the datastore.
-                if create and _steplog_tables(path) != _TABLES:
+                # A store made before leases lacks only their table: a writer adds it, in the
+                # same turn; a reader (create=False) never does.
+                if create and _steplog_tables(path) != _ALL_TABLES:
                     lock = path.with_name(f"{path.name}.lock")
                     with _setup_turn(lock, timeout=lock_timeout):
                         if not self._has_tables():
                             self._sqlite.create_table()
                             self._stamp_schema_version()
+                        self._create_leases_table()
                     # The tables exist now, so no process will set them up again: whoever still
                     # waits on (or later takes) a lock file finds them and does nothing. The lock
                     # file can go, rather than sit beside the user's database.
@@ -264,16 +270,24 @@ class SQLiteStore(EventStore):
             found = _steplog_tables(path, strict=True)
         except sqlite3.Error as error:
             raise self._store_error(error, "open the store") from error
-        if found != _TABLES:
+        if not found >= _TABLES:
             raise StoreNotFoundError(
                 f"{path} holds no steplog store (no {EVENTS_TABLE} and {META_TABLE} tables); "
                 "it was left untouched"
             )
 
     def _has_tables(self) -> bool:
+        """Whether the events and meta tables exist (the leases table may not, in an old store)."""
         with self._ds.transaction(commit=False) as cursor:
-            cursor.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE))
-            return len(cursor.fetchall()) == 2
+            cursor.execute(_TABLES_SQL, _TABLE_NAMES)
+            return {row[0] for row in cursor.fetchall()} >= _TABLES
+
+    def _create_leases_table(self) -> None:
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {LEASES_TABLE} (instance_id TEXT PRIMARY KEY, "
+                "holder TEXT NOT NULL, expires INTEGER NOT NULL)"
+            )
 
     def _stamp_schema_version(self) -> None:
         with self._ds.transaction(commit=True) as cursor:
@@ -296,6 +310,77 @@ class SQLiteStore(EventStore):
                 f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
                 "upgrade steplog to open it"
             )
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def _acquire_lease(
+        self, instance_id: str, holder: str, expires: int, replace: tuple[str, int] | None
+    ) -> bool:
+        stale_holder, stale_expires = replace if replace is not None else (None, None)
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(
+                _ACQUIRE_SQL, (instance_id, holder, expires, stale_holder, stale_expires)
+            )
+            return cursor.fetchone() is not None
+
+    def _renew_lease(self, instance_id: str, holder: str, expires: int) -> bool:
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(_RENEW_SQL, (expires, instance_id, holder))
+            return cursor.fetchone() is not None
+
+    def _release_lease(self, instance_id: str, holder: str) -> None:
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(_RELEASE_SQL, (instance_id, holder))
+
+    def _read_lease(self, instance_id: str) -> tuple[str, int] | None:
+        with self._ds.transaction(commit=False) as cursor:
+            # A reader of a store made before leases has no such table: that is no lease.
+            cursor.execute(_TABLE_SQL, (LEASES_TABLE,))
+            if cursor.fetchone() is None:
+                return None
+            cursor.execute(_READ_SQL, (instance_id,))
+            row = cursor.fetchone()
+        return None if row is None else (str(row[0]), int(row[1]))
+
+    def _leases_missing(self) -> bool:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(_TABLE_SQL, (LEASES_TABLE,))
+            return cursor.fetchone() is None
+
+    def _select_stream(
+        self,
+        instance_id: str,
+        after: int | None,
+        upto: int | None,
+        limit: int | None,
+        topics: list[str],
+    ) -> list[tuple[int, str, bytes]]:
+        """A stream read as plain rows, filtered by topic in SQL when no ``limit`` counts them."""
+        conditions = ["originator_id = ?"]
+        params: list[Any] = [instance_id]
+        if after is not None:
+            conditions.append("originator_version > ?")
+            params.append(after)
+        if upto is not None:
+            conditions.append("originator_version <= ?")
+            params.append(upto)
+        if topics and limit is None:
+            conditions.append(f"topic IN ({','.join('?' * len(topics))})")
+            params.extend(topics)
+        statement = (
+            f"SELECT originator_version, topic, state FROM {EVENTS_TABLE} "
+            f"WHERE {' AND '.join(conditions)} ORDER BY originator_version"
+        )
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(statement, params)
+            rows: list[tuple[int, str, bytes]] = cursor.fetchall()
+        if topics and limit is not None:
+            wanted = set(topics)
+            rows = [row for row in rows if row[1] in wanted]
+        return rows
 
     def _select_page(
         self, after: int, limit: int, upto: int | None, topics: list[str]
@@ -341,8 +426,28 @@ class SQLiteStore(EventStore):
         return (StoreUnavailableError, hint) if hint else (kind, "")
 
 
-_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
+# Take the lease if it is free, ours, or exactly the stale one named (holder, expires): the
+# conflict's update is skipped otherwise, and RETURNING then yields no row.
+_ACQUIRE_SQL = f"""
+INSERT INTO {LEASES_TABLE} (instance_id, holder, expires) VALUES (?, ?, ?)
+ON CONFLICT (instance_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires
+WHERE {LEASES_TABLE}.holder = excluded.holder
+   OR ({LEASES_TABLE}.holder = ? AND {LEASES_TABLE}.expires = ?)
+RETURNING holder
+"""
+_RENEW_SQL = (
+    f"UPDATE {LEASES_TABLE} SET expires = ? WHERE instance_id = ? AND holder = ? RETURNING 1"
+)
+_RELEASE_SQL = f"DELETE FROM {LEASES_TABLE} WHERE instance_id = ? AND holder = ?"
+_READ_SQL = f"SELECT holder, expires FROM {LEASES_TABLE} WHERE instance_id = ?"
+_TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
+_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
+_TABLE_NAMES = (EVENTS_TABLE, META_TABLE, LEASES_TABLE)
 _TABLES = frozenset({EVENTS_TABLE, META_TABLE})
+"""The tables that make a file a steplog store (a reader needs no more)."""
+_ALL_TABLES = frozenset(_TABLE_NAMES)
+"""The tables a writer makes sure exist."""
 
 
 def _steplog_tables(path: Path, *, strict: bool = False) -> frozenset[str]:
@@ -353,7 +458,7 @@ def _steplog_tables(path: Path, *, strict: bool = False) -> frozenset[str]:
         return frozenset()
     try:
         with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return frozenset(row[0] for row in db.execute(_TABLES_SQL, (EVENTS_TABLE, META_TABLE)))
+            return frozenset(row[0] for row in db.execute(_TABLES_SQL, _TABLE_NAMES))
     except sqlite3.Error:
         if strict:
             raise

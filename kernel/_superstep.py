@@ -11,8 +11,16 @@ import enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Delivery, Router, Sent
-from kernel._errors import StateWriteRejectedError
-from kernel._events import ErrorInfo, ExecutorFailed, MessageStaged, OutputYielded, StateStaged
+from kernel._errors import DefinitionError, StateWriteRejectedError
+from kernel._events import (
+    ErrorInfo,
+    ExecutorFailed,
+    InfoRequested,
+    MessageStaged,
+    OutputYielded,
+    StateStaged,
+)
+from kernel._requests import PendingRequest
 
 if TYPE_CHECKING:
     from kernel._runner import Run
@@ -47,6 +55,7 @@ class Superstep:
         self.staged: dict[str, tuple[str, Any]] = {}
         self.sent: list[Sent] = []
         self.outputs: list[tuple[str, Any]] = []
+        self.requested: list[PendingRequest] = []
         self.failure: tuple[str, BaseException] | None = None
         self.in_flight: set[str] = set()
         self.cancelling = False
@@ -129,6 +138,38 @@ class Superstep:
         )
         self.outputs.append((executor_id, value))
 
+    def request(self, executor_id: str, data: Any, response_type: Any) -> str:
+        """Stage a request for input; return its id. Refused (``DefinitionError``) unless the
+        executor has a response handler for the request's type and ``response_type``."""
+        self._refuse_if_closed(executor_id, "request")
+        executor = self.router.graph.executors[executor_id]
+        wanted = response_type if isinstance(response_type, type) else None
+        if not any(
+            spec.takes_request(data)
+            and (wanted is None or spec.responses is None or issubclass(wanted, spec.responses))
+            for spec in executor.response_handlers
+        ):
+            raise DefinitionError(
+                f"executor {executor_id!r} requested a {type(data).__qualname__} answered by "
+                f"{_type_name(response_type)}, but has no @response_handler taking them"
+            )
+        run = self._run
+        wire = run.codec.encode(data, what=f"request of {executor_id!r}")
+        request_id = run.instance.new_id()
+        name = _type_name(response_type)
+        run.log(
+            InfoRequested,
+            superstep_id=self.superstep_id,
+            request_id=request_id,
+            executor_id=executor_id,
+            data=wire,
+            response_type=name,
+        )
+        self.requested.append(
+            PendingRequest(request_id, executor_id, data, name, run.run_id, self.superstep_id)
+        )
+        return request_id
+
     def fail(self, executor_id: str, error: BaseException) -> None:
         """Record an executor's failure; the first one closes the superstep."""
         self.in_flight.discard(executor_id)
@@ -141,3 +182,13 @@ class Superstep:
         if self.failure is None:
             self.failure = (executor_id, error)
             self.outcome = SuperstepOutcome.FAILED
+
+
+def _type_name(kind: Any) -> str:
+    """How a response type is named in the log: ``module.Qualname``, or its repr."""
+    if kind is None:
+        return ""
+    if isinstance(kind, type):
+        module = kind.__module__
+        return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    return repr(kind)

@@ -5,21 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from dataclasses import replace
 from typing import Any, Literal, overload
 
 from kernel._algo import Router
+from kernel._checkpoints import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._clock import Clock, IdFactory
 from kernel._emit import WorkflowEvent
-from kernel._errors import RunInProgressError
+from kernel._errors import ResumeError, RunInProgressError
 from kernel._events import AbortReason, EventBase
+from kernel._fork import fork_instance
 from kernel._graph import Graph
-from kernel._instance import Durability, InstanceContext
-from kernel._owner import process_owner
-from kernel._runner import Run, RunResult
+from kernel._instance import Durability, InstanceContext, LeasePolicy, read_ledger
+from kernel._owner import presumed_reason, process_owner
+from kernel._requests import PendingRequest
+from kernel._runner import Continuation, Run, RunResult
 from kernel._store import EventStore
 
 __all__ = ["Durability", "RunStream", "Workflow"]
+
+_NO_MESSAGE: Any = object()
 
 
 class Workflow:
@@ -40,6 +46,7 @@ class Workflow:
         durability: Durability,
         clock: Clock,
         id_factory: IdFactory,
+        lease: LeasePolicy | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
@@ -53,9 +60,12 @@ class Workflow:
             clock=clock,
             id_factory=id_factory,
             owner=process_owner(),
+            lease=lease,
         )
         self._active: Run | None = None
         self._active_stream: weakref.ref[RunStream] | None = None
+        self._clock = clock
+        self._id_factory = id_factory
 
     @property
     def instance_id(self) -> str:
@@ -79,26 +89,111 @@ class Workflow:
 
     @overload
     def run(
-        self, message: Any, *, stream: Literal[False] = False, **kwargs: Any
+        self,
+        message: Any = ...,
+        *,
+        stream: Literal[False] = False,
+        checkpoint_id: str | None = None,
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult]: ...
     @overload
-    def run(self, message: Any, *, stream: Literal[True], **kwargs: Any) -> RunStream: ...
+    def run(
+        self,
+        message: Any = ...,
+        *,
+        stream: Literal[True],
+        checkpoint_id: str | None = None,
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> RunStream: ...
 
     def run(
-        self, message: Any, *, stream: bool = False, **kwargs: Any
+        self,
+        message: Any = _NO_MESSAGE,
+        *,
+        stream: bool = False,
+        checkpoint_id: str | None = None,
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
-        """Run the workflow on ``message``.
+        """Run the workflow on ``message``, or continue it from the log.
 
-        ``await wf.run(msg)`` returns a ``RunResult`` when the run completes, and re-raises an
-        executor's exception (or ``ConvergenceError``) after the log records the abort.
+        ``await wf.run(msg)`` returns a ``RunResult`` when the run completes (or stops waiting for
+        responses to its requests), and re-raises an executor's exception (or
+        ``ConvergenceError``) after the log records the abort.
         ``wf.run(msg, stream=True)`` returns an async iterator of ``WorkflowEvent``; if the run
         fails, the iterator yields ``executor_failed`` and ``failed`` and then raises.
         ``kwargs`` are recorded in ``RunStarted`` and offered to handlers as ``ctx.run_kwargs``.
 
+        Instead of a message: ``checkpoint_id=`` continues the run from that checkpoint (one of
+        ``checkpoints()``; it must be the instance's latest, else ``ResumeError``: fork it), and
+        ``responses={request_id: value}`` answers pending requests and continues (with or without
+        ``checkpoint_id``). A continuation first closes a run left open by a dead process.
+
         Raises ``RunInProgressError`` if this workflow object is still running another run.
         """
+        continuation = None
+        if checkpoint_id is not None or responses:
+            if message is not _NO_MESSAGE:
+                raise ResumeError(
+                    "run() takes a message, or checkpoint_id/responses to continue a run, not both"
+                )
+            continuation = Continuation(None, checkpoint_id, dict(responses or {}))
+        elif message is _NO_MESSAGE:
+            raise ResumeError(
+                "run() needs a message, or checkpoint_id= or responses= to continue a run"
+            )
+        return self._launch(message, kwargs, continuation, stream=stream)
+
+    @overload
+    def resume(
+        self,
+        run_id: str | None = None,
+        *,
+        stream: Literal[False] = False,
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, RunResult]: ...
+    @overload
+    def resume(
+        self,
+        run_id: str | None = None,
+        *,
+        stream: Literal[True],
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> RunStream: ...
+
+    def resume(
+        self,
+        run_id: str | None = None,
+        *,
+        stream: bool = False,
+        responses: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, RunResult] | RunStream:
+        """Continue run ``run_id`` (default: the instance's last run) where it stopped: after a
+        crash, a failure, a cancellation or a dropped stream, from its latest checkpoint.
+
+        A new run is recorded that ``continues`` it; its result counts outputs and supersteps
+        from the start of the original run. Raises ``ResumeError`` (appending nothing) when the
+        run has nothing left to do, or when another run committed after it (fork instead).
+        ``kwargs`` default to the original run's.
+        """
+        plan = Continuation(run_id, None, dict(responses or {}))
+        return self._launch(_NO_MESSAGE, kwargs, plan, stream=stream)
+
+    def _launch(
+        self,
+        message: Any,
+        kwargs: dict[str, Any],
+        continuation: Continuation | None,
+        *,
+        stream: bool,
+    ) -> Coroutine[Any, Any, RunResult] | RunStream:
         self._check_idle()
-        run = Run(self._instance, message, kwargs)
+        run = Run(self._instance, message, kwargs, continuation)
         if stream:
             handle = RunStream(run)
             self._replace_active(run, handle)
@@ -143,6 +238,102 @@ class Workflow:
     def events(self) -> list[EventBase]:
         """Every event of this instance's stream, in order."""
         return self.store.read(self.instance_id)
+
+    # -- checkpoints, requests, forks ---------------------------------------------------------
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every committed superstep of this instance, oldest first: the points a run can be
+        continued from. Only the last one can be (``status`` says whether and how); the others
+        are ``superseded``, and ``fork`` branches from them. Read from the log; writes nothing."""
+        ledger = read_ledger(self.store, self.instance_id)
+        found = [
+            Checkpoint(
+                step.superstep_id,
+                self.instance_id,
+                step.run_id,
+                step.index,
+                step.timestamp,
+                step.position,
+            )
+            for step in ledger.checkpoints
+        ]
+        forked = ledger.forked
+        if not found and forked is not None and forked.checkpoint is not None:
+            origin = self._instance.origin_ledger(forked).find(forked.checkpoint)
+            if origin is not None:
+                found.append(
+                    Checkpoint(
+                        origin.superstep_id,
+                        forked.origin_instance,
+                        origin.run_id,
+                        origin.index,
+                        origin.timestamp,
+                        origin.position,
+                    )
+                )
+        if found:
+            found[-1] = replace(found[-1], status=self._latest_status(ledger))
+        return found
+
+    def _latest_status(self, ledger: Ledger) -> CheckpointStatus:
+        line = ledger.last_run()
+        if (
+            line is not None
+            and line.end is None
+            and presumed_reason(line.started.owner) != "crashed"
+        ):
+            return "running"  # open, and its process may be alive
+        standing = self._standing(ledger)
+        if standing is None or standing.position.inbox:
+            return "resumable"
+        return "awaiting_input" if standing.position.requests else "completed"
+
+    def _standing(self, ledger: Ledger) -> Standing | None:
+        """Where the instance's last run stands now (None if no run was ever started)."""
+        try:
+            run_id, checkpoint = continued_run(ledger, Continuation(), self.name)
+        except ResumeError:
+            return None
+        return ledger.standing(
+            run_id,
+            checkpoint,
+            router=self._instance.router,
+            codec=self.store.codec,
+            origin=self._instance.origin_ledger,
+        )
+
+    def pending_requests(self) -> list[PendingRequest]:
+        """The requests of this instance's last run still waiting for a response, in the order
+        they were made; ``run(responses={request_id: value})`` answers them."""
+        standing = self._standing(read_ledger(self.store, self.instance_id))
+        return [] if standing is None else list(standing.position.requests.values())
+
+    def fork(self, *, at: Any, instance_id: str) -> Workflow:
+        """Start instance ``instance_id`` whose committed state is this instance's at ``at``.
+
+        ``at`` is a point of this instance's log: a stream position (int), a superstep or run id
+        (just after the superstep's marker, or the run's last event), a datetime (the last event
+        stamped at or before it), or a point object of ``projections`` (``AtPosition``,
+        ``AtSuperstep``, ``AtTime``). The new instance's first event, ``InstanceForked``, records
+        the origin; this instance is never modified. The fork can be run with a new message, or
+        continued from the origin's checkpoint at that point (``resume()``). Raises
+        ``ExecutionError`` if ``instance_id`` already has events.
+        """
+        return fork_instance(self, at, instance_id)
+
+    def _sibling(self, instance_id: str) -> Workflow:
+        """This workflow, bound to another instance of the same store."""
+        return Workflow(
+            self.graph,
+            store=self.store,
+            instance_id=instance_id,
+            name=self.name,
+            max_supersteps=self.max_supersteps,
+            durability=self.durability,
+            clock=self._clock,
+            id_factory=self._id_factory,
+            lease=self._instance.lease,
+        )
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, instance={self.instance_id!r}, store={self.store.url!r})"
@@ -254,6 +445,9 @@ def _abandon(run: Run) -> None:
         return
     if not run.finished:
         run.cancel_reason = run.cancel_reason or "abandoned"
+    # The lease goes now: a run started next (by any workflow object) closes this one in the log
+    # as abandoned, and this run's own late abort is refused by the version check.
+    run.give_up_lease()
     # If the loop is closed, the next run closes this one from the log.
     with contextlib.suppress(RuntimeError):
         task.get_loop().call_soon_threadsafe(task.cancel)

@@ -219,8 +219,11 @@ class LogBuilder:
         owner: str = "",
         durability: Literal["superstep", "write"] = "superstep",
         run_id: str | None = None,
+        continues: str | None = None,
+        checkpoint: str | None = None,
     ) -> ev.RunStarted:
-        """``RunStarted``: the new run is the open one (a run still open stays unended)."""
+        """``RunStarted``: the new run is the open one (a run still open stays unended).
+        ``continues`` and ``checkpoint`` make it a continuation of another run."""
         run_id = run_id if run_id is not None else self._ids()
         encode = self._encode
         event = self._emit(
@@ -232,6 +235,8 @@ class LogBuilder:
                 "kwargs": {k: encode(v, f"run argument {k!r}") for k, v in (kwargs or {}).items()},
                 "owner": owner,
                 "durability": durability,
+                "continues": continues,
+                "checkpoint": checkpoint,
             },
         )
         self._run = run_id
@@ -247,6 +252,46 @@ class LogBuilder:
         if supersteps is None:
             supersteps = self._steps_in.get(run_id, 0)
         return self._end(ev.RunCompleted, run_id, {"supersteps": supersteps})
+
+    def await_input(
+        self, requests: Sequence[str], *, supersteps: int | None = None, run: str | None = None
+    ) -> ev.RunAwaitingInput:
+        """``RunAwaitingInput``: the run ends waiting for responses to ``requests``."""
+        run_id = self._ending(run)
+        if supersteps is None:
+            supersteps = self._steps_in.get(run_id, 0)
+        fields = {"supersteps": supersteps, "requests": list(requests)}
+        return self._end(ev.RunAwaitingInput, run_id, fields)
+
+    def respond(
+        self, request_id: str, value: Any, *, run: str | None = None
+    ) -> ev.ResponseReceived:
+        """``ResponseReceived`` for ``request_id``, in the open run (or ``run``)."""
+        fields = {
+            "run_id": self._ending(run),
+            "request_id": request_id,
+            "value": self._encode(value, "a response"),
+        }
+        return self._emit(ev.ResponseReceived, fields)
+
+    def forked_from(
+        self,
+        origin_instance: str,
+        values: dict[str, Any],
+        *,
+        origin_position: int = 0,
+        checkpoint: str | None = None,
+        origin_run: str | None = None,
+    ) -> ev.InstanceForked:
+        """``InstanceForked``: the instance starts from ``values`` (JSON trees, as stored)."""
+        fields = {
+            "origin_instance": origin_instance,
+            "origin_position": origin_position,
+            "checkpoint": checkpoint,
+            "origin_run": origin_run,
+            "values": dict(values),
+        }
+        return self._emit(ev.InstanceForked, fields)
 
     def fail_run(
         self,
@@ -387,6 +432,25 @@ class LogBuilder:
         fields = self._by(executor_id, superstep, run)
         fields["value"] = self._encode(value, "an output")
         return self._emit(ev.OutputYielded, fields)
+
+    def request(
+        self,
+        data: Any,
+        *,
+        request_id: str | None = None,
+        response_type: str = "",
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.InfoRequested:
+        """``InfoRequested`` (``ctx.request_info``) by the executor last invoked."""
+        fields = self._by(executor_id, superstep, run)
+        fields.update(
+            request_id=request_id if request_id is not None else self._ids(),
+            data=self._encode(data, "a request"),
+            response_type=response_type,
+        )
+        return self._emit(ev.InfoRequested, fields)
 
     def complete(
         self,

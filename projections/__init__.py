@@ -1,7 +1,9 @@
 """steplog's projections: pure folds of the log, and materialized views kept next to the store.
 
 Pure folds work on a list of one instance's events read from any store (``store.read(id)``):
-committed state (the kernel's own fold, re-exported here), run history, key provenance (of every
+committed state (the kernel's own fold, re-exported here), run history (with lineage: resumed
+runs, pending requests, forks; ``history_of`` adds an instance's forks from a store), key
+provenance (of every
 key, or of a few read from a store with ``blame_keys``), time travel, diff and bisect.
 ``Projector`` keeps views in tables with exactly-once tracking; ``TimeTravel`` answers
 time-travel questions from a store, starting from snapshots.
@@ -22,9 +24,12 @@ from projections._blame import (
 from projections._diff import Change, StateDiff, diff, diff_points
 from projections._history import RunHistory, fold_history
 from projections._keyblame import BLAME_TYPES, blame_keys
+from projections._lineage import forks_of, history_of
 from projections._runrecords import (
+    ForkRecord,
     HistoryRows,
     MemoryHistoryRows,
+    RequestRecord,
     RunRecord,
     RunStatus,
     SuperstepRecord,
@@ -54,6 +59,7 @@ __all__ = [
     "Change",
     "CommittedState",
     "DocumentView",
+    "ForkRecord",
     "HistoryRows",
     "HistoryView",
     "InsideSuperstep",
@@ -64,6 +70,7 @@ __all__ = [
     "Point",
     "PostgresViewBackend",
     "Projector",
+    "RequestRecord",
     "RunHistory",
     "RunRecord",
     "RunStatus",
@@ -91,6 +98,8 @@ __all__ = [
     "fold_blame",
     "fold_committed",
     "fold_history",
+    "forks_of",
+    "history_of",
     "run_follower",
     "state_at",
 ]

@@ -2,7 +2,9 @@
 
 Nothing is re-run: the log is folded with the kernel's fold, and the predicate is asked after each
 committed superstep (and once on the empty state). A predicate that raises ``LookupError`` or
-``TypeError`` (a key not there yet, ``None["status"]``) counts as false.
+``TypeError`` (a key not there yet, ``None["status"]``) counts as false. In a forked instance it is
+also asked on the values the fork started with: if it holds there, the result says so
+(``origin_instance``, and the origin's checkpoint and run).
 
 Example::
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kernel import CommittedState, EventBase, SuperstepStarted, ValueCodec
+from kernel import CommittedState, EventBase, InstanceForked, SuperstepStarted, ValueCodec
 
 __all__ = ["BisectResult", "bisect"]
 
@@ -28,7 +30,12 @@ Predicate = Callable[[Mapping[str, Any]], object]
 @dataclass(frozen=True, slots=True)
 class BisectResult:
     """Where the predicate first held: the superstep (None if it held on the empty state),
-    the position of its marker, its time, and the committed values (wire trees) there."""
+    the position of its marker, its time, and the committed values (wire trees) there.
+
+    When it first held on the values a fork started with, ``origin_instance`` names the instance
+    it was forked from, ``superstep_id`` and ``run_id`` are the origin's checkpoint and run there,
+    ``index`` is None and ``position`` is the fork event's.
+    """
 
     superstep_id: str | None
     run_id: str | None
@@ -36,6 +43,7 @@ class BisectResult:
     position: int
     timestamp: datetime | None
     values: dict[str, Any]
+    origin_instance: str | None = None
 
 
 def _holds(predicate: Predicate, values: Mapping[str, Any]) -> bool:
@@ -72,6 +80,18 @@ def bisect(
             started[event.superstep_id] = event
         before = view.last_committed
         view.apply(event)
+        if isinstance(event, InstanceForked):
+            if check(view.values):
+                return BisectResult(
+                    event.checkpoint,
+                    event.origin_run,
+                    None,
+                    event.position,
+                    event.timestamp,
+                    dict(view.values),
+                    event.origin_instance,
+                )
+            continue
         if view.last_committed != before and check(view.values):
             superstep_id = view.last_committed
             assert superstep_id is not None

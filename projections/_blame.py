@@ -18,6 +18,13 @@ A write's ``status`` is one of:
 ``pending``
     its superstep has no marker yet.
 
+A forked instance starts from its origin's committed values (``InstanceForked``). Each of those
+keys gets a write record of its own that says where the value came from: ``origin_instance`` and
+``origin_position`` (the origin's stream position the fork was taken at), ``position`` the fork
+event's, ``run_id`` and ``superstep_id`` the origin's run and checkpoint there (empty if none),
+and no executor. Like any write it is ``committed`` until a committed write of the key in the
+fork replaces it (``superseded``).
+
 The fold keeps its ``WriteRecord`` objects in a ``WriteRows`` sink: by default ``MemoryWriteRows``;
 a materialized view passes one that loads and writes the rows of a view table (``BlameView``).
 
@@ -40,6 +47,7 @@ from kernel import (
     RUN_END_TYPES,
     EventBase,
     Fold,
+    InstanceForked,
     ProjectionError,
     RunEvent,
     StateStaged,
@@ -57,7 +65,11 @@ WriteStatus = Literal["committed", "superseded", "aborted", "late", "unmarked", 
 
 
 class WriteRecord(BaseModel):
-    """One staged write of a key. ``value`` is the wire JSON tree (None for a delete)."""
+    """One staged write of a key. ``value`` is the wire JSON tree (None for a delete).
+
+    ``origin_instance`` is set on the record of a value a fork started with: it was written by
+    the fork from that instance as of its stream position ``origin_position``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,11 +84,18 @@ class WriteRecord(BaseModel):
     status: WriteStatus = "pending"
     reason: str | None = None
     superseded_by: int | None = None
+    origin_instance: str | None = None
+    origin_position: int | None = None
+
+    @property
+    def from_fork(self) -> bool:
+        """Whether this is a value the instance was forked with, not a write staged in it."""
+        return self.origin_instance is not None
 
 
 class WriteRows(Protocol):
     """Where a ``KeyBlame`` keeps its write records: the fold adds them, finds them by stream
-    position and changes them in place."""
+    position (a fork's values: by the fork event's position and key) and changes them in place."""
 
     def add(self, record: WriteRecord) -> None:
         """Keep a new write record."""
@@ -84,22 +103,36 @@ class WriteRows(Protocol):
     def get(self, position: int) -> WriteRecord:
         """The record of the write at stream ``position`` (one that was added)."""
 
+    def get_forked(self, position: int, key: str) -> WriteRecord:
+        """The record of ``key``'s value in the fork event at stream ``position``."""
+
 
 class MemoryWriteRows:
     """``WriteRows`` in dictionaries, by position and by key: what ``KeyBlame`` reads from."""
 
-    __slots__ = ("by_key", "by_position")
+    __slots__ = ("by_key", "by_position", "forked")
 
     def __init__(self) -> None:
         self.by_position: dict[int, WriteRecord] = {}
         self.by_key: dict[str, list[WriteRecord]] = {}
+        self.forked: dict[str, WriteRecord] = {}  # key -> the value the fork started with
 
     def add(self, record: WriteRecord) -> None:
-        self.by_position[record.position] = record
+        if record.from_fork:
+            self.forked[record.key] = record
+        else:
+            self.by_position[record.position] = record
         self.by_key.setdefault(record.key, []).append(record)
 
     def get(self, position: int) -> WriteRecord:
         return self.by_position[position]
+
+    def get_forked(self, position: int, key: str) -> WriteRecord:
+        return self.forked[key]
+
+    def records(self) -> list[WriteRecord]:
+        """Every record, in stream order (a fork's values first, by key)."""
+        return [*self.forked.values(), *self.by_position.values()]
 
 
 class KeyBlame(Fold):
@@ -111,7 +144,7 @@ class KeyBlame(Fold):
     continues a saved fold (``tracker_json()``).
     """
 
-    __slots__ = ("_current", "_only", "_pending", "_rows", "_tracker")
+    __slots__ = ("_current", "_forked_at", "_only", "_pending", "_rows", "_tracker")
 
     def __init__(
         self,
@@ -126,11 +159,15 @@ class KeyBlame(Fold):
         # its committed value comes from
         self._pending: dict[str, list[int]] = {}
         self._current: dict[str, int] = {}
+        # the position of the fork event, if the instance is a fork: a key whose current
+        # position is this one has the value the fork started with
+        self._forked_at: int | None = None
         self._tracker = SuperstepTracker()
         if tracker is not None:
             self._tracker = SuperstepTracker.from_json(tracker["tracker"])
             self._pending = {sid: list(at) for sid, at in tracker["pending"].items()}
             self._current = dict(tracker["current"])
+            self._forked_at = tracker.get("forked_at")
 
     @property
     def only(self) -> frozenset[str] | None:
@@ -167,6 +204,39 @@ class KeyBlame(Fold):
     def _started(self, event: SuperstepStarted) -> None:
         self._tracker.track(event)
 
+    @folds("instance_forked")
+    def _forked(self, event: InstanceForked) -> None:
+        self._tracker.track(event)
+        only = self._only
+        self._forked_at = event.position
+        self._current = {}  # the fork's values replace whatever came before
+        for key, value in event.values.items():
+            if only is not None and key not in only:
+                continue
+            self._rows.add(
+                WriteRecord.model_construct(
+                    key=key,
+                    position=event.position,
+                    run_id=event.origin_run or "",
+                    superstep_id=event.checkpoint or "",
+                    executor_id="",
+                    timestamp=event.timestamp,
+                    op="set",
+                    value=value,
+                    status="committed",
+                    reason=None,
+                    superseded_by=None,
+                    origin_instance=event.origin_instance,
+                    origin_position=event.origin_position,
+                )
+            )
+            self._current[key] = event.position
+
+    def _record_at(self, position: int, key: str) -> WriteRecord:
+        if position == self._forked_at:
+            return self._rows.get_forked(position, key)
+        return self._rows.get(position)
+
     @folds("superstep_committed")
     def _committed(self, event: SuperstepEvent) -> None:
         outcome = self._tracker.track(event)
@@ -178,7 +248,7 @@ class KeyBlame(Fold):
             record = rows.get(write.position)
             previous = current.get(record.key)
             if previous is not None:
-                replaced = rows.get(previous)
+                replaced = self._record_at(previous, record.key)
                 replaced.status = "superseded"
                 replaced.superseded_by = record.position
             record.status = "committed"
@@ -216,15 +286,19 @@ class KeyBlame(Fold):
         return list(self._memory().by_key.get(key, ()))
 
     def current(self, key: str) -> WriteRecord | None:
-        """The write the key's committed value comes from (a ``delete`` if it was deleted)."""
+        """The write the key's committed value comes from (a ``delete`` if it was deleted; for a
+        value a fork started with, its record with ``origin_instance`` set)."""
         at = self._current.get(key)
-        return None if at is None else self._memory().get(at)
+        if at is None:
+            return None
+        rows = self._memory()
+        return rows.get_forked(at, key) if at == self._forked_at else rows.get(at)
 
     # -- persistence --------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         """The view as a JSON tree (one document; the materialized view keeps rows instead)."""
-        records = self._memory().by_position.values()
+        records = self._memory().records()
         return {"writes": [w.model_dump(mode="json") for w in records], **self.tracker_json()}
 
     @classmethod
@@ -241,6 +315,7 @@ class KeyBlame(Fold):
             "only": None if self._only is None else sorted(self._only),
             "pending": {sid: list(at) for sid, at in self._pending.items()},
             "current": dict(self._current),
+            "forked_at": self._forked_at,
         }
 
     @classmethod

@@ -3,6 +3,15 @@
 ``RunHistory().apply(event)`` folds one event of one instance (in stream order) and returns the
 view; ``fold_history(events)`` folds a list. No I/O, no clock: times come from the events.
 
+Lineage is part of the history: a run that continues another (resumed, or given responses) names
+it (``RunRecord.continues``, ``checkpoint``) and is listed in that run's ``continued_by``; requests
+for input that count (their superstep committed, by the kernel's marker rule through
+``SuperstepTracker``) stay in their run's ``pending_requests`` until a ``ResponseReceived``
+answers them, or until a run that continues nothing starts a new line (after which the kernel
+can no longer answer them); an instance forked from another says so (``forked_from``). The forks
+*of* an instance are in other instances' logs, so a fold of one instance cannot see them: readers
+over a store fill ``forks()`` (``Projector.history``, ``history_of``).
+
 The fold keeps one record type per thing, ``RunRecord`` and ``SuperstepRecord``, in a
 ``HistoryRows`` sink: by default ``MemoryHistoryRows``; a materialized view passes one that loads
 and writes the rows of a view table (``HistoryView``). ``to_row`` / ``from_row`` are a record's
@@ -20,6 +29,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from kernel import (
@@ -29,7 +39,10 @@ from kernel import (
     ExecutorFailed,
     ExecutorInvoked,
     Fold,
+    InfoRequested,
+    InstanceForked,
     OutputYielded,
+    ResponseReceived,
     RunAbandoned,
     RunEvent,
     RunFailed,
@@ -41,8 +54,10 @@ from kernel import (
     folds,
 )
 from projections._runrecords import (
+    ForkRecord,
     HistoryRows,
     MemoryHistoryRows,
+    RequestRecord,
     RunRecord,
     RunStatus,
     SuperstepRecord,
@@ -51,8 +66,10 @@ from projections._runrecords import (
 from projections._tracker import SuperstepTracker
 
 __all__ = [
+    "ForkRecord",
     "HistoryRows",
     "MemoryHistoryRows",
+    "RequestRecord",
     "RunHistory",
     "RunRecord",
     "RunStatus",
@@ -64,6 +81,7 @@ _END_STATUS: dict[str, RunStatus] = {
     "run_completed": "completed",
     "run_failed": "failed",
     "run_cancelled": "cancelled",
+    "run_awaiting_input": "awaiting_input",
 }
 
 
@@ -71,29 +89,95 @@ class RunHistory(Fold):
     """The runs of one instance and their supersteps (see the module docstring).
 
     ``rows`` is where the records live (a new ``MemoryHistoryRows`` by default); ``tracker``
-    continues a saved fold (``tracker_json()``). ``runs()``, ``supersteps()`` and friends read
-    memory rows and return copies (changing them changes no view).
+    continues a saved fold (``tracker_json()``); ``forks`` are the instances forked from this
+    one, as a reader over many instances found them. ``runs()``, ``supersteps()`` and friends
+    read memory rows and return copies (changing them changes no view).
     """
 
-    __slots__ = ("_rows", "_tracker")
+    __slots__ = ("_forked_from", "_forks", "_requested_by", "_rows", "_tracker")
 
     def __init__(
-        self, rows: HistoryRows | None = None, *, tracker: dict[str, Any] | None = None
+        self,
+        rows: HistoryRows | None = None,
+        *,
+        tracker: dict[str, Any] | None = None,
+        forks: Iterable[ForkRecord] = (),
     ) -> None:
         self._rows: HistoryRows = MemoryHistoryRows() if rows is None else rows
         self._tracker = SuperstepTracker()
+        # request id -> the run that made it, for the requests that count and are unanswered
+        self._requested_by: dict[str, str] = {}
+        self._forked_from: ForkRecord | None = None
+        self._forks = sorted(forks, key=_fork_order)
         if tracker is not None:
             self._tracker = SuperstepTracker.from_json(tracker["tracker"])
+            self._requested_by = dict(tracker.get("requested_by", {}))
+            forked = tracker.get("forked_from")
+            self._forked_from = None if forked is None else ForkRecord.from_row(forked)
 
     # -- folding ------------------------------------------------------------------------------
+
+    @folds("instance_forked")
+    def _forked(self, event: InstanceForked) -> None:
+        self._tracker.track(event)
+        self._forked_from = fork_record(event)
 
     @folds("run_started")
     def _run_started(self, event: RunStarted) -> None:
         rows = self._rows
-        if rows.run(event.run_id) is None:
-            rows.add_run(
-                RunRecord(event.run_id, event.workflow_name, event.timestamp, event.position)
+        if rows.run(event.run_id) is not None:
+            return
+        rows.add_run(
+            RunRecord(
+                event.run_id,
+                event.workflow_name,
+                event.timestamp,
+                event.position,
+                continues=event.continues,
+                checkpoint=event.checkpoint,
             )
+        )
+        if event.continues is not None:
+            continued = rows.run(event.continues)
+            if continued is not None and event.run_id not in continued.continued_by:
+                continued.continued_by.append(event.run_id)
+        else:
+            self._drop_pending()
+
+    def _drop_pending(self) -> None:
+        """A run that continues nothing starts a new line: the requests earlier runs left
+        unanswered can no longer be answered (the kernel answers only the last run's line), so
+        they are no longer waiting. Their supersteps still list them."""
+        rows = self._rows
+        for request_id, run_id in self._requested_by.items():
+            asker = rows.run(run_id)
+            if asker is not None:
+                asker.pending_requests = [
+                    r for r in asker.pending_requests if r.request_id != request_id
+                ]
+        self._requested_by.clear()
+
+    @folds("response_received")
+    def _responded(self, event: ResponseReceived) -> None:
+        rows = self._rows
+        run = rows.run(event.run_id)
+        if run is None or run.status != "running":
+            return
+        if event.request_id not in run.responses:
+            run.responses.append(event.request_id)
+        asker = self._requested_by.pop(event.request_id, None)
+        requester = None if asker is None else rows.run(asker)
+        if requester is not None:
+            requester.pending_requests = [
+                r for r in requester.pending_requests if r.request_id != event.request_id
+            ]
+
+    @folds("info_requested")
+    def _requested(self, event: InfoRequested) -> None:
+        self._tracker.track(event)
+        step = self._rows.step(event.superstep_id)
+        if step is not None and event.request_id not in step.requests:
+            step.requests += (event.request_id,)
 
     @folds("superstep_started")
     def _superstep_started(self, event: SuperstepStarted) -> None:
@@ -154,6 +238,17 @@ class RunHistory(Fold):
             step.status = "committed"
             run.committed += 1
             run.outputs.extend(step.outputs)
+            for request in self._tracker.outcome.requests:
+                self._requested_by[request.request_id] = run.run_id
+                run.pending_requests.append(
+                    RequestRecord(
+                        request.request_id,
+                        request.executor_id,
+                        request.response_type,
+                        request.data,
+                        request.superstep_id,
+                    )
+                )
         else:
             assert isinstance(event, SuperstepAborted)
             step.status = "aborted"
@@ -203,11 +298,31 @@ class RunHistory(Fold):
         step = self._memory().steps.get(superstep_id)
         return None if step is None else step.copy()
 
+    @property
+    def forked_from(self) -> ForkRecord | None:
+        """Where this instance was forked from (its ``InstanceForked``), or None."""
+        return self._forked_from
+
+    def forks(self) -> list[ForkRecord]:
+        """The instances forked from this one, oldest first, as the reader found them: empty
+        for a fold of this instance's events alone (forks are in other instances' logs);
+        ``Projector.history`` and ``history_of`` fill it."""
+        return list(self._forks)
+
+    def pending_requests(self) -> list[RequestRecord]:
+        """Every request that counts and has no response yet, over all runs, in run order."""
+        return [r for run in self._memory().runs.values() for r in run.pending_requests]
+
     # -- persistence --------------------------------------------------------------------------
 
     def tracker_json(self) -> dict[str, Any]:
         """What the fold needs besides its records, as a small JSON tree (see ``from_rows``)."""
-        return {"tracker": self._tracker.to_json()}
+        forked = self._forked_from
+        return {
+            "tracker": self._tracker.to_json(),
+            "requested_by": dict(self._requested_by),
+            "forked_from": None if forked is None else forked.to_row(),
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The view as a JSON tree (one document; the materialized view keeps rows instead)."""
@@ -215,13 +330,15 @@ class RunHistory(Fold):
         return {
             "runs": [run.to_row() for run in rows.runs.values()],
             "steps": [step.to_row() for step in rows.steps.values()],
+            "forks": [fork.to_row() for fork in self._forks],
             **self.tracker_json(),
         }
 
     @classmethod
     def from_json(cls, tree: dict[str, Any]) -> RunHistory:
         """Rebuild the view from ``to_json()``."""
-        return cls.from_rows(tree["runs"], tree["steps"], tree)
+        forks = [ForkRecord.from_row(row) for row in tree.get("forks", ())]
+        return cls.from_rows(tree["runs"], tree["steps"], tree, forks=forks)
 
     @classmethod
     def from_rows(
@@ -229,12 +346,18 @@ class RunHistory(Fold):
         runs: Iterable[dict[str, Any]],
         steps: Iterable[dict[str, Any]],
         tracker: dict[str, Any],
+        *,
+        forks: Iterable[ForkRecord] = (),
     ) -> RunHistory:
         """Rebuild the view from its rows (``to_row``, any order) and ``tracker_json()``: a run's
-        ``superstep_ids`` and ``outputs`` follow from its supersteps."""
+        ``superstep_ids`` and ``outputs`` follow from its supersteps, its ``continued_by`` from
+        the runs that continue it."""
         rows = MemoryHistoryRows()
         for run in sorted((RunRecord.from_row(r) for r in runs), key=_start):
             rows.add_run(run)
+            continued = rows.runs.get(run.continues) if run.continues is not None else None
+            if continued is not None:
+                continued.continued_by.append(run.run_id)
         ordered = sorted((SuperstepRecord.from_row(s) for s in steps), key=_start)
         for step in ordered:
             rows.add_step(step)
@@ -243,12 +366,17 @@ class RunHistory(Fold):
         committed.sort(key=lambda s: s.position or 0)
         for step in committed:
             rows.runs[step.run_id].outputs.extend(step.outputs)
-        return cls(rows, tracker=tracker)
+        return cls(rows, tracker=tracker, forks=forks)
 
     def __eq__(self, other: object) -> bool:
+        """Equal runs, supersteps and origin (``forks()`` depend on the reader, not the log)."""
         if not isinstance(other, RunHistory):
             return NotImplemented
-        return self.runs() == other.runs() and self.supersteps() == other.supersteps()
+        return (
+            self.runs() == other.runs()
+            and self.supersteps() == other.supersteps()
+            and self.forked_from == other.forked_from
+        )
 
     def __repr__(self) -> str:
         rows = self._rows
@@ -259,6 +387,22 @@ class RunHistory(Fold):
 
 def _start(record: RunRecord | SuperstepRecord) -> int:
     return record.start_position
+
+
+def _fork_order(record: ForkRecord) -> tuple[datetime, str]:
+    return record.forked_at, record.instance_id
+
+
+def fork_record(event: InstanceForked) -> ForkRecord:
+    """The ``ForkRecord`` of an ``InstanceForked`` event."""
+    return ForkRecord(
+        event.instance_id,
+        event.origin_instance,
+        event.origin_position,
+        event.checkpoint,
+        event.origin_run,
+        event.timestamp,
+    )
 
 
 def fold_history(events: Iterable[EventBase], view: RunHistory | None = None) -> RunHistory:

@@ -1,4 +1,5 @@
-"""The records of run history: ``RunRecord``, ``SuperstepRecord``, and where a fold keeps them.
+"""The records of run history: ``RunRecord``, ``SuperstepRecord``, ``RequestRecord``,
+``ForkRecord``, and where a fold keeps them.
 
 Each is the one form of its record: the fold changes it in place, readers get copies
 (``copy()``), and a materialized view stores its JSON row (``to_row`` / ``from_row``).
@@ -16,8 +17,10 @@ from typing import Any, Literal, Protocol, TypeVar
 from kernel import ErrorInfo, ProjectionError
 
 __all__ = [
+    "ForkRecord",
     "HistoryRows",
     "MemoryHistoryRows",
+    "RequestRecord",
     "RunRecord",
     "RunStatus",
     "StepStatus",
@@ -25,7 +28,9 @@ __all__ = [
     "in_memory",
 ]
 
-RunStatus = Literal["running", "completed", "failed", "cancelled", "abandoned", "crashed"]
+RunStatus = Literal[
+    "running", "completed", "failed", "cancelled", "abandoned", "crashed", "awaiting_input"
+]
 StepStatus = Literal["open", "committed", "aborted"]
 
 
@@ -49,6 +54,63 @@ def _same(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request for input that counts (its superstep committed): ``request_id``, the executor
+    that asked, the ``response_type`` it named, ``data`` (the request as a wire JSON tree), and
+    the superstep it was made in."""
+
+    request_id: str
+    executor_id: str
+    response_type: str
+    data: Any
+    superstep_id: str
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as a JSON row."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RequestRecord:
+        """The record of a row written by ``to_row``."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRecord:
+    """Instance ``instance_id`` was forked from ``origin_instance`` as of its stream position
+    ``origin_position``; ``checkpoint`` is the origin's last committed superstep there (of run
+    ``origin_run``), ``forked_at`` the time of the fork's ``InstanceForked`` event."""
+
+    instance_id: str
+    origin_instance: str
+    origin_position: int
+    checkpoint: str | None
+    origin_run: str | None
+    forked_at: datetime
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as a JSON row."""
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        row["forked_at"] = self.forked_at.isoformat()
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ForkRecord:
+        """The record of a row written by ``to_row``."""
+        values = {f.name: row[f.name] for f in fields(cls)}
+        values["forked_at"] = datetime.fromisoformat(row["forked_at"])
+        return cls(**values)
+
+
+def _requests_rows(requests: list[RequestRecord]) -> list[dict[str, Any]]:
+    return [request.to_row() for request in requests]
+
+
+def _requests(rows: list[dict[str, Any]]) -> list[RequestRecord]:
+    return [RequestRecord.from_row(row) for row in rows]
+
+
 # How a field goes into a record's JSON row and back: (to the row, from the row).
 _Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
 _CODECS: dict[str, _Codec] = {
@@ -64,6 +126,9 @@ _CODECS: dict[str, _Codec] = {
     "failed_executors": (list, tuple),
     "keys": (list, tuple),
     "outputs": (list, tuple),
+    "requests": (list, tuple),
+    "responses": (list, list),
+    "pending_requests": (_requests_rows, _requests),
 }
 _PLAIN: _Codec = (_same, _same)
 R = TypeVar("R")
@@ -99,7 +164,8 @@ class SuperstepRecord:
 
     ``executors`` are the executors invoked, in order; ``failed_executors`` those that failed;
     ``keys`` the keys written (staged, whether or not they counted), in first-write order;
-    ``outputs`` the outputs yielded before the marker (delivered only if ``committed``).
+    ``outputs`` the outputs yielded before the marker (delivered only if ``committed``);
+    ``requests`` the ids of the requests for input it made (they count only if ``committed``).
     ``start_position`` is the stream position of its ``superstep_started``, ``position`` that of
     its marker (None while open).
     """
@@ -120,6 +186,7 @@ class SuperstepRecord:
     failed_executors: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
     outputs: tuple[Any, ...] = ()
+    requests: tuple[str, ...] = ()
 
     def copy(self) -> SuperstepRecord:
         """An independent copy."""
@@ -141,8 +208,18 @@ class RunRecord:
 
     ``outputs`` are wire JSON trees of the outputs of committed supersteps, in order (decode them
     with ``ValueCodec().decode``). ``closed_by`` is the run that closed an abandoned or crashed run.
-    ``start_position`` is the stream position of its ``run_started``. ``outputs`` and
-    ``superstep_ids`` follow from the run's supersteps, so its row leaves them out.
+    ``start_position`` is the stream position of its ``run_started``.
+
+    Lineage: a run that continues another names it in ``continues`` and the committed superstep
+    it went on from in ``checkpoint`` (None: that run's beginning; the continued run may be in
+    the instance this one was forked from); ``continued_by`` lists the runs of this instance that
+    continue it. ``pending_requests`` are the requests it made that count and that no response
+    has answered yet (status ``awaiting_input`` when it stopped waiting for them), while they can
+    still be answered: a later run that continues nothing drops them; ``responses``
+    the ids of the requests whose responses this run recorded.
+
+    ``outputs``, ``superstep_ids`` and ``continued_by`` follow from the other records, so its row
+    leaves them out.
     """
 
     run_id: str
@@ -156,25 +233,38 @@ class RunRecord:
     aborted: int = 0
     error: ErrorInfo | None = None
     closed_by: str | None = None
+    continues: str | None = None
+    checkpoint: str | None = None
+    pending_requests: list[RequestRecord] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
     superstep_ids: list[str] = field(default_factory=list)
+    continued_by: list[str] = field(default_factory=list)
 
     def copy(self) -> RunRecord:
         """An independent copy (its lists are new)."""
-        return replace(self, outputs=list(self.outputs), superstep_ids=list(self.superstep_ids))
+        return replace(
+            self,
+            pending_requests=list(self.pending_requests),
+            responses=list(self.responses),
+            outputs=list(self.outputs),
+            superstep_ids=list(self.superstep_ids),
+            continued_by=list(self.continued_by),
+        )
 
     def to_row(self) -> dict[str, Any]:
-        """The record as a JSON row, without the derived ``outputs`` and ``superstep_ids``."""
+        """The record as a JSON row, without the derived ``outputs``, ``superstep_ids`` and
+        ``continued_by``."""
         return _to_row(self, _RUN_ROW)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> RunRecord:
-        """The record of a row written by ``to_row`` (``outputs`` and ``superstep_ids`` empty)."""
+        """The record of a row written by ``to_row`` (the derived lists empty)."""
         return _from_row(cls, row, _RUN_ROW)
 
 
 _STEP_ROW = _row_codecs(SuperstepRecord)
-_RUN_ROW = _row_codecs(RunRecord, "outputs", "superstep_ids")
+_RUN_ROW = _row_codecs(RunRecord, "outputs", "superstep_ids", "continued_by")
 
 
 class HistoryRows(Protocol):

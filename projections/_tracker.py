@@ -6,7 +6,9 @@ staged in time, which superstep a marker closed, which writes a commit made coun
 ``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.is_pending`` and
 ``staged``), so there is no second copy of the commit rule here; the tracker adds which marker
 closed each superstep of a run still going and which supersteps a run left unmarked, and checks
-each commit against the fold.
+each commit against the fold. Requests for input (``InfoRequested``) follow the same rule as
+writes: the tracker stages them in a ``kernel.SuperstepFold`` of their own, so a request counts
+exactly when its superstep commits, decided by the kernel's marker rule.
 What an executor inside a superstep sees is the kernel's ``CommittedState.overlay``.
 """
 
@@ -21,10 +23,12 @@ from kernel import (
     CommittedState,
     EventBase,
     Fold,
+    InfoRequested,
     LogIntegrityError,
     RunEvent,
     StateStaged,
     SuperstepEvent,
+    SuperstepFold,
     SuperstepStarted,
     folds,
 )
@@ -43,15 +47,67 @@ class Outcome:
     ``aborted`` (a marker that closed its superstep; ``writes`` are the writes it made count or made
     inert), ``ignored`` (a second marker, or one after its run ended), ``run_ended``
     (``unmarked`` lists the superstep ids of the run left without a marker), or ``other``.
+    A request (``InfoRequested``) is ``staged`` or ``late`` like a write; a ``committed`` marker's
+    ``requests`` are the requests its commit made count.
     """
 
     kind: OutcomeKind
     writes: tuple[StateStaged, ...] = ()
     unmarked: tuple[str, ...] = ()
+    requests: tuple[InfoRequested, ...] = ()
 
 
 OTHER = Outcome("other")
 IGNORED = Outcome("ignored")
+
+
+class _RequestFold(SuperstepFold):
+    """The kernel's marker rule applied to requests: what each superstep requested is held until
+    its first marker; ``decided`` is what the last commit made count."""
+
+    __slots__ = ("decided",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decided: tuple[InfoRequested, ...] = ()
+
+    @folds("info_requested")
+    def _requested(self, event: InfoRequested) -> None:
+        self._stage(event)
+
+    def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
+        self.decided = tuple(items)
+
+    def counts_if_committed(self, request: InfoRequested) -> bool:
+        """Whether ``request`` (folded in) will count if its superstep's next marker commits."""
+        held = self._pending_of(request.superstep_id)
+        return bool(held) and held[-1] is request
+
+    def held_json(self) -> dict[str, list[Any]]:
+        """The requests held for supersteps with no marker yet, as JSON (runs still going)."""
+        return {
+            superstep_id: [request.model_dump(mode="json") for request in held]
+            for superstep_id in self._pending
+            if (held := self._pending_of(superstep_id))
+        }
+
+    @classmethod
+    def restore(
+        cls, held: dict[str, list[Any]], status: dict[str, dict[str, str]], ended: set[str]
+    ) -> _RequestFold:
+        """The fold from ``held_json()`` and the tracker's own markers and ended runs (the same
+        sets the kernel's fold keeps: first effective markers of live runs, runs ended)."""
+        fold = cls()
+        fold._pending = {
+            superstep_id: [InfoRequested.model_validate(tree) for tree in trees]
+            for superstep_id, trees in held.items()
+        }
+        fold._closed = {
+            run_id: {sid: verdict == "committed" for sid, verdict in marked.items()}
+            for run_id, marked in status.items()
+        }
+        fold._ended_runs = set(ended)
+        return fold
 
 
 class SuperstepTracker(Fold):
@@ -60,10 +116,11 @@ class SuperstepTracker(Fold):
     ``track(event)`` folds one event in and returns its ``Outcome`` (also left in ``outcome``).
     """
 
-    __slots__ = ("_ended", "_open", "_status", "outcome", "state")
+    __slots__ = ("_ended", "_open", "_requests", "_status", "outcome", "state")
 
     def __init__(self, state: CommittedState | None = None) -> None:
         self.state = CommittedState() if state is None else state
+        self._requests = _RequestFold()
         self.outcome = OTHER
         # run id -> superstep id -> "committed" | "aborted", for the supersteps of runs that have
         # not ended that got an effective marker (once a run ends every later marker is inert, so
@@ -85,6 +142,16 @@ class SuperstepTracker(Fold):
         state.apply(event)
         self.outcome = Outcome("staged" if state.is_pending(event) else "late", (event,))
 
+    @folds("info_requested")
+    def _requested(self, event: InfoRequested) -> None:
+        requests = self._requests
+        requests.apply(event)
+        self.outcome = Outcome("staged" if requests.counts_if_committed(event) else "late")
+
+    @folds("instance_forked")
+    def _forked(self, event: EventBase) -> None:
+        self.state.apply(event)
+
     @folds("superstep_started")
     def _started(self, event: SuperstepStarted) -> None:
         if event.run_id not in self._ended:
@@ -94,6 +161,7 @@ class SuperstepTracker(Fold):
     def _run_ended(self, event: RunEvent) -> None:
         run_id = event.run_id
         self.state.apply(event)
+        self._requests.apply(event)
         if run_id in self._ended:
             return
         self._ended.add(run_id)
@@ -108,6 +176,9 @@ class SuperstepTracker(Fold):
         writes = state.staged(superstep_id)
         before = state.last_committed
         state.apply(event)
+        requests = self._requests
+        requests.decided = ()
+        requests.apply(event)
         marked = self._status.get(run_id)
         effective = run_id not in self._ended and (marked is None or superstep_id not in marked)
         did_commit = state.last_committed == superstep_id and before != superstep_id
@@ -123,7 +194,10 @@ class SuperstepTracker(Fold):
         opened = self._open.get(run_id)
         if opened is not None and superstep_id in opened:
             opened.remove(superstep_id)
-        self.outcome = Outcome("committed" if committed else "aborted", writes)
+        if committed:
+            self.outcome = Outcome("committed", writes, requests=requests.decided)
+        else:
+            self.outcome = Outcome("aborted", writes)
 
     def status(self, run_id: str, superstep_id: str) -> str | None:
         """``committed`` or ``aborted`` for a marked superstep of a run that has not ended; None
@@ -137,6 +211,7 @@ class SuperstepTracker(Fold):
             "status": {run_id: dict(marked) for run_id, marked in self._status.items()},
             "open": {run_id: list(ids) for run_id, ids in self._open.items()},
             "ended": sorted(self._ended),
+            "requests": self._requests.held_json(),
         }
 
     @classmethod
@@ -146,4 +221,7 @@ class SuperstepTracker(Fold):
         tracker._status = {run_id: dict(marked) for run_id, marked in tree["status"].items()}
         tracker._open = {run_id: list(ids) for run_id, ids in tree["open"].items()}
         tracker._ended = set(tree["ended"])
+        tracker._requests = _RequestFold.restore(
+            tree.get("requests", {}), tracker._status, tracker._ended
+        )
         return tracker

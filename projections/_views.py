@@ -31,7 +31,7 @@ from typing import Any
 from kernel import EventBase, EventStore, ProjectionError, Recorded, open_store
 from projections._backends import RowKey, ViewBackend
 from projections._blame import KeyBlame
-from projections._history import RunHistory
+from projections._history import ForkRecord, RunHistory
 from projections._snapshots import SnapshotView
 from projections._sqlbackends import backend_for
 from projections._viewspecs import DOC_KEY, BlameView, HistoryView, StateView, ViewSpec
@@ -229,9 +229,15 @@ class Projector:
         return {} if doc is None else dict(doc["values"])
 
     def history(self, instance_id: str) -> RunHistory:
-        """The run history of ``instance_id`` in the ``history`` view (read in one statement)."""
+        """The run history of ``instance_id`` in the ``history`` view (read in one statement),
+        with the forks of the instance (``forks()``)."""
         docs = self.backend.documents(self._spec("history").table, instance_id)
         return HistoryView.read(docs)
+
+    def forks(self, origin_instance: str) -> list[ForkRecord]:
+        """The instances forked from ``origin_instance``, oldest first, from the ``history`` view
+        (a fork's record is kept under its origin)."""
+        return self.history(origin_instance).forks()
 
     def blame(self, instance_id: str) -> KeyBlame:
         """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement)."""

@@ -10,9 +10,12 @@ history, so they keep rows, and a page loads and rewrites only the rows its even
 
 ``history``
     ``r:<run id>`` per run and ``s:<superstep id>`` per superstep (``RunRecord.to_row()``,
-    ``SuperstepRecord.to_row()``), and ``t``: the tracker (``RunHistory.tracker_json()``).
+    ``SuperstepRecord.to_row()``), and ``t``: the tracker (``RunHistory.tracker_json()``). A
+    fork's ``InstanceForked`` also writes a row under its *origin* instance, ``k:<fork id>``
+    (``ForkRecord.to_row()``): that is how the origin's history lists its forks.
 ``blame``
-    ``w:<position>`` per write (``WriteRecord`` JSON, position zero-padded to 12 digits), and
+    ``w:<position>`` per write (``WriteRecord`` JSON, position zero-padded to 12 digits; a value a
+    fork started with: ``w:<position of the fork event>/<key>``), and
     ``t``: the tracker (``KeyBlame.tracker_json()``: with the positions of the writes still
     pending, by superstep, and of the write each key's value comes from).
 
@@ -21,6 +24,11 @@ the rows the page touches through the page's transaction and writes them back at
 
 The tracker row holds the committed-state fold: the committed values, the markers of the runs
 still going, and the ids of the runs that have ended (so it grows with the number of runs).
+
+A view whose rows change shape gets a new ``version``: its table is then a new one
+(``steplog_view_<name>_v<version>``), which the next catch-up folds from the start of the log, so
+rows written by an older version are never read as the new shape. The old table is left as it was
+(drop it by hand once nothing older reads it).
 """
 
 from __future__ import annotations
@@ -30,10 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from kernel import CommittedState, EventBase, LogIntegrityError
+from kernel import CommittedState, EventBase, InstanceForked, LogIntegrityError
 from projections._backends import ViewTx
 from projections._blame import KeyBlame, WriteRecord
-from projections._history import RunHistory, RunRecord, SuperstepRecord
+from projections._history import ForkRecord, RunHistory, RunRecord, SuperstepRecord, fork_record
 
 __all__ = ["BlameView", "DocumentView", "HistoryView", "StateView", "ViewSpec"]
 
@@ -48,11 +56,14 @@ class ViewSpec(ABC):
     name: ClassVar[str]
     event_types: ClassVar[frozenset[str]] = frozenset()
     """The event types the view folds; empty for all. Catch-up reads only these."""
+    version: ClassVar[int] = 1
+    """The shape of the view's rows: a new version is a new table, folded from the start."""
 
     @property
     def table(self) -> str:
-        """The view's table."""
-        return f"steplog_view_{self.name}"
+        """The view's table (``steplog_view_<name>``, with ``_v<version>`` after version 1)."""
+        suffix = "" if self.version == 1 else f"_v{self.version}"
+        return f"steplog_view_{self.name}{suffix}"
 
     @abstractmethod
     def load(self, tx: ViewTx, table: str, instance_id: str) -> Any:
@@ -174,9 +185,20 @@ class _Paged:
 
 
 class _HistoryRows(_Rows):
-    """``HistoryRows`` over a view table: ``r:<run id>`` and ``s:<superstep id>`` rows."""
+    """``HistoryRows`` over a view table: ``r:<run id>`` and ``s:<superstep id>`` rows, and the
+    ``k:<fork id>`` rows this instance's fork event writes under its origin."""
 
-    __slots__ = ()
+    __slots__ = ("forks",)
+
+    def __init__(self, tx: ViewTx, table: str, instance_id: str) -> None:
+        super().__init__(tx, table, instance_id)
+        self.forks: list[ForkRecord] = []
+
+    def save(self, tracker: dict[str, Any]) -> None:
+        super().save(tracker)
+        for fork in self.forks:
+            self._tx.put(self._table, fork.origin_instance, f"k:{fork.instance_id}", fork.to_row())
+        self.forks = []
 
     def run(self, run_id: str) -> RunRecord | None:
         run: RunRecord | None = self.record(f"r:{run_id}", RunRecord.from_row)
@@ -203,10 +225,18 @@ class _WriteRows(_Rows):
         return record.model_dump(mode="json")
 
     def add(self, record: WriteRecord) -> None:
-        self.put(write_key(record.position), record)
+        if record.from_fork:
+            self.put(fork_write_key(record.position, record.key), record)
+        else:
+            self.put(write_key(record.position), record)
 
     def get(self, position: int) -> WriteRecord:
-        key = write_key(position)
+        return self._get(write_key(position))
+
+    def get_forked(self, position: int, key: str) -> WriteRecord:
+        return self._get(fork_write_key(position, key))
+
+    def _get(self, key: str) -> WriteRecord:
         record: WriteRecord | None = self.record(key, WriteRecord.model_validate)
         if record is None:
             raise LogIntegrityError(f"blame row {key} is missing from {self._table}")
@@ -216,6 +246,11 @@ class _WriteRows(_Rows):
 def write_key(position: int) -> str:
     """The row key of the blame write at stream ``position``."""
     return f"w:{position:012d}"
+
+
+def fork_write_key(position: int, key: str) -> str:
+    """The row key of ``key``'s value in the fork event at stream ``position``."""
+    return f"{write_key(position)}/{key}"
 
 
 class _RowsView(ViewSpec):
@@ -241,19 +276,40 @@ def _read(
 
 
 class HistoryView(_RowsView):
-    """Run history per instance (``RunHistory``), one row per run and per superstep."""
+    """Run history per instance (``RunHistory``), one row per run and per superstep; a fork's
+    record is also kept under its origin (``k:<fork id>``), so the origin lists its forks.
+
+    Version 2: runs gained lineage and requests, supersteps their requests, and forks their rows.
+    """
 
     name = "history"
     event_types = RunHistory.EVENT_TYPES
+    version = 2
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> _Paged:
         rows = _HistoryRows(tx, table, instance_id)
         return _Paged(RunHistory(rows, tracker=tx.get(table, instance_id, TRACKER_KEY)), rows)
 
+    def apply(self, state: Any, event: EventBase) -> Any:
+        if event.type == "instance_forked":
+            assert isinstance(event, InstanceForked)
+            paged: _Paged = state
+            assert isinstance(paged.rows, _HistoryRows)
+            paged.rows.forks.append(fork_record(event))
+        return state.apply(event)
+
     @staticmethod
     def read(docs: dict[str, Any]) -> RunHistory:
-        """The ``RunHistory`` of one instance from its rows (``ViewBackend.documents``)."""
-        return _read(docs, RunHistory, RunHistory.from_rows, "r:", "s:")
+        """The ``RunHistory`` of one instance from its rows (``ViewBackend.documents``), with
+        the forks recorded under it."""
+        forks = [ForkRecord.from_row(doc) for key, doc in docs.items() if key.startswith("k:")]
+        if TRACKER_KEY not in docs:
+            return RunHistory(forks=forks)  # an origin known only through its forks
+
+        def from_rows(runs: Any, steps: Any, tracker: dict[str, Any]) -> RunHistory:
+            return RunHistory.from_rows(runs, steps, tracker, forks=forks)
+
+        return _read(docs, RunHistory, from_rows, "r:", "s:")
 
 
 class BlameView(_RowsView):

@@ -1,22 +1,24 @@
 """The ``steplog`` command: the demo, audit and time travel over a store (docs/cli.md).
 
-    steplog demo                       run the stale-write scenario on SQLite and show the log
+    steplog demo                       the stale-write scenario on SQLite, shown from the log; then
+                                       a run killed, recovered and resumed, and a fork
     steplog instances                  list workflow instances
     steplog log INSTANCE               every event of an instance
     steplog state INSTANCE [POINT]     its committed state, now or at a point
-    steplog history INSTANCE           its runs and their supersteps
+    steplog history INSTANCE           its runs, supersteps, pending requests and lineage
     steplog blame INSTANCE KEY         every write of a key, and whether it counted
     steplog diff INSTANCE POINT POINT  keys added, removed and changed between two points
     steplog bisect INSTANCE --key K    the first superstep after which a key has a value
     steplog project [--follow]         keep the materialized views caught up
     steplog rebuild VIEW | verify VIEW rebuild a view aside and swap it in; compare with a rebuild
+    steplog recover [INSTANCE]         close runs left open by dead processes; say what was closed
 
 A POINT is ``pos:N``, ``step:SUPERSTEP``, ``run:RUN:INDEX``, ``time:ISO-8601`` or
 ``inside:SUPERSTEP`` (ids may be shortened to a unique prefix).
 
 Every command takes ``--store URL`` (default ``$STEPLOG_STORE``, else ``sqlite:///steplog.db``).
-Only the commands that write (``demo``, ``project``, ``rebuild``) may create a store; the others
-refuse a store that does not exist, and create nothing.
+Only ``demo``, ``project`` and ``rebuild`` may create a store; the others (``recover`` too, though
+it writes) refuse a store that does not exist, and create nothing.
 
 Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
 input (unknown instance, bad URL), 3 when the store is missing or cannot be reached.
@@ -47,6 +49,7 @@ from kernel import (
     StoreUnavailableError,
     ValueCodec,
     open_store,
+    recover,
     uuid_ids,
 )
 from projections import (
@@ -57,15 +60,19 @@ from projections import (
     blame_keys,
     diff_points,
     fold_blame,
-    fold_history,
+    history_of,
     state_at,
 )
 from projections.cli._demo import run_demo
+from projections.cli._demo_recovery import run_recovery_act
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import (
     blame_table,
     event_line,
     events_table,
+    history_tables,
+    recovered_json,
+    recovered_table,
     show_json,
     show_time,
     verdicts,
@@ -81,7 +88,8 @@ EXIT_BAD_INPUT = 2
 EXIT_STORE = 3
 """The store does not exist (a reading command never creates one) or cannot be reached."""
 WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
-"""The commands that write to the store, and so may create it."""
+"""The commands that may create the store (they write to it). ``recover`` writes too, but only to
+a store that exists: a missing one is ``EXIT_STORE``, and nothing is created."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("view", choices=VIEW_NAMES)
+    recovery = commands.add_parser(
+        "recover", help="close runs left open by dead processes (aborted as crashed)"
+    )
+    recovery.add_argument("instance", nargs="?", help="one instance (default: every instance)")
+    recovery.add_argument("--json", action="store_true", help="a JSON list of the closed runs")
     return parser
 
 
@@ -134,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
+    args.store_url = url  # for the demo's child process, which opens the same store
     try:
         with open_store(url, create=args.command in WRITING_COMMANDS) as store:
             return COMMANDS[args.command](store, args, console)
@@ -180,6 +194,46 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep was "
         "aborted (failed), and no commit exists for it."
     )
+    return _demo_recovery(store, args.store_url, f"{instance_id}-recovery", console)
+
+
+def _demo_recovery(store: EventStore, url: str, instance_id: str, console: Console) -> int:
+    """The second act: a run killed mid-superstep, recovered, resumed; then a fork."""
+    console.rule("[bold]act 2: a run killed mid-superstep, recovered and resumed; then a fork")
+    if store.url.startswith("memory"):
+        console.print("skipped: a memory store cannot be shared with the process that is killed")
+        return 0
+    console.print(
+        "A child process runs a four-stage order pipeline and is killed (SIGKILL) in superstep 3, "
+        "after staging its writes. steplog recovers the instance, resumes the run from its last "
+        "checkpoint in this process, and compares with an uninterrupted run. Then it forks the "
+        "instance at the first checkpoint and runs the fork with a changed order.\n"
+    )
+    outcome = asyncio.run(run_recovery_act(store, url, instance_id))
+    console.print(f"instance: [bold]{escape(instance_id)}[/]")
+    console.print(f"child process killed by signal {outcome.killed_by}")
+    for closed in outcome.recovered:
+        console.print(f"recovered (superstep aborted as crashed): {escape(closed)}")
+    console.print(f"resumed run outputs: {escape(str(outcome.resumed_outputs))}")
+    console.print(f"committed state: {escape(str(outcome.resumed_state))}\n")
+    console.print(blame_table(fold_blame(store.read(instance_id)), "total", instance_id))
+    console.print(
+        f"fork [bold]{escape(outcome.fork_id)}[/] (quantity 5 from the second stage): "
+        f"{escape(str(outcome.fork_state))}"
+    )
+    fine = (
+        outcome.killed_by == signal.SIGKILL
+        and len(outcome.recovered) == 1
+        and outcome.same_as_uninterrupted
+        and outcome.origin_unchanged
+    )
+    if not fine:
+        console.print("[bold red]PROBLEM: the resumed run differs, or the origin changed[/]")
+        return EXIT_PROBLEM
+    console.print(
+        "[bold green]same result as an uninterrupted run[/], and the fork left its origin as it "
+        "was."
+    )
     return 0
 
 
@@ -225,37 +279,9 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 
 def _history(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    history = fold_history(_require_events(store, args.instance))
-    table = Table(title=escape(f"runs of {args.instance}"), expand=True)
-    for column in ("run", "status", "started / ended", "steps", "ok", "aborted"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("error", overflow="fold", ratio=1)
-    for run in history.runs():
-        error = f"{run.error.type}: {run.error.message}" if run.error else ""
-        table.add_row(
-            run.run_id[:8],
-            run.status,
-            f"{show_time(run.started_at)}\n{show_time(run.ended_at)}",
-            str(run.supersteps),
-            str(run.committed),
-            str(run.aborted),
-            escape(error),
-        )
-    console.print(table)
-    steps = Table(title="supersteps", expand=True)
-    for column in ("run", "#", "superstep", "status", "executors", "keys written"):
-        steps.add_column(column, overflow="fold")
-    for step in history.supersteps():
-        status = step.status + (f" ({step.reason})" if step.reason else "")
-        steps.add_row(
-            step.run_id[:8],
-            str(step.index),
-            step.superstep_id[:8],
-            status,
-            escape(", ".join(step.executors)),
-            escape(", ".join(step.keys)),
-        )
-    console.print(steps)
+    _require_events(store, args.instance)
+    for table in history_tables(history_of(store, args.instance), args.instance):
+        console.print(table)
     return 0
 
 
@@ -305,6 +331,14 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
             f"never: no committed superstep of {args.instance} has {wanted}", markup=False
         )
         return EXIT_PROBLEM
+    if found.origin_instance is not None:
+        console.print(
+            f"true from the start of the fork: {wanted} in the values forked from "
+            f"{found.origin_instance} (checkpoint {found.superstep_id} of run {found.run_id}), "
+            f"log position {found.position}, at {show_time(found.timestamp)}",
+            markup=False,
+        )
+        return 0
     console.print(
         f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
         f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}",
@@ -355,6 +389,19 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
     return EXIT_PROBLEM
 
 
+def _recover(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    if args.instance is not None and store.version(args.instance) == 0:
+        raise UsageError(f"no instance {args.instance!r} in {store.url}")
+    closed = recover(store, args.instance)
+    if args.json:
+        sys.stdout.write(recovered_json(closed) + "\n")
+    elif closed:
+        console.print(recovered_table(closed))
+    else:
+        console.print("nothing to recover", markup=False)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = {
     "demo": _demo,
     "instances": _instances,
@@ -367,6 +414,7 @@ COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = 
     "project": _project,
     "rebuild": _rebuild,
     "verify": _verify,
+    "recover": _recover,
 }
 
 

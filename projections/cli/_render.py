@@ -14,14 +14,17 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from kernel import EventBase
-from projections import KeyBlame, WriteStatus
+from kernel import EventBase, RecoveredRun
+from projections import KeyBlame, RunHistory, WriteStatus
 
 __all__ = [
     "blame_table",
     "counts",
     "event_line",
     "events_table",
+    "history_tables",
+    "recovered_json",
+    "recovered_table",
     "show_json",
     "show_time",
     "verdicts",
@@ -39,8 +42,14 @@ def counts(status: WriteStatus) -> bool | None:
 
 
 def verdicts(blame: KeyBlame) -> dict[int, WriteStatus]:
-    """The status of every write of ``blame``, by stream position."""
-    return {w.position: w.status for key in blame.written_keys() for w in blame.writes(key)}
+    """The status of every write of ``blame``, by stream position (the values a fork started
+    with are not writes of any event of the log: they are left out)."""
+    return {
+        w.position: w.status
+        for key in blame.written_keys()
+        for w in blame.writes(key)
+        if not w.from_fork
+    }
 
 
 def event_line(event: EventBase, status: WriteStatus | None) -> str:
@@ -90,15 +99,129 @@ def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
     for write in blame.writes(key):
         verdict = write.status + (f" ({write.reason})" if write.reason else "")
         colour = "green" if write.status == "committed" else "red"
+        writer = escape(write.executor_id)
+        if write.from_fork:
+            writer = escape(f"the fork from {write.origin_instance} @ pos {write.origin_position}")
         table.add_row(
             str(write.position),
             f"[{colour}]{verdict}[/]",
-            f"{write.run_id[:8]}\n{show_time(write.timestamp)}",
-            escape(write.executor_id),
+            f"{escape(write.run_id[:8])}\n{show_time(write.timestamp)}",
+            writer,
             write.op,
             "" if write.op == "delete" else escape(show_json(write.value)),
         )
     return table
+
+
+def history_tables(history: RunHistory, instance: str) -> list[Table]:
+    """The runs (status, times, counts, lineage, error), the supersteps, the requests still
+    waiting for a response, and the instance's forks: what ``steplog history`` prints."""
+    forked = history.forked_from
+    title = f"runs of {instance}"
+    if forked is not None:
+        title += f" (forked from {forked.origin_instance} at position {forked.origin_position})"
+    runs = Table(title=escape(title), expand=True)
+    for column in ("run", "status", "started / ended", "steps", "ok", "aborted", "lineage"):
+        runs.add_column(column, no_wrap=column != "lineage")
+    runs.add_column("error", overflow="fold", ratio=1)
+    for run in history.runs():
+        error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        lineage = []
+        if run.continues is not None:
+            at = f" after {run.checkpoint[:8]}" if run.checkpoint else " from its start"
+            lineage.append(f"continues {run.continues[:8]}{at}")
+        if run.continued_by:
+            lineage.append("continued by " + ", ".join(r[:8] for r in run.continued_by))
+        if run.responses:
+            lineage.append(f"{len(run.responses)} response(s)")
+        if run.closed_by is not None:
+            lineage.append(f"closed by {run.closed_by[:8]}")
+        status: str = "waiting for input" if run.status == "awaiting_input" else run.status
+        runs.add_row(
+            escape(run.run_id[:8]),
+            status,
+            f"{show_time(run.started_at)}\n{show_time(run.ended_at)}",
+            str(run.supersteps),
+            str(run.committed),
+            str(run.aborted),
+            escape("\n".join(lineage)),
+            escape(error),
+        )
+    steps = Table(title="supersteps", expand=True)
+    for column in ("run", "#", "superstep", "status", "executors", "keys written", "requests"):
+        steps.add_column(column, overflow="fold")
+    for step in history.supersteps():
+        status = step.status + (f" ({step.reason})" if step.reason else "")
+        steps.add_row(
+            escape(step.run_id[:8]),
+            str(step.index),
+            escape(step.superstep_id[:8]),
+            status,
+            escape(", ".join(step.executors)),
+            escape(", ".join(step.keys)),
+            escape(", ".join(r[:8] for r in step.requests)),
+        )
+    tables = [runs, steps]
+    pending = [(run, r) for run in history.runs() for r in run.pending_requests]
+    if pending:
+        waiting = Table(title="requests waiting for a response", expand=True)
+        for column in ("request", "run", "executor", "response type"):
+            waiting.add_column(column, no_wrap=True)
+        waiting.add_column("data (JSON)", overflow="fold", ratio=1)
+        for run, request in pending:
+            waiting.add_row(
+                escape(request.request_id),
+                escape(run.run_id[:8]),
+                escape(request.executor_id),
+                escape(request.response_type),
+                escape(show_json(request.data)),
+            )
+        tables.append(waiting)
+    forks = history.forks()
+    if forks:
+        table = Table(title=escape(f"forks of {instance}"), expand=True)
+        for column in ("instance", "at position", "checkpoint", "of run", "forked at"):
+            table.add_column(column, overflow="fold")
+        for fork in forks:
+            table.add_row(
+                escape(fork.instance_id),
+                str(fork.origin_position),
+                escape((fork.checkpoint or "")[:8]),
+                escape((fork.origin_run or "")[:8]),
+                show_time(fork.forked_at),
+            )
+        tables.append(table)
+    return tables
+
+
+def recovered_table(closed: list[RecoveredRun]) -> Table:
+    """The runs ``recover`` closed: instance, run, the superstep aborted as crashed, owner."""
+    table = Table(title="closed as crashed", expand=True)
+    for column in ("instance", "run", "superstep", "owner"):
+        table.add_column(column, overflow="fold")
+    for run in closed:
+        table.add_row(
+            escape(run.instance_id),
+            escape(run.run_id),
+            escape(run.superstep_id or "(none open)"),
+            escape(run.owner),
+        )
+    return table
+
+
+def recovered_json(closed: list[RecoveredRun]) -> str:
+    """The runs ``recover`` closed as one JSON list (empty when it closed nothing)."""
+    return orjson.dumps(
+        [
+            {
+                "instance_id": run.instance_id,
+                "run_id": run.run_id,
+                "superstep_id": run.superstep_id,
+                "owner": run.owner,
+            }
+            for run in closed
+        ]
+    ).decode()
 
 
 def _details(data: dict[str, Any]) -> str:

@@ -28,12 +28,35 @@ def test_demo_runs_the_bug_scenario_on_sqlite_and_finds_no_leak(sqlite_url, caps
     assert aborted[0].reason == "failed"
 
 
+def test_the_demos_second_act_kills_recovers_resumes_and_forks(sqlite_url, capsys):
+    assert main(["--store", sqlite_url, "demo", "--instance", "orders-9"]) == 0
+
+    out = capsys.readouterr().out
+    assert "child process killed by signal 9" in out
+    assert "aborted (crashed)" in out
+    assert "same result as an uninterrupted run" in out
+    with open_store(sqlite_url) as store:
+        events = store.read("orders-9-recovery")
+        fork = store.read("orders-9-recovery-fork")
+    crashed = [e for e in events if e.type == "superstep_aborted"]
+    assert [e.reason for e in crashed] == ["crashed"]
+    resumed = [e for e in events if e.type == "run_started"][1]
+    assert resumed.continues == crashed[0].run_id
+    assert [e.type for e in events][-1] == "run_completed"
+    assert fork[0].type == "instance_forked"
+    assert fork[0].origin_instance == "orders-9-recovery"
+
+
 def test_log_state_and_instances_read_what_the_demo_wrote(sqlite_url, capsys):
     main(["--store", sqlite_url, "demo", "--instance", "orders-7"])
     capsys.readouterr()
 
     assert main(["--store", sqlite_url, "instances"]) == 0
-    assert capsys.readouterr().out.split() == ["orders-7"]
+    assert capsys.readouterr().out.split() == [
+        "orders-7",
+        "orders-7-recovery",
+        "orders-7-recovery-fork",
+    ]
 
     assert main(["--store", sqlite_url, "state", "orders-7"]) == 0
     state_out = capsys.readouterr().out
@@ -66,7 +89,7 @@ def test_the_cli_default_store_is_steplog_db_in_the_working_directory(
     assert (tmp_path / "steplog.db").exists()
     capsys.readouterr()
     assert main(["instances"]) == 0
-    assert capsys.readouterr().out.split() == ["o1"]
+    assert capsys.readouterr().out.split() == ["o1", "o1-recovery", "o1-recovery-fork"]
 
 
 READING = [
@@ -177,7 +200,8 @@ def test_project_verify_and_rebuild_views(demo_store, capsys):
     code, out = run_cli(capsys, "--store", demo_store, "verify", "state")
     assert (code, "equals a rebuild" in out) == (0, True)
     code, out = run_cli(capsys, "--store", demo_store, "rebuild", "blame")
-    assert (code, "rebuilt up to global position 15 " in out) == (0, True)
+    last = open_store(demo_store).last_position()
+    assert (code, f"rebuilt up to global position {last} " in out) == (0, True)
 
 
 @pytest.mark.parametrize(

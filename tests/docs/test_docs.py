@@ -6,6 +6,7 @@ import ast
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ def python_blocks(path: Path) -> list[str]:
 @pytest.mark.parametrize("doc", [d for d in DOCS if python_blocks(d)], ids=lambda d: d.name)
 def test_the_examples_run_in_order_in_one_namespace(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
-    namespace: dict[str, object] = {"__name__": f"doc_{doc.stem}"}
+    module = types.ModuleType(f"doc_{doc.stem}")  # a real module: dataclasses look it up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     for number, block in enumerate(python_blocks(doc), start=1):
         exec(compile(block, f"{doc.name}[example {number}]", "exec"), namespace)
 
@@ -117,3 +120,16 @@ def test_projections_source_names_no_private_kernel_module():
                 assert not node.module.startswith("kernel."), f"{path}: {node.module}"
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("kernel.") for a in node.names), path
+
+
+def test_the_recovery_examples_print_what_their_comments_say(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    doc = ROOT / "docs" / "recovery.md"
+    module = types.ModuleType("doc_recovery_printed")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    promised: list[str] = []
+    for number, block in enumerate(python_blocks(doc), start=1):
+        promised += promised_output(block)
+        exec(compile(block, f"recovery.md[example {number}]", "exec"), module.__dict__)
+    assert len(promised) >= 10
+    assert capsys.readouterr().out.splitlines() == promised

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +10,7 @@ from kernel import (
     AbortReason,
     CommittedState,
     EventBase,
+    InstanceForked,
     OpenRun,
     ValueCodec,
     WorkflowContext,
@@ -17,12 +18,29 @@ from kernel import (
     executor,
 )
 from kernel._algo import Router
+from kernel._checkpoints import Ledger
 from kernel._graph import Graph, Single
 from kernel._instance import RunnerContext
 from kernel._runner import Run
 from tests.kernel.helpers import kinds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class SoleWriter:
+    """The lease of a log nobody else writes: always free."""
+
+    async def acquire(self) -> bool:
+        return False
+
+    def start_heartbeat(self, on_lost: Callable[[], None]) -> None:
+        pass
+
+    async def release(self) -> None:
+        pass
+
+    def release_now(self) -> None:
+        pass
 
 
 class ListContext:
@@ -49,6 +67,15 @@ class ListContext:
 
     def presumed_reason(self, owner: str) -> AbortReason:
         return "crashed"
+
+    def lease_keeper(self) -> SoleWriter:
+        return SoleWriter()
+
+    def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
+        return self.catch_up(), Ledger(self.instance_id).apply_all(self.log)
+
+    def origin_ledger(self, forked: InstanceForked) -> Ledger:
+        raise AssertionError("a list is never forked")
 
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         assert expected_version == len(self.log)

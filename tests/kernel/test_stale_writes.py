@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from kernel import (
     EncodingError,
     Executor,
+    RunInProgressError,
     StateWriteRejectedError,
     Workflow,
     WorkflowBuilder,
@@ -278,7 +279,7 @@ async def test_stream_dropped_mid_superstep_is_aborted_as_abandoned_before_the_n
     assert wf.committed_state() == {"second": 2}
 
 
-async def test_unfinished_run_in_the_log_is_closed_by_the_next_run_of_any_workflow_object(store):
+async def test_a_live_run_holds_the_instance_against_any_other_workflow_object(store):
     started = asyncio.Event()
     first = build(store, Blocker("blocker", started), durability="write").build()
     stream = first.run(Msg(), stream=True)
@@ -287,12 +288,33 @@ async def test_unfinished_run_in_the_log_is_closed_by_the_next_run_of_any_workfl
     await started.wait()
 
     other = build(store, Flaky(id="flaky")).build()  # knows nothing of the first object's run
+    before = kinds(other.events())
+    with pytest.raises(RunInProgressError, match=r"is being run by .*lease expires") as refused:
+        await other.run(Msg())
+    assert refused.value.holder is not None
+    assert kinds(other.events()) == before  # the refused run appended nothing
+
+    await stream.aclose()  # the first run ends (cancelled) and gives the lease up
+    await other.run(Msg())
+    assert fate_of(other, "before") == ["aborted:cancelled"]
+    assert other.committed_state() == {"visits": 1}
+
+
+async def test_an_unfinished_run_whose_lease_was_released_is_closed_by_the_next_run(store):
+    started = asyncio.Event()
+    first = build(store, Blocker("blocker", started), durability="write").build()
+    stream = first.run(Msg(), stream=True)
+    while (await anext(stream)).type != "executor_invoked":
+        pass
+    await started.wait()
+    store.release_lease(first.instance_id, store.read_lease(first.instance_id).holder)
+
+    other = build(store, Flaky(id="flaky")).build()
     await other.run(Msg())
 
     assert fate_of(other, "before") == ["aborted:abandoned"]
     closed = of_type(other.events(), "run_abandoned")[0]
     assert closed.closed_by == of_type(other.events(), "run_started")[1].run_id
-    assert other.committed_state() == {"visits": 1}
     settled = kinds(other.events())
     await stream.aclose()  # the first run's own abort now conflicts with the log: not appended
     assert kinds(other.events()) == settled

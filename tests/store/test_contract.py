@@ -109,6 +109,7 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.delete("draft")
     log.send({1: "one", "$t": "x"}, target="route", targets=["route", "audit"])
     log.output({"answer": "refund", "score": float("nan")})
+    log.request({"question": "refund?"}, request_id="req-1", response_type="bool")
     log.complete()
     log.fail("audit", boom)
     log.commit()
@@ -117,6 +118,10 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.cancel_run(superstep_id=None, run="run-1")  # more ends of the same run
     log.abandon_run("crashed", closed_by="run-2", superstep_id=None, run="run-1")
     log.complete_run(run="run-1")
+    log.await_input(["req-1"], run="run-1")
+    log.start_run(workflow_name="triage", run_id="run-3", continues="run-1", checkpoint="ss-1")
+    log.respond("req-1", True)
+    log.forked_from("origin", {"category": ["billing", 0.93]}, origin_position=9, checkpoint="x")
     return log.events()
 
 

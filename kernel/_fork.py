@@ -1,0 +1,153 @@
+"""Forks: a new instance that starts from another's committed state at a point of its log.
+
+The fork's first event, ``InstanceForked``, carries the origin's committed values at that point
+(the kernel's fold decides them, as for any reader) and the origin's latest checkpoint there, so
+the fork can also be continued from it. The origin is read, never written.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from kernel._errors import ConcurrencyConflictError, ExecutionError, ResumeError
+from kernel._events import (
+    RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
+    EventBase,
+    InstanceForked,
+    RunEvent,
+    SuperstepEvent,
+)
+from kernel._executor import require_storable
+from kernel._fold import fold_committed
+
+if TYPE_CHECKING:
+    from kernel._workflow import Workflow
+
+__all__ = ["fork_instance", "position_of"]
+
+
+def fork_instance(origin: Workflow, at: Any, instance_id: str) -> Workflow:
+    """Append ``InstanceForked`` as ``instance_id``'s first event; return the workflow on it."""
+    if not isinstance(instance_id, str) or not instance_id:
+        raise ExecutionError(f"a fork needs a non-empty instance id, got {instance_id!r}")
+    require_storable(instance_id, "a fork's instance id")
+    if instance_id == origin.instance_id:
+        raise ExecutionError(f"cannot fork instance {instance_id!r} into itself")
+    store = origin.store
+    events = store.read(origin.instance_id)
+    position = position_of(events, at, origin.instance_id)
+    prefix = events[:position]
+    state = fold_committed(prefix)
+    checkpoint = state.last_committed
+    origin_run = _run_of_marker(prefix, checkpoint)
+    if origin_run is None and checkpoint is not None:
+        # The origin is itself a fork that has committed nothing since: its origin run carries on.
+        forked = prefix[0] if prefix and isinstance(prefix[0], InstanceForked) else None
+        origin_run = forked.origin_run if forked is not None else None
+    clock = origin._clock
+    event = InstanceForked(
+        instance_id=instance_id,
+        position=1,
+        timestamp=clock(),
+        origin_instance=origin.instance_id,
+        origin_position=position,
+        checkpoint=checkpoint,
+        origin_run=origin_run,
+        values=dict(state.values),
+    )
+    try:
+        store.append(instance_id, [event], expected_version=0)
+    except ConcurrencyConflictError:
+        raise ExecutionError(
+            f"cannot fork into instance {instance_id!r}: it already has events; choose a new id"
+        ) from None
+    return origin._sibling(instance_id)
+
+
+def position_of(events: list[EventBase], at: Any, instance_id: str) -> int:
+    """The stream position a point names in ``events`` (one instance's, in order)."""
+    version = events[-1].position if events else 0
+    point = at
+    # projections' points, by shape (the kernel does not import projections)
+    if hasattr(point, "position") and isinstance(point.position, int):
+        point = point.position
+    elif hasattr(point, "when") and isinstance(point.when, datetime):
+        point = point.when
+    elif hasattr(point, "superstep_id") and (
+        point.superstep_id is not None or getattr(point, "run_id", None) is None
+    ):
+        point = point.superstep_id
+    elif hasattr(point, "run_id") and hasattr(point, "index"):
+        return _superstep_index(events, point.run_id, point.index, instance_id)
+    if isinstance(point, bool):
+        raise ResumeError(f"not a point of a log: {at!r}")
+    if isinstance(point, int):
+        if not 0 <= point <= version:
+            raise ResumeError(
+                f"position {point} is outside instance {instance_id!r}'s log (0..{version})"
+            )
+        return point
+    if isinstance(point, datetime):
+        found = 0
+        for event in events:
+            if event.timestamp > point:
+                break
+            found = event.position
+        return found
+    if isinstance(point, str):
+        marker = next(
+            (
+                e.position
+                for e in events
+                if e.type in SUPERSTEP_MARKER_TYPES
+                and isinstance(e, SuperstepEvent)
+                and e.superstep_id == point
+            ),
+            None,
+        )
+        if marker is not None:
+            return marker
+        last = None
+        for event in events:
+            if isinstance(event, RunEvent) and event.run_id == point:
+                last = event.position
+                if event.type in RUN_END_TYPES:
+                    break
+        if last is not None:
+            return last
+        raise ResumeError(f"instance {instance_id!r} has no superstep or run {point!r} that closed")
+    raise ResumeError(
+        f"not a point of a log: {at!r} (use a position, a superstep or run id, or a datetime)"
+    )
+
+
+def _superstep_index(events: list[EventBase], run_id: str, index: int, instance_id: str) -> int:
+    superstep_id = next(
+        (
+            e.superstep_id
+            for e in events
+            if e.type == "superstep_started"
+            and isinstance(e, SuperstepEvent)
+            and e.run_id == run_id
+            and getattr(e, "index", None) == index
+        ),
+        None,
+    )
+    if superstep_id is None:
+        raise ResumeError(f"instance {instance_id!r} has no superstep {index} in run {run_id!r}")
+    return position_of(events, superstep_id, instance_id)
+
+
+def _run_of_marker(events: list[EventBase], superstep_id: str | None) -> str | None:
+    if superstep_id is None:
+        return None
+    for event in reversed(events):
+        if (
+            event.type == "superstep_committed"
+            and isinstance(event, SuperstepEvent)
+            and event.superstep_id == superstep_id
+        ):
+            return event.run_id
+    return None

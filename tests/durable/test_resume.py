@@ -1,0 +1,112 @@
+"""Resume from the log: checkpoints, continuing a run in a new Workflow object, refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kernel import (
+    ResumeError,
+    WorkflowBuilder,
+    open_store,
+)
+from tests.durable.helpers import Counter, Tick, reopen
+
+
+def build(store: Any, *, fail_at: int | None = None, limit: int = 5) -> Any:
+    counter = Counter("counter", limit, fail_at=fail_at)
+    return (
+        WorkflowBuilder(start_executor=counter, store=store, instance_id="count")
+        .add_edge(counter, counter)
+        .build()
+    )
+
+
+async def test_a_failed_run_resumes_in_a_new_workflow_to_the_uninterrupted_result(
+    store_url: str,
+) -> None:
+    store = open_store(store_url)
+    with pytest.raises(RuntimeError, match="boom at 3"):
+        await build(store, fail_at=3).run(Tick(1))
+    fresh = build(reopen(store_url, store))
+    checkpoints = fresh.checkpoints()
+    assert [c.index for c in checkpoints] == [1, 2]
+    assert checkpoints[-1].status == "resumable"
+    assert all(c.status == "superseded" for c in checkpoints[:-1])
+    result = await fresh.run(checkpoint_id=checkpoints[-1].checkpoint_id)
+    assert result.status == "completed"
+    assert result.get_outputs() == [1, 2, 3, 4, 5]
+    assert result.supersteps == 5
+    assert fresh.committed_state() == {"count": 5}
+    started = [e for e in fresh.events() if e.type == "run_started"]
+    assert started[1].continues == started[0].run_id
+    assert started[1].checkpoint == checkpoints[-1].checkpoint_id
+    assert fresh.checkpoints()[-1].status == "completed"
+
+
+async def test_resume_continues_the_named_run_and_streams_only_new_events(store_url: str) -> None:
+    store = open_store(store_url)
+    wf = build(store, fail_at=4)
+    with pytest.raises(RuntimeError):
+        await wf.run(Tick(1))
+    failed_run = next(e for e in wf.events() if e.type == "run_started").run_id
+    fresh = build(reopen(store_url, store))
+    seen = [(e.type, e.superstep, e.data) async for e in fresh.resume(failed_run, stream=True)]
+    assert [s for t, s, _ in seen if t == "superstep_started"] == [4, 5]
+    assert [d for t, _, d in seen if t == "output"] == [4, 5]
+    assert seen[-1][0] == "completed"
+
+
+async def test_an_older_checkpoint_is_refused_with_a_pointer_to_fork(store_url: str) -> None:
+    store = open_store(store_url)
+    wf = build(store, fail_at=4)
+    with pytest.raises(RuntimeError):
+        await wf.run(Tick(1))
+    first = wf.checkpoints()[0]
+    before = len(wf.events())
+    with pytest.raises(ResumeError, match=r"not the latest committed superstep.*fork"):
+        await wf.run(checkpoint_id=first.checkpoint_id)
+    with pytest.raises(ResumeError, match="no checkpoint 'nope'"):
+        await wf.run(checkpoint_id="nope")
+    assert len(wf.events()) == before
+
+
+async def test_a_completed_run_has_nothing_to_resume(store_url: str) -> None:
+    wf = build(open_store(store_url))
+    await wf.run(Tick(1))
+    before = len(wf.events())
+    with pytest.raises(ResumeError, match="nothing left to do"):
+        await wf.resume()
+    assert len(wf.events()) == before
+
+
+async def test_a_run_superseded_by_a_later_commit_is_refused(store_url: str) -> None:
+    store = open_store(store_url)
+    wf = build(store, fail_at=3)
+    with pytest.raises(RuntimeError):
+        await wf.run(Tick(1))
+    first_run = next(e for e in wf.events() if e.type == "run_started").run_id
+    await build(store).run(Tick(10))  # commits after the failed run
+    with pytest.raises(ResumeError, match=r"cannot be continued.*[Ff]ork"):
+        await build(store).resume(first_run)
+
+
+async def test_fork_at_a_checkpoint_resumes_in_the_fork_and_leaves_the_origin(
+    store_url: str,
+) -> None:
+    store = open_store(store_url)
+    wf = build(store, fail_at=4)
+    with pytest.raises(RuntimeError):
+        await wf.run(Tick(1))
+    origin_events = wf.events()
+    second = wf.checkpoints()[1]
+    fork = build(store).fork(at=second.checkpoint_id, instance_id="count-fork")
+    assert fork.committed_state() == {"count": 2}
+    assert fork.checkpoints()[-1].checkpoint_id == second.checkpoint_id
+    result = await fork.resume()
+    assert result.get_outputs() == [1, 2, 3, 4, 5]
+    assert fork.committed_state() == {"count": 5}
+    assert wf.events() == origin_events
+    again = await fork.run(Tick(7))
+    assert again.get_outputs() == [7]
