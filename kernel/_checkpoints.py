@@ -52,10 +52,11 @@ __all__ = [
     "answer",
     "check_responses",
     "continued_run",
-    "ledger_kwargs",
 ]
 
-CheckpointStatus = Literal["resumable", "awaiting_input", "completed", "running", "superseded"]
+CheckpointStatus = Literal[
+    "resumable", "awaiting_input", "completed", "running", "superseded", "foreign"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,9 @@ class Checkpoint:
     commit marker, ``position`` the marker's stream position. ``status`` says what continuing from
     it would do: ``resumable`` (messages are pending: ``run(checkpoint_id=...)`` goes on),
     ``awaiting_input`` (requests wait: ``run(responses=...)``), ``completed`` (nothing left),
-    ``running`` (its run is still open), or ``superseded`` (a later superstep committed: fork it).
+    ``running`` (its run is still open), ``superseded`` (a later superstep committed: fork it), or
+    ``foreign`` (the instance's last run was run by a workflow of another name: this one cannot
+    continue it).
     """
 
     checkpoint_id: str
@@ -121,10 +124,12 @@ class RunLine:
 
 @dataclass(slots=True)
 class Standing:
-    """Where a run stands after a checkpoint: its ``Position`` and the outputs so far."""
+    """Where a run stands after a checkpoint: its ``Position``, the outputs so far, and the run
+    arguments its lineage recorded (wire values; a continuation inherits them)."""
 
     position: Position
     outputs: list[Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class Ledger(SuperstepFold):
@@ -202,13 +207,6 @@ class Ledger(SuperstepFold):
         """The run started last, if any."""
         return next(reversed(self.runs.values()), None)
 
-    def run_of(self, checkpoint_id: str) -> RunLine | None:
-        """The run whose resume point is ``checkpoint_id``, latest first."""
-        for line in reversed(self.runs.values()):
-            if line.resume_point == checkpoint_id:
-                return line
-        return None
-
     def find(self, checkpoint_id: str) -> _Step | None:
         for step in reversed(self.checkpoints):
             if step.superstep_id == checkpoint_id:
@@ -257,6 +255,7 @@ class Ledger(SuperstepFold):
                 if upto is not None:
                     raise ResumeError(f"run {line.run_id} has no committed superstep {upto!r}")
         assert standing is not None
+        standing.kwargs = dict(chain[-1][0].started.kwargs)
         return standing
 
 
@@ -319,12 +318,13 @@ class _Rebuild:
 
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:
     """Which run a continuation goes on with, and from which of its checkpoints (None: from its
-    start). Only the instance's latest checkpoint may be continued (``ResumeError`` otherwise,
-    pointing to ``fork``)."""
+    start): always the instance's last run (for a fork that has not run yet, its origin's run), so
+    from the instance's latest checkpoint. An older checkpoint or run is refused
+    (``ResumeError``, pointing to ``fork``)."""
     where = f"instance {ledger.instance_id!r}"
     latest = ledger.latest
     forked = ledger.forked
-    line: RunLine | None
+    line = ledger.last_run()
     if plan.checkpoint_id is not None:
         checkpoint_id = plan.checkpoint_id
         step = ledger.find(checkpoint_id)
@@ -334,37 +334,33 @@ def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tup
                 f"{where} has no checkpoint {checkpoint_id!r}; wf.checkpoints() lists them"
             )
         if checkpoint_id != latest:
-            assert step is not None
-            raise ResumeError(
-                f"checkpoint {checkpoint_id!r} (superstep {step.index} of run {step.run_id}) is "
-                f"not the latest committed superstep of {where} ({latest!r}): continuing from it "
-                "would rewrite what was committed after it. Fork it instead: "
-                f"wf.fork(at={checkpoint_id!r}, instance_id=...)"
+            what = (
+                f"superstep {step.index} of run {step.run_id}"
+                if step is not None
+                else f"the origin's superstep {where} was forked after"
             )
-        line = ledger.run_of(checkpoint_id)
-        if line is None:  # a fork that has not run yet goes on with its origin's run
-            assert forked is not None
-            assert forked.origin_run is not None
-            return forked.origin_run, checkpoint_id
+            raise ResumeError(
+                f"checkpoint {checkpoint_id!r} ({what}) is not the latest committed superstep of "
+                f"{where} ({latest!r}): continuing from it would rewrite what was committed after "
+                f"it. Fork it instead: wf.fork(at={checkpoint_id!r}, instance_id=...)"
+            )
     elif plan.run_id is not None:
-        line = ledger.runs.get(plan.run_id)
-        if line is None:
+        named = ledger.runs.get(plan.run_id)
+        if named is None:
             known = ", ".join(list(ledger.runs)[-5:]) or "none"
             raise ResumeError(f"{where} has no run {plan.run_id!r} (latest runs: {known})")
-        if line.resume_point != latest:
-            later = ledger.checkpoints[-1] if ledger.checkpoints else None
-            by = f" by run {later.run_id}" if later is not None else ""
+        if named is not line:
+            assert line is not None
             raise ResumeError(
-                f"run {plan.run_id} cannot be continued: {where} committed superstep "
-                f"{latest!r}{by} after it, and continuing it would rewrite that. Fork the run's "
-                f"latest checkpoint instead: wf.fork(at={line.resume_point!r}, instance_id=...)"
+                f"run {plan.run_id} cannot be continued: run {line.run_id} of {where} started "
+                "after it, and only an instance's last run goes on (wf.resume() continues it). "
+                "Fork the run's latest checkpoint instead: "
+                f"wf.fork(at={named.resume_point or named.run_id!r}, instance_id=...)"
             )
-    else:
-        line = ledger.last_run()
-        if line is None:
-            if forked is not None and forked.checkpoint is not None and forked.origin_run:
-                return forked.origin_run, forked.checkpoint
-            raise ResumeError(f"{where} has no run to continue; start one with a message")
+    if line is None:
+        if forked is not None and forked.origin_run is not None:
+            return forked.origin_run, forked.checkpoint  # a fork goes on with its origin's run
+        raise ResumeError(f"{where} has no run to continue; start one with a message")
     if line.started.workflow_name != workflow_name:
         raise ResumeError(
             f"run {line.run_id} of {where} was run by workflow {line.started.workflow_name!r}, "
@@ -384,13 +380,13 @@ def check_responses(
         return answers
     answered = {r.request_id for line in ledger.runs.values() for r in line.responses}
     for request_id, value in responses.items():
+        if request_id in answered:
+            raise ResponseError(
+                f"request {request_id!r} of instance {ledger.instance_id!r} was already "
+                "answered; a request takes one response"
+            )
         request = position.requests.get(request_id)
         if request is None:
-            if request_id in answered:
-                raise ResponseError(
-                    f"request {request_id!r} of instance {ledger.instance_id!r} was already "
-                    "answered; a request takes one response"
-                )
             pending = ", ".join(position.requests) or "none"
             raise ResponseError(
                 f"instance {ledger.instance_id!r} has no pending request {request_id!r} "
@@ -428,11 +424,3 @@ def answer(position: Position, answers: list[tuple[PendingRequest, Any]]) -> Pos
         requests.pop(request.request_id, None)
         inbox.setdefault(request.executor_id, []).append(Response(request, value))
     return Position(position.index, inbox, position.buffers, requests)
-
-
-def ledger_kwargs(ledger: Ledger, run_id: str, codec: ValueCodec) -> dict[str, Any]:
-    """The run arguments run ``run_id`` recorded (a continuation inherits them)."""
-    line = ledger.runs.get(run_id)
-    if line is None:
-        return {}
-    return {key: codec.decode(value) for key, value in line.started.kwargs.items()}

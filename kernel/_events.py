@@ -280,8 +280,11 @@ class SuperstepAborted(SuperstepEvent):
 class InstanceForked(EventBase):
     """The first event of an instance forked from another: its committed state starts as
     ``values``, the committed state of ``origin_instance`` as of stream position
-    ``origin_position``. ``checkpoint`` is the origin's last committed superstep at that point
-    (of run ``origin_run``): a fork can be resumed from it. The origin is never modified.
+    ``origin_position``. ``origin_run`` is the origin's last run at that point, and
+    ``checkpoint`` that run's last committed superstep there (None if it had committed none):
+    resuming the fork continues that run from there, with the requests it left unanswered,
+    ``requests`` (each ``request_id``, ``executor_id``, ``response_type``, ``data``, ``run_id``
+    and ``superstep_id``, as ``InfoRequested`` recorded them). The origin is never modified.
     """
 
     type: Literal["instance_forked"] = "instance_forked"
@@ -290,6 +293,7 @@ class InstanceForked(EventBase):
     checkpoint: str | None = None
     origin_run: str | None = None
     values: dict[str, Json] = Field(default_factory=dict)
+    requests: list[dict[str, Json]] = Field(default_factory=list)
 
 
 Event = Annotated[

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from kernel._checkpoints import Ledger, continued_run
 from kernel._errors import ConcurrencyConflictError, ExecutionError, ResumeError
 from kernel._events import (
     RUN_END_TYPES,
@@ -21,6 +22,7 @@ from kernel._events import (
 )
 from kernel._executor import require_storable
 from kernel._fold import fold_committed
+from kernel._runner import Continuation
 
 if TYPE_CHECKING:
     from kernel._workflow import Workflow
@@ -40,22 +42,17 @@ def fork_instance(origin: Workflow, at: Any, instance_id: str) -> Workflow:
     position = position_of(events, at, origin.instance_id)
     prefix = events[:position]
     state = fold_committed(prefix)
-    checkpoint = state.last_committed
-    origin_run = _run_of_marker(prefix, checkpoint)
-    if origin_run is None and checkpoint is not None:
-        # The origin is itself a fork that has committed nothing since: its origin run carries on.
-        forked = prefix[0] if prefix and isinstance(prefix[0], InstanceForked) else None
-        origin_run = forked.origin_run if forked is not None else None
-    clock = origin._clock
+    origin_run, checkpoint, requests = _continued_at(origin, prefix)
     event = InstanceForked(
         instance_id=instance_id,
         position=1,
-        timestamp=clock(),
+        timestamp=origin._clock(),
         origin_instance=origin.instance_id,
         origin_position=position,
         checkpoint=checkpoint,
         origin_run=origin_run,
         values=dict(state.values),
+        requests=requests,
     )
     try:
         store.append(instance_id, [event], expected_version=0)
@@ -140,14 +137,34 @@ def _superstep_index(events: list[EventBase], run_id: str, index: int, instance_
     return position_of(events, superstep_id, instance_id)
 
 
-def _run_of_marker(events: list[EventBase], superstep_id: str | None) -> str | None:
-    if superstep_id is None:
-        return None
-    for event in reversed(events):
-        if (
-            event.type == "superstep_committed"
-            and isinstance(event, SuperstepEvent)
-            and event.superstep_id == superstep_id
-        ):
-            return event.run_id
-    return None
+def _continued_at(
+    origin: Workflow, prefix: list[EventBase]
+) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+    """The run a fork of ``prefix`` would go on with, its checkpoint there, and the requests it
+    left unanswered (as stored), by the same rule a continuation of the origin follows."""
+    ledger = Ledger(origin.instance_id).apply_all(prefix)
+    try:
+        run_id, checkpoint = continued_run(ledger, Continuation(), origin.name)
+    except ResumeError:
+        return None, None, []  # no run at that point (or another workflow's): state only
+    instance = origin._instance
+    standing = ledger.standing(
+        run_id,
+        checkpoint,
+        router=instance.router,
+        codec=origin.store.codec,
+        origin=instance.origin_ledger,
+    )
+    encode = origin.store.codec.encode
+    requests = [
+        {
+            "request_id": request.request_id,
+            "executor_id": request.executor_id,
+            "response_type": request.response_type,
+            "data": encode(request.data, what=f"request {request.request_id!r}"),
+            "run_id": request.run_id,
+            "superstep_id": request.superstep_id,
+        }
+        for request in standing.position.requests.values()
+    ]
+    return run_id, checkpoint, requests

@@ -206,6 +206,8 @@ def _field(name: str, annotation: Any, metadata: list[Any]) -> _Field | None:
         return inner._replace(types=inner.types | {_NONE}, values=values)
     if origin is list and args and args[0] in (str, int):
         return _Field(name, frozenset({list}), items=args[0])
+    if origin is list and args and get_origin(args[0]) is dict:
+        return _Field(name, frozenset({list}), items=dict)
     if origin is dict and args[:1] == (str,):
         return _Field(name, frozenset({dict}))
     if annotation is ErrorInfo:

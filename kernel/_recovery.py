@@ -4,7 +4,7 @@ A process killed mid-run leaves its run open in the log: its open superstep has 
 next run or continuation on the instance closes it before appending anything of its own;
 ``recover`` does the same without starting a run (``steplog recover``). A run is closed only when
 its process is provably gone (its ``host:pid`` owner no longer exists on this host) or the
-instance's lease has expired or was released: a live run is never touched.
+lease its process held on the instance has expired: a live run is never touched.
 """
 
 from __future__ import annotations

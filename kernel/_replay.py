@@ -23,6 +23,7 @@ from kernel._emit import WorkflowEvent
 from kernel._errors import ExecutionError, StepLogError
 from kernel._events import (
     RUN_END_TYPES,
+    SUPERSTEP_MARKER_TYPES,
     ErrorInfo,
     EventBase,
     ExecutorCompleted,
@@ -37,6 +38,7 @@ from kernel._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
+from kernel._fold import SuperstepFold, folds
 from kernel._store import EventStore
 
 __all__ = ["RecordedError", "find_run", "replay", "replay_events"]
@@ -116,6 +118,24 @@ def replay_events(
     return _Replayer(store, run_id).feed(instance_events)
 
 
+class _Decided(SuperstepFold):
+    """What a superstep yielded and requested, held until its first marker: ``decided`` is
+    what a commit made count (None after a marker that decided nothing, or an abort)."""
+
+    __slots__ = ("decided",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decided: list[SuperstepEvent] | None = None
+
+    @folds("output_yielded", "info_requested")
+    def _staged(self, event: SuperstepEvent) -> None:
+        self._stage(event)
+
+    def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
+        self.decided = items if committed else None
+
+
 class _Replayer:
     """Turns one run's log into the events its stream emitted (see the module's docstring)."""
 
@@ -124,8 +144,7 @@ class _Replayer:
         self.run_id = run_id
         self.out: list[WorkflowEvent] = []
         self.index: dict[str, int] = {}  # superstep id -> index
-        self.staged: dict[str, list[SuperstepEvent]] = {}  # outputs and requests, per superstep
-        self.closed: set[str] = set()  # supersteps with a marker
+        self.marks = _Decided()  # the kernel's marker rule, over outputs and requests
         self.last_index: int | None = None
 
     def emit(self, type: Any, superstep: int | None = None, **fields: Any) -> None:
@@ -157,13 +176,12 @@ class _Replayer:
                 executor_id=event.executor_id,
             )
         elif isinstance(event, OutputYielded | InfoRequested):
-            if event.superstep_id not in self.closed:
-                self.staged.setdefault(event.superstep_id, []).append(event)
-        elif kind == "superstep_committed" and isinstance(event, SuperstepEvent):
-            self._committed(event.superstep_id)
-        elif kind == "superstep_aborted" and isinstance(event, SuperstepEvent):
-            self.closed.add(event.superstep_id)
-            self.staged.pop(event.superstep_id, None)
+            self.marks.apply(event)
+        elif kind in SUPERSTEP_MARKER_TYPES and isinstance(event, SuperstepEvent):
+            self.marks.decided = None
+            self.marks.apply(event)
+            if self.marks.decided is not None:
+                self._committed(event.superstep_id, self.marks.decided)
         elif isinstance(event, RunCompleted):
             self.emit("completed", event.supersteps)
         elif isinstance(event, RunAwaitingInput):
@@ -172,12 +190,10 @@ class _Replayer:
             self._failed(event)
         return kind in RUN_END_TYPES
 
-    def _committed(self, superstep_id: str) -> None:
-        if superstep_id in self.closed:
-            return  # the first marker is final
-        self.closed.add(superstep_id)
+    def _committed(self, superstep_id: str, items: list[SuperstepEvent]) -> None:
+        """A commit's events, in the runner's order: outputs, then requests, then the end."""
         index = self.index.get(superstep_id)
-        for item in self.staged.pop(superstep_id, []):
+        for item in items:
             if isinstance(item, OutputYielded):
                 self.emit(
                     "output",
@@ -186,7 +202,8 @@ class _Replayer:
                     executor_id=item.executor_id,
                     data=self.decode(item.value, what=f"output of {item.executor_id!r}"),
                 )
-            elif isinstance(item, InfoRequested):
+        for item in items:
+            if isinstance(item, InfoRequested):
                 self.emit(
                     "request_info",
                     index,

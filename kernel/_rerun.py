@@ -14,7 +14,9 @@ stored (JSON trees) and reported decoded.
 
 Only fresh runs can be rerun: a run that continues another (resumed, or given responses) depends
 on the responses and the failure that led to it, which a rerun with today's executors would not
-meet again in the same way; rerun its root run instead (the error names it).
+meet again in the same way; rerun its root run instead (the error names it). A root run that
+crashed or failed then reports its last superstep's outcome as a divergence (the record aborted
+it; today's executors may not), which is expected.
 
 The handlers really run again, side effects included, in this process; their state reads see the
 scratch instance.

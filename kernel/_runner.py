@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Position
-from kernel._checkpoints import answer, check_responses, continued_run, ledger_kwargs
+from kernel._checkpoints import answer, check_responses, continued_run
 from kernel._context import WorkflowContext
 from kernel._emit import Emit, Put, WorkflowEvent, emitter, silent
 from kernel._errors import (
@@ -42,6 +42,7 @@ from kernel._errors import (
     ExecutionError,
     ResumeError,
     RoutingError,
+    RunInProgressError,
     StoreError,
 )
 from kernel._events import (
@@ -152,6 +153,7 @@ class Run:
         self._write_through = instance.durability == "write"
         self._taken_over = False
         self._keeper: LeaseHold | None = None
+        self._lost_lease: RunInProgressError | None = None
 
     # -- the log ------------------------------------------------------------------------------
 
@@ -225,6 +227,12 @@ class Run:
         try:
             return await self._supersteps(position)
         except asyncio.CancelledError:
+            lost = self._lost_lease
+            if lost is not None:  # the run is not ours to close any more: its taker closes it
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # the cancellation was ours, not the caller's
+                raise lost from None
             if not self.finished:
                 self._record_end(self.cancel_reason or "cancelled")
             raise
@@ -249,12 +257,19 @@ class Run:
 
     def _lease_lost(self) -> None:
         """The heartbeat found the lease taken over: another process judged this one gone and
-        has closed the run. Stop; nothing more of this run can be appended (the version check
-        refuses it)."""
+        closes the run. Stop at once, appending nothing more (the version check would refuse it
+        anyway); the run raises ``RunInProgressError`` naming the new holder."""
         task = self.task
-        if task is not None and not task.done() and not self.finished:
-            self.cancel_reason = self.cancel_reason or "abandoned"
-            task.cancel()
+        if task is None or task.done() or self.finished:
+            return
+        instance = self.instance
+        self._lost_lease = RunInProgressError(
+            f"run {self.run_id} lost the lease on instance {instance.instance_id!r}: another "
+            "process took it over (this one looked dead, or its lease expired), and closes the "
+            "run; nothing more of it was appended"
+        )
+        self.cancel_reason = self.cancel_reason or "abandoned"
+        task.cancel()
 
     def _unfinished_reason(self, owner: str) -> AbortReason:
         """Why the run found open stopped: ``crashed`` if this run took the lease over from a
@@ -339,7 +354,8 @@ class Run:
                 f"run {line} of {instance.instance_id!r} cannot be continued: its next superstep "
                 f"would be {position.index}, past max_supersteps={instance.max_supersteps}"
             )
-        self.kwargs = self.kwargs or ledger_kwargs(ledger, line, self.codec)
+        if not self.kwargs:  # a continuation runs with its lineage's arguments
+            self.kwargs = {k: self.codec.decode(v) for k, v in standing.kwargs.items()}
         self._log_start(head, continues=line, checkpoint=checkpoint)
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)

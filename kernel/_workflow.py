@@ -284,7 +284,9 @@ class Workflow:
         ):
             return "running"  # open, and its process may be alive
         standing = self._standing(ledger)
-        if standing is None or standing.position.inbox:
+        if standing is None:
+            return "foreign"
+        if standing.position.inbox:
             return "resumable"
         return "awaiting_input" if standing.position.requests else "completed"
 

@@ -282,14 +282,17 @@ class LogBuilder:
         origin_position: int = 0,
         checkpoint: str | None = None,
         origin_run: str | None = None,
+        requests: Sequence[dict[str, Any]] = (),
     ) -> ev.InstanceForked:
-        """``InstanceForked``: the instance starts from ``values`` (JSON trees, as stored)."""
+        """``InstanceForked``: the instance starts from ``values`` (JSON trees, as stored), with
+        the origin run's unanswered ``requests`` (as stored)."""
         fields = {
             "origin_instance": origin_instance,
             "origin_position": origin_position,
             "checkpoint": checkpoint,
             "origin_run": origin_run,
             "values": dict(values),
+            "requests": [dict(request) for request in requests],
         }
         return self._emit(ev.InstanceForked, fields)
 

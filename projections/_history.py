@@ -94,7 +94,7 @@ class RunHistory(Fold):
     read memory rows and return copies (changing them changes no view).
     """
 
-    __slots__ = ("_forked_from", "_forks", "_requested_by", "_rows", "_tracker")
+    __slots__ = ("_forked_from", "_forks", "_inherited", "_requested_by", "_rows", "_tracker")
 
     def __init__(
         self,
@@ -108,12 +108,15 @@ class RunHistory(Fold):
         # request id -> the run that made it, for the requests that count and are unanswered
         self._requested_by: dict[str, str] = {}
         self._forked_from: ForkRecord | None = None
+        # a fork's requests inherited from its origin's run (InstanceForked.requests), unanswered
+        self._inherited: list[RequestRecord] = []
         self._forks = sorted(forks, key=_fork_order)
         if tracker is not None:
             self._tracker = SuperstepTracker.from_json(tracker["tracker"])
             self._requested_by = dict(tracker.get("requested_by", {}))
             forked = tracker.get("forked_from")
             self._forked_from = None if forked is None else ForkRecord.from_row(forked)
+            self._inherited = [RequestRecord.from_row(r) for r in tracker.get("inherited", [])]
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -121,6 +124,16 @@ class RunHistory(Fold):
     def _forked(self, event: InstanceForked) -> None:
         self._tracker.track(event)
         self._forked_from = fork_record(event)
+        self._inherited = [
+            RequestRecord(
+                str(request.get("request_id", "")),
+                str(request.get("executor_id", "")),
+                str(request.get("response_type", "")),
+                request.get("data"),
+                str(request.get("superstep_id", "")),
+            )
+            for request in event.requests
+        ]
 
     @folds("run_started")
     def _run_started(self, event: RunStarted) -> None:
@@ -156,6 +169,7 @@ class RunHistory(Fold):
                     r for r in asker.pending_requests if r.request_id != request_id
                 ]
         self._requested_by.clear()
+        self._inherited.clear()
 
     @folds("response_received")
     def _responded(self, event: ResponseReceived) -> None:
@@ -165,6 +179,7 @@ class RunHistory(Fold):
             return
         if event.request_id not in run.responses:
             run.responses.append(event.request_id)
+        self._inherited = [r for r in self._inherited if r.request_id != event.request_id]
         asker = self._requested_by.pop(event.request_id, None)
         requester = None if asker is None else rows.run(asker)
         if requester is not None:
@@ -310,8 +325,10 @@ class RunHistory(Fold):
         return list(self._forks)
 
     def pending_requests(self) -> list[RequestRecord]:
-        """Every request that counts and has no response yet, over all runs, in run order."""
-        return [r for run in self._memory().runs.values() for r in run.pending_requests]
+        """Every request that counts and has no response yet: a fork's inherited from its
+        origin's run first, then over all runs, in run order."""
+        runs = self._memory().runs.values()
+        return [*self._inherited, *(r for run in runs for r in run.pending_requests)]
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -322,6 +339,7 @@ class RunHistory(Fold):
             "tracker": self._tracker.to_json(),
             "requested_by": dict(self._requested_by),
             "forked_from": None if forked is None else forked.to_row(),
+            "inherited": [request.to_row() for request in self._inherited],
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -376,6 +394,7 @@ class RunHistory(Fold):
             self.runs() == other.runs()
             and self.supersteps() == other.supersteps()
             and self.forked_from == other.forked_from
+            and self.pending_requests() == other.pending_requests()
         )
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from kernel import (
     EventStore,
+    ExecutionError,
     Executor,
     RecoveredRun,
     Workflow,
@@ -100,9 +101,16 @@ async def run_recovery_act(store: EventStore, url: str, instance_id: str) -> Rec
         instance_id,
         env={**os.environ, KILL_ENV: "3"},
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
-    returncode = await child.wait()
+    _, errors = await child.communicate()
+    returncode = child.returncode
+    if returncode != -signal.SIGKILL:
+        said = errors.decode(errors="replace").strip().splitlines()[-1:] or ["nothing"]
+        raise ExecutionError(
+            f"the demo's child process was to be killed in superstep 3, but it exited with "
+            f"status {returncode} ({said[0]})"
+        )
     closed: list[RecoveredRun] = recover(store, instance_id)
     wf = pipeline(store, instance_id)
     resumed = await wf.resume()
@@ -117,7 +125,7 @@ async def run_recovery_act(store: EventStore, url: str, instance_id: str) -> Rec
     await fork.run(Step(order="A-7", quantity=5, stage=2))
     return RecoveryOutcome(
         instance_id=instance_id,
-        killed_by=-returncode,
+        killed_by=int(signal.SIGKILL),
         recovered=[f"{c.run_id} superstep {c.superstep_id}" for c in closed],
         resumed_outputs=resumed.get_outputs(),
         resumed_state=state,

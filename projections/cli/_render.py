@@ -162,16 +162,22 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
             escape(", ".join(r[:8] for r in step.requests)),
         )
     tables = [runs, steps]
-    pending = [(run, r) for run in history.runs() for r in run.pending_requests]
+    forked = history.forked_from
+    asked_in_origin = f"{(forked.origin_run or '')[:8]} (origin)" if forked is not None else ""
+    pending = [(run.run_id[:8], r) for run in history.runs() for r in run.pending_requests]
+    owned = {request.request_id for _, request in pending}
+    pending[:0] = [
+        (asked_in_origin, r) for r in history.pending_requests() if r.request_id not in owned
+    ]
     if pending:
         waiting = Table(title="requests waiting for a response", expand=True)
         for column in ("request", "run", "executor", "response type"):
             waiting.add_column(column, no_wrap=True)
         waiting.add_column("data (JSON)", overflow="fold", ratio=1)
-        for run, request in pending:
+        for asker, request in pending:
             waiting.add_row(
                 escape(request.request_id),
-                escape(run.run_id[:8]),
+                escape(asker),
                 escape(request.executor_id),
                 escape(request.response_type),
                 escape(show_json(request.data)),

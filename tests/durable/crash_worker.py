@@ -240,7 +240,9 @@ class MarkerTrap:
     ``SuperstepCommitted`` marker, at one of ``STORE_POINTS``.
 
     It wraps this process's ``store.append`` (and, for ``inside_marker_transaction``, the
-    recorder's insert), nothing else: the store's code runs unchanged up to the kill.
+    recorder's insert), nothing else. On SQLite the store's code runs unchanged up to the kill; on
+    PostgreSQL, whose append is one autocommitted call, ``inside_marker_transaction`` runs the
+    same append function inside an explicit transaction that never commits.
     """
 
     def __init__(self, store: EventStore, point: str, superstep: int) -> None:

@@ -2,22 +2,29 @@
 
 Usage: ``python -m tests.durable.lease_run_worker URL INSTANCE``. Prints ``ready`` once built,
 waits for a line on stdin (so that all workers start together), then runs a three-superstep
-workflow whose handlers pause, and prints one JSON line (``won``, ``run_id``, ``error``).
+workflow whose first superstep waits for the file ``$STEPLOG_TEST_GATE`` to exist, and prints one
+JSON line (``won``, ``run_id``, ``error``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from pathlib import Path
 
 from kernel import RunInProgressError, WorkflowBuilder, WorkflowContext, executor, open_store
+
+GATE = Path(os.environ.get("STEPLOG_TEST_GATE", "/nonexistent"))
 
 
 @executor(id="slow")
 async def slow(n: int, ctx: WorkflowContext[int]) -> None:
     ctx.set_state(f"step-{n}", n)
-    await asyncio.sleep(0.2)  # the run outlasts every other worker's attempt
+    # Held open until every other worker has given up: the gate is a file the test creates.
+    while n == 1 and not GATE.exists():  # noqa: ASYNC110, ASYNC240 - polled across processes
+        await asyncio.sleep(0.02)
     if n < 3:
         await ctx.send_message(n + 1)
 

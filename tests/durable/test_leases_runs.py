@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,20 +45,16 @@ def build(store: object, instance_id: str = "leased") -> object:
 
 @pytest.mark.parametrize("round_", range(3))
 def test_processes_racing_to_run_one_instance_exactly_one_wins(
-    durable_store_url: str, round_: int
+    durable_store_url: str, round_: int, tmp_path: Path
 ) -> None:
     instance_id = f"race-{round_}"
+    gate = tmp_path / "gate"
     open_store(durable_store_url).close()  # the schema exists before the race
     workers = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.durable.lease_run_worker",
-                durable_store_url,
-                instance_id,
-            ],
+            [sys.executable, "-m", WORKER, durable_store_url, instance_id],
             cwd=ROOT,
+            env={**os.environ, "STEPLOG_TEST_GATE": str(gate)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -69,8 +68,14 @@ def test_processes_racing_to_run_one_instance_exactly_one_wins(
         assert worker.stdin is not None
         worker.stdin.write("go\n")
         worker.stdin.flush()
+    # The winner's run is held open at its first superstep until the gate opens, so every other
+    # worker tries while it runs: three must give up, whatever the timing.
+    deadline = time.monotonic() + 60
+    while sum(w.poll() is not None for w in workers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(w.poll() is not None for w in workers) == 3, "not exactly three gave up"
+    gate.touch()
     results = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
-    # The workers started within milliseconds of each other, and the first run takes ~0.6 s.
     winners = [r for r in results if r["won"]]
     assert len(winners) == 1, results
     assert all("is being run by" in r["error"] for r in results if not r["won"])
@@ -160,7 +165,6 @@ async def test_a_run_waits_for_the_lease_when_asked_to(store_url: str) -> None:
         .with_lease(ttl=5.0, wait=2.0)
         .build()
     )
-    import asyncio
 
     async def release_soon() -> None:
         await asyncio.sleep(0.3)
@@ -170,3 +174,31 @@ async def test_a_run_waits_for_the_lease_when_asked_to(store_url: str) -> None:
     result = await wf.run(1)
     await releasing
     assert result.status == "completed"
+
+
+async def test_a_run_that_loses_its_lease_stops_and_appends_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    taken = asyncio.Event()
+
+    @executor(id="slow")
+    async def slow(n: int, ctx: WorkflowContext[int]) -> None:
+        # Another process takes the lease over, as if this one looked dead.
+        current = store.read_lease("leased")
+        store.acquire_lease(
+            "leased", "far-away-host:9/x", ttl=60.0, now=datetime.now(UTC), replace=current
+        )
+        taken.set()
+        await asyncio.sleep(5)  # the heartbeat notices long before this ends
+
+    wf = (
+        WorkflowBuilder(start_executor=slow, store=store, instance_id="leased")
+        .with_lease(ttl=0.15)
+        .build()
+    )
+    with pytest.raises(RunInProgressError, match="lost the lease"):
+        await wf.run(1)
+    assert taken.is_set()
+    current = asyncio.current_task()
+    assert current is not None
+    assert current.cancelling() == 0  # the caller's task is not left cancelled
+    assert [e.type for e in wf.events()] == ["run_started", "superstep_started"]

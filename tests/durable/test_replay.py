@@ -258,3 +258,23 @@ async def test_replay_finds_the_instance_or_says_why_it_cannot() -> None:
     with pytest.raises(ExecutionError, match="instance 'a' has no run 'nope'"):
         replay(store, "nope", instance_id="a")
     assert store.last_position() == before  # replay appends nothing
+
+
+async def test_a_superstep_that_requests_then_yields_replays_in_the_live_order() -> None:
+    class AsksAndTells(Executor):
+        @handler
+        async def start(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+            await ctx.request_info(Approval(text), str)
+            await ctx.yield_output(f"asked about {text}")
+
+        @response_handler
+        async def answered(self, request: Approval, answer: str, ctx: WorkflowContext) -> None:
+            pass
+
+    store = open_store("memory://")
+    wf = WorkflowBuilder(start_executor=AsksAndTells("asker"), store=store).build()
+    seen, error = await live(wf.run("v1", stream=True))
+    assert error is None
+    kinds = [e.type for e in seen]
+    assert kinds.index("output") < kinds.index("request_info")  # the runner's order
+    assert await replayed(store, seen[0].run_id) == [fields(e) for e in seen]

@@ -607,9 +607,11 @@ async def test_a_response_past_max_supersteps_is_a_convergence_error(store_url: 
     (request,) = (await wf.run("lamp")).pending_requests
     (request,) = (await wf.run(responses={request.request_id: 1})).pending_requests
     assert ran == [2]
+    before = len(wf.events())
     with pytest.raises(ConvergenceError, match="max_supersteps=2"):
         await wf.run(responses={request.request_id: 2})
     assert ran == [2]
+    assert len(wf.events()) == before  # refused: nothing appended
     committed = {e.superstep_id for e in of_type(wf, "superstep_committed")}
     indexes = [e.index for e in of_type(wf, "superstep_started") if e.superstep_id in committed]
     assert max(indexes) == 2

@@ -7,11 +7,16 @@ from typing import Any
 import pytest
 
 from kernel import (
+    Executor,
+    ResponseError,
     ResumeError,
     WorkflowBuilder,
+    WorkflowContext,
+    handler,
     open_store,
+    response_handler,
 )
-from tests.durable.helpers import Counter, Tick, reopen
+from tests.durable.helpers import Approval, Counter, Tick, reopen
 
 
 def build(store: Any, *, fail_at: int | None = None, limit: int = 5) -> Any:
@@ -110,3 +115,59 @@ async def test_fork_at_a_checkpoint_resumes_in_the_fork_and_leaves_the_origin(
     assert wf.events() == origin_events
     again = await fork.run(Tick(7))
     assert again.get_outputs() == [7]
+
+
+async def test_only_the_last_run_goes_on_and_an_answered_request_stays_answered(
+    store_url: str,
+) -> None:
+    class Asker(Executor):
+        """Asks once; its response handler fails the first time (the answer is recorded)."""
+
+        failed = False
+
+        @handler
+        async def ask(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+            await ctx.request_info(Approval(text), str)
+
+        @response_handler
+        async def answered(self, request: Approval, answer: str, ctx: WorkflowContext) -> None:
+            if not Asker.failed:
+                Asker.failed = True
+                raise RuntimeError("flaky")
+            await ctx.yield_output(f"{request.draft}: {answer}")
+
+    store = open_store(store_url)
+    wf = WorkflowBuilder(start_executor=Asker("asker"), store=store, instance_id="a").build()
+    waiting = await wf.run("v1")
+    (request,) = waiting.pending_requests
+    with pytest.raises(RuntimeError, match="flaky"):
+        await wf.run(responses={request.request_id: "yes"})
+    before = len(wf.events())
+    with pytest.raises(ResumeError, match="only an instance's last run goes on"):
+        await wf.resume(waiting.run_id, responses={request.request_id: "no"})
+    with pytest.raises(ResponseError, match="already answered"):
+        await wf.run(responses={request.request_id: "no"})
+    assert len(wf.events()) == before
+    done = await wf.resume()  # the recorded answer is delivered again
+    assert done.get_outputs() == ["v1: yes"]
+
+
+async def test_a_resumed_fork_keeps_the_run_arguments(store_url: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Noting(Counter):
+        @handler
+        async def tick(self, tick: Tick, ctx: WorkflowContext[Tick, int]) -> None:
+            seen.append(dict(ctx.run_kwargs))
+            await super().tick(tick, ctx)
+
+    store = open_store(store_url)
+    node = Noting("counter", 3, fail_at=2)
+    wf = WorkflowBuilder(start_executor=node, store=store, instance_id="k").add_edge(node, node)
+    workflow = wf.build()
+    with pytest.raises(RuntimeError):
+        await workflow.run(Tick(1), mode="x")
+    node.fail_at = None
+    fork = workflow.fork(at=workflow.checkpoints()[-1].checkpoint_id, instance_id="k-fork")
+    await fork.resume()
+    assert seen == [{"mode": "x"}] * 4  # 1, 2 (failed), then 2 and 3 in the fork

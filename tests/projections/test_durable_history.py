@@ -337,3 +337,25 @@ async def test_the_history_view_moved_to_a_new_table_folded_from_the_start(store
     history = projector.history("r")
     assert history == fold_history(wf.events())
     assert history.runs()[0].pending_requests  # the new shape, refolded from the start
+
+
+async def test_a_fork_of_a_waiting_run_shows_the_requests_it_inherited(store_url):
+    store = open_store(store_url)
+    origin = build_reviewer(store)
+    await origin.run("v1")
+    fork = origin.fork(at=origin.checkpoints()[-1].checkpoint_id, instance_id="r-fork")
+
+    waiting = [r.request_id for r in fork.pending_requests()]
+    assert len(waiting) == 1
+    history = fold_history(fork.events())
+    assert [r.request_id for r in history.pending_requests()] == waiting
+    assert history.pending_requests()[0].executor_id == "reviewer"
+    projector = projected(store)
+    assert [r.request_id for r in projector.history("r-fork").pending_requests()] == waiting
+
+    done = await fork.run(responses={waiting[0]: "approve"})
+    assert done.get_outputs() == ["v1"]
+    assert fold_history(fork.events()).pending_requests() == []
+    projector.catch_up()
+    assert projector.history("r-fork").pending_requests() == []
+    assert projector.verify("history").ok

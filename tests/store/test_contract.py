@@ -121,7 +121,14 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.await_input(["req-1"], run="run-1")
     log.start_run(workflow_name="triage", run_id="run-3", continues="run-1", checkpoint="ss-1")
     log.respond("req-1", True)
-    log.forked_from("origin", {"category": ["billing", 0.93]}, origin_position=9, checkpoint="x")
+    log.forked_from(
+        "origin",
+        {"category": ["billing", 0.93]},
+        origin_position=9,
+        checkpoint="x",
+        origin_run="run-0",
+        requests=[{"request_id": "req-0", "executor_id": "classify", "data": {"q": [1]}}],
+    )
     return log.events()
 
 
