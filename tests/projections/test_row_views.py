@@ -3,6 +3,7 @@ a page rewrites only the rows its events touched, and one-key blame reads from a
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from hypothesis import strategies as st
@@ -108,8 +109,9 @@ def test_blame_keys_equals_the_full_blame_of_those_keys(store):
 def test_views_of_interleaved_instances_match_the_folds(store):
     def check(data):
         plans_, page_size = data
+        tag = uuid.uuid4().hex[:8]  # fresh per example: id() of a freed object is reused
         batches = {
-            f"i{n}-{id(plans_)}": build_events(f"i{n}-{id(plans_)}", plan, ticking_clock())
+            f"i{n}-{tag}": build_events(f"i{n}-{tag}", plan, ticking_clock())
             for n, plan in enumerate(plans_)
         }
         append_all(store, batches)
