@@ -72,9 +72,13 @@ def position_of(events: list[EventBase], at: Any, instance_id: str) -> int:
         point = point.position
     elif hasattr(point, "when") and isinstance(point.when, datetime):
         point = point.when
-    elif hasattr(point, "superstep_id") and (
-        point.superstep_id is not None or getattr(point, "run_id", None) is None
-    ):
+    elif hasattr(point, "superstep_id") and not hasattr(point, "run_id"):
+        raise ResumeError(
+            f"cannot fork at {at!r}: a fork starts from committed state, and inside a superstep "
+            "is a state that may never have been committed; fork at the superstep "
+            "(AtSuperstep, or its id) or at a position"
+        )
+    elif getattr(point, "superstep_id", None) is not None:
         point = point.superstep_id
     elif hasattr(point, "run_id") and hasattr(point, "index"):
         return _superstep_index(events, point.run_id, point.index, instance_id)

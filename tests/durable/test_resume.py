@@ -171,3 +171,26 @@ async def test_a_resumed_fork_keeps_the_run_arguments(store_url: str) -> None:
     fork = workflow.fork(at=workflow.checkpoints()[-1].checkpoint_id, instance_id="k-fork")
     await fork.resume()
     assert seen == [{"mode": "x"}] * 4  # 1, 2 (failed), then 2 and 3 in the fork
+
+
+async def test_fork_takes_the_time_travel_points_and_refuses_inside_a_superstep() -> None:
+    from projections import AtPosition, AtSuperstep, AtTime, InsideSuperstep
+
+    store = open_store("memory://")
+    wf = build(store, limit=3)
+    await wf.run(Tick(1))
+    first, second, _ = wf.checkpoints()
+    at_step = wf.fork(at=AtSuperstep(second.checkpoint_id), instance_id="f1")
+    assert at_step.committed_state() == {"count": 2}
+    by_index = wf.fork(at=AtSuperstep(run_id=first.run_id, index=1), instance_id="f2")
+    assert by_index.committed_state() == {"count": 1}
+    at_position = wf.fork(at=AtPosition(first.position), instance_id="f3")
+    assert at_position.committed_state() == {"count": 1}
+    at_time = wf.fork(at=AtTime(second.timestamp), instance_id="f4")
+    assert at_time.committed_state() == {"count": 2}
+    with pytest.raises(ResumeError, match="inside a superstep"):
+        wf.fork(at=InsideSuperstep(second.checkpoint_id), instance_id="f5")
+    with pytest.raises(ResumeError, match="outside instance 'count'"):
+        wf.fork(at=999, instance_id="f6")
+    assert store.read("f5") == []
+    assert store.read("f6") == []
