@@ -193,7 +193,8 @@ class _Replayer:
     def _committed(self, superstep_id: str, items: list[SuperstepEvent]) -> None:
         """A commit's events, in the runner's order: outputs, then requests, then the end."""
         index = self.index.get(superstep_id)
-        for item in items:
+        # Outputs first, then requests, each in log order (a stable sort keeps it).
+        for item in sorted(items, key=lambda item: isinstance(item, InfoRequested)):
             if isinstance(item, OutputYielded):
                 self.emit(
                     "output",
@@ -202,8 +203,7 @@ class _Replayer:
                     executor_id=item.executor_id,
                     data=self.decode(item.value, what=f"output of {item.executor_id!r}"),
                 )
-        for item in items:
-            if isinstance(item, InfoRequested):
+            elif isinstance(item, InfoRequested):
                 self.emit(
                     "request_info",
                     index,

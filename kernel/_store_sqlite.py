@@ -127,17 +127,7 @@ class SQLiteRecorder(SQLiteApplicationRecorder):
     ) -> list[Row]:
         """Up to ``limit`` rows with ``after < rowid <= upto`` (bounds optional), of ``topics``
         only if given, in rowid order."""
-        conditions: list[str] = []
-        params: list[Any] = []
-        if after is not None:
-            conditions.append("rowid > ?")
-            params.append(after)
-        if upto is not None:
-            conditions.append("rowid <= ?")
-            params.append(upto)
-        if topics:
-            conditions.append(f"topic IN ({','.join('?' * len(topics))})")
-            params.extend(topics)
+        conditions, params = _range("rowid", after, upto, topics)
         statement = self._select_rows_sql
         if conditions:
             statement += " WHERE " + " AND ".join(conditions)
@@ -169,6 +159,25 @@ class SQLiteRecorder(SQLiteApplicationRecorder):
             )
             for row in self.select_rows(after=after, limit=limit, upto=stop, topics=topics)
         ]
+
+
+def _range(
+    column: str, after: int | None, upto: int | None, topics: Sequence[str]
+) -> tuple[list[str], list[Any]]:
+    """SQL conditions (and their parameters) for ``after < column <= upto`` (bounds optional),
+    of ``topics`` only if given."""
+    conditions: list[str] = []
+    params: list[Any] = []
+    if after is not None:
+        conditions.append(f"{column} > ?")
+        params.append(after)
+    if upto is not None:
+        conditions.append(f"{column} <= ?")
+        params.append(upto)
+    if topics:
+        conditions.append(f"topic IN ({','.join('?' * len(topics))})")
+        params.extend(topics)
+    return conditions, params
 
 
 @contextmanager
@@ -356,17 +365,11 @@ class SQLiteStore(EventStore):
         topics: list[str],
     ) -> list[tuple[int, str, bytes]]:
         """A stream read as plain rows, filtered by topic in SQL when no ``limit`` counts them."""
-        conditions = ["originator_id = ?"]
-        params: list[Any] = [instance_id]
-        if after is not None:
-            conditions.append("originator_version > ?")
-            params.append(after)
-        if upto is not None:
-            conditions.append("originator_version <= ?")
-            params.append(upto)
-        if topics and limit is None:
-            conditions.append(f"topic IN ({','.join('?' * len(topics))})")
-            params.extend(topics)
+        conditions, params = _range(
+            "originator_version", after, upto, topics if limit is None else ()
+        )
+        conditions.insert(0, "originator_id = ?")
+        params.insert(0, instance_id)
         statement = (
             f"SELECT originator_version, topic, state FROM {EVENTS_TABLE} "
             f"WHERE {' AND '.join(conditions)} ORDER BY originator_version"

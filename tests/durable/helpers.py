@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernel import EventStore, Executor, WorkflowContext, handler, open_store
+from kernel import EventStore, Executor, WorkflowContext, handler, open_store, response_handler
 
 
 @dataclass
@@ -36,6 +36,19 @@ class Counter(Executor):
         await ctx.yield_output(tick.n)
         if tick.n < self.limit:
             await ctx.send_message(Tick(tick.n + 1))
+
+
+class AsksThenFails(Executor):
+    """Asks for input, then fails: its superstep is aborted with the request in it."""
+
+    @handler
+    async def draft(self, text: str, ctx: WorkflowContext[str]) -> None:
+        await ctx.request_info(Approval(text), str)
+        raise RuntimeError("after the request")
+
+    @response_handler
+    async def decided(self, request: Approval, answer: str, ctx: WorkflowContext) -> None:
+        raise AssertionError("never delivered")
 
 
 def reopen(url: str, store: Any) -> EventStore:

@@ -15,7 +15,7 @@ from kernel import (
     open_store,
     response_handler,
 )
-from tests.durable.helpers import Approval, reopen
+from tests.durable.helpers import Approval, AsksThenFails, reopen
 
 
 class Reviewer(Executor):
@@ -77,17 +77,8 @@ async def test_bad_responses_are_refused_and_nothing_is_appended(store_url: str)
 
 
 async def test_a_request_of_an_aborted_superstep_is_never_delivered(store_url: str) -> None:
-    class Flaky(Executor):
-        @handler
-        async def draft(self, text: str, ctx: WorkflowContext[str]) -> None:
-            await ctx.request_info(Approval(text), str)
-            raise RuntimeError("after the request")
-
-        @response_handler
-        async def decided(self, request: Approval, answer: str, ctx: WorkflowContext) -> None:
-            raise AssertionError("never delivered")
-
-    wf = WorkflowBuilder(start_executor=Flaky("flaky"), store=open_store(store_url)).build()
+    start = AsksThenFails("flaky")
+    wf = WorkflowBuilder(start_executor=start, store=open_store(store_url)).build()
     with pytest.raises(RuntimeError):
         await wf.run("v1")
     assert wf.pending_requests() == []

@@ -11,13 +11,9 @@ import pytest
 
 from kernel import (
     EventBase,
-    Executor,
     InfoRequested,
     WorkflowBuilder,
-    WorkflowContext,
-    handler,
     open_store,
-    response_handler,
 )
 from kernel.testing import LogBuilder, ticking_clock
 from projections import (
@@ -37,7 +33,8 @@ from projections import (
     history_of,
     state_at,
 )
-from tests.durable.test_requests import Approval, Reviewer
+from tests.durable.helpers import AsksThenFails
+from tests.durable.test_requests import Reviewer
 from tests.durable.test_resume import Tick
 from tests.durable.test_resume import build as build_counter
 
@@ -90,22 +87,11 @@ async def test_a_run_waiting_for_input_shows_its_pending_requests_until_answered
     assert projected(store).history("r") == history
 
 
-class Flaky(Executor):
-    """Asks for input, then fails: its superstep is aborted with the request in it."""
-
-    @handler
-    async def draft(self, text: str, ctx: WorkflowContext[str]) -> None:
-        await ctx.request_info(Approval(text), str)
-        raise RuntimeError("after the request")
-
-    @response_handler
-    async def decided(self, request: Approval, answer: str, ctx: WorkflowContext) -> None:
-        raise AssertionError("never delivered")
-
-
 async def test_a_request_of_an_aborted_superstep_never_waits(store_url):
     store = open_store(store_url)
-    wf = WorkflowBuilder(start_executor=Flaky("flaky"), store=store, instance_id="f").build()
+    wf = WorkflowBuilder(
+        start_executor=AsksThenFails("flaky"), store=store, instance_id="f"
+    ).build()
     with pytest.raises(RuntimeError):
         await wf.run("v1")
     history = fold_history(wf.events())
