@@ -14,7 +14,7 @@ __all__ = ["benchmarks"]
 
 
 def benchmarks() -> list[Benchmark]:
-    from bench import fanout, loop, rebuild, resume, scaleout, timetravel
+    from bench import concurrent, fanout, loop, rebuild, resume, scaleout, timetravel
 
     return [
         loop.BENCHMARK,
@@ -22,6 +22,7 @@ def benchmarks() -> list[Benchmark]:
         rebuild.BENCHMARK,
         timetravel.BENCHMARK,
         scaleout.BENCHMARK,
+        concurrent.BENCHMARK,
         resume.BENCHMARK_SMALL,
         resume.BENCHMARK_LARGE,
     ]

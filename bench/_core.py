@@ -73,6 +73,9 @@ class Sizes:
     tt_fold_samples: int = 2
     scale_supersteps: int = 1000
     scale_workers: tuple[int, ...] = (1, 2, 4)
+    concurrent_supersteps: int = 2560
+    """All instances' supersteps together, split evenly (64 instances: 40 each)."""
+    floor_syncs: int = 1000
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -85,6 +88,8 @@ class Sizes:
             tt_samples=3,
             tt_fold_samples=1,
             scale_supersteps=20,
+            concurrent_supersteps=128,
+            floor_syncs=30,
         )
 
 

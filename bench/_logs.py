@@ -31,7 +31,7 @@ from bench._db import remove_sqlite
 
 __all__ = ["LogSpec", "ensure_log", "read_meta", "state_digest"]
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 EVENTS_PER_SUPERSTEP = 7
 BASE_TIME = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -102,6 +102,13 @@ class LogSpec:
                 state["a"] = h
                 state[self.second_key(h)] = h
         return state
+
+
+def _append_all(store: Any, batches: list[tuple[str, list[Any], int]]) -> None:
+    """Append ``batches`` in one transaction; a fresh log has no conflicts."""
+    for outcome in store.append_many(batches):
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 def _model_hash() -> str:
@@ -188,16 +195,16 @@ def ensure_log(
         for i in range(spec.instances):
             instance = f"{spec.name}-{i:04d}"
             version = 0
-            pending: list[Any] = []
+            pending: list[tuple[str, list[Any], int]] = []
+            # One row per superstep, as a run appends them; many rows per transaction.
             for n, batch in enumerate(_instance_events(spec, instance, rng), start=1):
-                pending += batch
+                pending.append((instance, batch, version))
+                version += len(batch)
                 if n % batch_supersteps == 0:
-                    store.append(instance, pending, expected_version=version)
-                    version += len(pending)
+                    _append_all(store, pending)
                     pending = []
             if pending:
-                store.append(instance, pending, expected_version=version)
-                version += len(pending)
+                _append_all(store, pending)
             total += version
     finally:
         store.close()

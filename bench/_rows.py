@@ -29,6 +29,7 @@ __all__ = [
     "calibrate",
     "calibrate_from_sqlite",
     "parse_shape",
+    "row_time",
     "stamp",
 ]
 
@@ -101,8 +102,12 @@ def calibrate_from_sqlite(path: Path, instance_id: str, cycle: int = 1) -> RowSh
     finally:
         conn.close()
     steps: list[list[Row]] = []
+    if rows and str(rows[0][0]).isdigit():
+        # Batch rows: one row per append, and a run appends each superstep's events as one row
+        # (its first row holds the run's start and the first superstep's opening).
+        steps = [[(topic, bytes(state))] for topic, state in rows[1:]]
     current: list[Row] | None = None
-    for topic, state in rows:
+    for topic, state in rows if not steps else ():  # event rows (the old format)
         if topic.startswith("superstep_started@"):
             current = []
         if current is not None:
@@ -123,7 +128,13 @@ def calibrate_from_sqlite(path: Path, instance_id: str, cycle: int = 1) -> RowSh
 def stamp(state: bytes, when: dt.datetime) -> bytes:
     """``state`` with its ``"timestamp"`` value replaced by ``when``, in the template's own style
     (``...+00:00`` or ``...Z``, microseconds), so the row keeps its length and a follower can
-    measure lag from it. Raises ``ValueError`` when the row has no timestamp."""
+    measure lag from it. A batch row (``[format, base_us, ...]``) gets ``when`` as its base time,
+    in whole microseconds. Raises ``ValueError`` when the row has no timestamp."""
+    if state.startswith(b"["):
+        head, _, rest = state.partition(b",")
+        _, _, tail = rest.partition(b",")  # the old base time
+        micros = int(when.timestamp() * 1_000_000)
+        return head + b"," + str(micros).encode() + b"," + tail
     key = b'"timestamp":"'
     begin = state.find(key)
     if begin < 0:
@@ -134,3 +145,12 @@ def stamp(state: bytes, when: dt.datetime) -> bytes:
     if state[end - 1 : end] == b"Z":
         iso = iso.replace("+00:00", "Z")
     return state[:begin] + iso.encode() + state[end:]
+
+
+def row_time(state: bytes) -> float:
+    """The time (Unix seconds) a row was stamped with (see ``stamp``): a batch row's base time,
+    or an event row's ``"timestamp"``."""
+    obj = orjson.loads(state)
+    if isinstance(obj, list):
+        return float(obj[1]) / 1_000_000
+    return dt.datetime.fromisoformat(obj["timestamp"]).timestamp()

@@ -9,30 +9,87 @@ writer just before its commit). "Catch-up" is the time from the last worker's en
 having folded everything. Processes are started (spawn) and connected before the clock starts.
 
 The raw baseline's writers take ``LOCK TABLE ... IN EXCLUSIVE MODE`` in each transaction, as
-steplog's PostgreSQL store (eventsourcing's recorder) does: without it a follower reading
-``notification_id > last`` can skip a row committed late with a lower id.
+steplog's PostgreSQL store did before issue 10 (and eventsourcing's recorder does): without it a
+follower reading ``notification_id > last`` can skip a row committed late with a lower id.
+steplog's store now does without it (``docs/scaling.md``).
+
+Lock waits: during the 4-worker runs a thread polls ``pg_stat_activity`` every 10 ms and counts,
+over every sample of every active writer backend (``application_name`` set through
+``PGAPPNAME``), those waiting on a heavyweight lock (``wait_event_type = 'Lock'``): the share of
+append time spent waiting on locks, whatever the lock (table, advisory, row, transaction id).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import multiprocessing as mp
+import os
 import queue
 import statistics
+import threading
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
 
-from bench._core import Benchmark, Case, Config, Measurement, WrongResult, expect
+from bench._core import Benchmark, Case, Config, Measurement, Target, WrongResult, expect
 from bench._db import fresh_schema, pg_connect, url_with_query
 from bench._raw import PG_TABLE_DDL
 from bench._rows import stamp
-from bench.loop import loop_shape
 
 __all__ = ["BENCHMARK"]
 
 FOLLOW_TIMEOUT = 300.0
+WRITER_APP = "steplog-bench-writer"
+"""``application_name`` of the writers' connections (through ``PGAPPNAME``), for the sampler."""
+SAMPLE_EVERY = 0.01
+SAMPLED_WORKERS = 4
+"""Lock waits are sampled in the runs with this many workers only (polling costs CPU)."""
+_SAMPLE_SQL = (
+    "SELECT wait_event_type, wait_event FROM pg_stat_activity "
+    "WHERE application_name = %s AND state = 'active' AND datname = current_database()"
+)
+
+
+class LockSampler:
+    """Polls ``pg_stat_activity`` in a thread: every active writer backend in every sample is
+    one observation, counted by what it waits on (``Lock/relation``, ``Lock/advisory``,
+    ``IO/WALSync``, ``-`` for running)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = threading.Event()
+        self.seen: Counter[str] = Counter()
+        self._thread = threading.Thread(target=self._run, name="lock-sampler", daemon=True)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            while not self._stop.is_set():
+                for kind, event in conn.execute(_SAMPLE_SQL, (WRITER_APP,)).fetchall():
+                    self.seen[f"{kind}/{event}" if kind else "-"] += 1
+                self._stop.wait(SAMPLE_EVERY)
+
+    def extra(self) -> dict[str, float]:
+        """``lock_wait_pct``: the share of writer observations waiting on a lock, in %."""
+        total = sum(self.seen.values())
+        locked = sum(n for key, n in self.seen.items() if key.startswith("Lock/"))
+        return {"lock_wait_pct": 100.0 * locked / total if total else 0.0}
+
+    def note(self) -> str:
+        total = sum(self.seen.values()) or 1
+        top = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in self.seen.most_common(4))
+        return f"writer samples: {sum(self.seen.values())} ({top})"
 
 
 def _now_dt() -> dt.datetime:
@@ -59,7 +116,7 @@ def _raw_worker(
         "VALUES (%s, %s, %s, %s)"
     )
     lock = f"LOCK TABLE {table} IN EXCLUSIVE MODE"
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url, application_name=WRITER_APP) as conn:
         conn.execute("SELECT 1")
         conn.commit()
         go.wait()
@@ -114,6 +171,7 @@ def _raw_follower(url: str, schema: str, expected: int, ready: Any, out: Any) ->
 def _steplog_worker(url: str, instance: str, supersteps: int, go: Any, out: Any) -> None:
     import asyncio
 
+    os.environ["PGAPPNAME"] = WRITER_APP  # libpq names every connection the store opens
     from bench import _steplog_graphs as graphs
     from kernel import open_store
 
@@ -146,14 +204,20 @@ def _steplog_follower(url: str, expected: int, ready: Any, out: Any) -> None:
     try:
         projector = Projector(store, ["state"], page_size=500)
         ready.set()
+        checked = -1
         while time.time() < deadline:
             # The state view reads only the event types it folds, so progress is its position:
             # done when every worker's events are in the log and the view has scanned them all.
+            # That check (a query per instance) runs only when the log has grown since the last
+            # one, so an idle follower costs what the raw one does: a poll every 2 ms.
             if not projector.catch_up():
-                total = sum(store.version(i) for i in store.instances())
-                if total >= expected and projector.position("state") >= store.last_position():
-                    seen = total
-                    break
+                last = projector.position("state")
+                if last != checked:
+                    checked = last
+                    total = sum(store.version(i) for i in store.instances())
+                    if total >= expected and last >= store.last_position():
+                        seen = total
+                        break
                 time.sleep(0.002)
                 continue
             position = projector.position("state")
@@ -171,8 +235,9 @@ def _steplog_follower(url: str, expected: int, ready: Any, out: Any) -> None:
 
 
 def _drive(
-    workers: list[Any], follower: Any, go: Any, ready: Any, out: Any, n: int
+    workers: list[Any], follower: Any, go: Any, ready: Any, out: Any, n: int, pg_url: str
 ) -> dict[str, Any]:
+    sampler = LockSampler(pg_url) if n == SAMPLED_WORKERS else None
     procs = [follower, *workers]
     for p in procs:
         p.start()
@@ -180,6 +245,8 @@ def _drive(
         if not ready.wait(60):
             raise RuntimeError("follower did not start")
         time.sleep(0.5)  # let the workers connect and block on `go`
+        if sampler is not None:
+            sampler.__enter__()
         go.set()
         results = []
         deadline = time.time() + FOLLOW_TIMEOUT + 60
@@ -188,11 +255,15 @@ def _drive(
                 results.append(out.get(timeout=max(1.0, deadline - time.time())))
             except queue.Empty:
                 raise RuntimeError(f"only {len(results)} of {n + 1} processes reported") from None
+            if sampler is not None and sum(r[0] == "worker" for r in results) == n:
+                sampler.__exit__()  # the writers are done: stop before the follower's tail
         for p in procs:
             p.join(30)
             if p.exitcode not in (0, None):
                 raise RuntimeError(f"process {p.name} exited {p.exitcode}")
     finally:
+        if sampler is not None:
+            sampler.__exit__()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -201,17 +272,52 @@ def _drive(
     follower_result = next(r for r in results if r[0] == "follower")
     start = min(r[2] for r in done)
     end = max(r[3] for r in done)
-    return {"workers": done, "follower": follower_result, "start": start, "end": end}
+    return {
+        "workers": done,
+        "follower": follower_result,
+        "start": start,
+        "end": end,
+        "sampler": sampler,
+    }
+
+
+CALIBRATION_SUPERSTEPS = 40
+
+
+def _raw_step(cfg: Config) -> list[tuple[str, bytes]]:
+    """The rows the raw writers insert per superstep: as many, and as long, as steplog's loop
+    stores per superstep (read back from a 40-superstep run on a memory store: rows and bytes
+    per superstep, whatever the log format), each a JSON object carrying a ``timestamp`` (so the
+    follower can measure lag) padded to that length. Made once per invocation."""
+    if "scaleout_raw_step" not in cfg.shared:
+        import asyncio
+
+        from bench import _steplog_graphs as graphs
+        from kernel import open_store
+
+        store = open_store("memory://")
+        try:
+            wf = graphs.loop_workflow(store, "calibrate", CALIBRATION_SUPERSTEPS)
+            asyncio.run(wf.run(0))
+            stored = store.recorder.select_events("calibrate")
+        finally:
+            store.close()
+        count = max(1, round(len(stored) / CALIBRATION_SUPERSTEPS))
+        size = sum(len(row.state) for row in stored) // (CALIBRATION_SUPERSTEPS * count)
+        template = orjson.dumps({"timestamp": _now_dt().isoformat(timespec="microseconds")})
+        pad = max(0, size - len(template) - len(b',"p":""'))
+        state = orjson.dumps(
+            {"timestamp": _now_dt().isoformat(timespec="microseconds"), "p": "x" * pad}
+        )
+        cfg.shared["scaleout_raw_step"] = [("row", state)] * count
+    step: list[tuple[str, bytes]] = cfg.shared["scaleout_raw_step"]
+    return step
 
 
 def raw_case(cfg: Config, workers: int) -> Measurement:
     s = cfg.sizes.scale_supersteps
-    shape = loop_shape(cfg)
-    steps = [list(step) for step in shape.steps]
-    for step in steps:
-        for _, state in step:
-            stamp(state, _now_dt())  # every row must carry a timestamp to measure lag
-    rows = int(sum(len(shape.rows(i)) for i in range(s)))
+    steps = [_raw_step(cfg)]
+    rows = s * len(steps[0])
     ctx = mp.get_context("spawn")
     go, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
     with fresh_schema(cfg, "scale") as schema:
@@ -230,7 +336,7 @@ def raw_case(cfg: Config, workers: int) -> Measurement:
             args=(cfg.pg_url, schema, rows * workers, ready, out),
             name="raw-follower",
         )
-        r = _drive(procs, follower, go, ready, out, workers)
+        r = _drive(procs, follower, go, ready, out, workers, cfg.pg_url)
     _, done_at, seen, versions, lag = r["follower"]
     expect(seen, rows * workers, "raw follower: events read")
     expect(versions, {f"worker-{i}": rows for i in range(workers)}, "raw follower: stream versions")
@@ -248,7 +354,12 @@ def _result(
     supersteps: int, r: dict[str, Any], done_at: float, lag: dict[str, float]
 ) -> Measurement:
     extra = {"catchup_ms": max(0.0, done_at - r["end"]) * 1000, **lag}
-    return Measurement(supersteps / (r["end"] - r["start"]), extra=extra)
+    sampler: LockSampler | None = r["sampler"]
+    note = ""
+    if sampler is not None:
+        extra.update(sampler.extra())
+        note = sampler.note()
+    return Measurement(supersteps / (r["end"] - r["start"]), extra=extra, note=note)
 
 
 def steplog_case(cfg: Config, workers: int) -> Measurement:
@@ -269,7 +380,7 @@ def steplog_case(cfg: Config, workers: int) -> Measurement:
         follower = ctx.Process(
             target=_steplog_follower, args=(url, expected_per_worker * workers, ready, out)
         )
-        r = _drive(procs, follower, go, ready, out, workers)
+        r = _drive(procs, follower, go, ready, out, workers, cfg.pg_url)
     for w in r["workers"]:
         expect(w[4], expected_per_worker, f"steplog worker {w[1]}: events logged")
     _, done_at, seen, states, lag = r["follower"]
@@ -296,9 +407,11 @@ def _events_per_run(supersteps: int) -> int:
 
 
 def _describe(cfg: Config) -> str:
+    step = _raw_step(cfg)
     return (
         f"{cfg.sizes.scale_supersteps} supersteps per worker; workers {cfg.sizes.scale_workers}; "
-        "each worker has its own instance"
+        f"each worker has its own instance; raw writers insert {len(step)} row(s) of "
+        f"{len(step[0][1])} bytes per superstep, as steplog stores"
     )
 
 
@@ -328,9 +441,20 @@ BENCHMARK = Benchmark(
         ("lag_p50_ms", "lag p50 ms"),
         ("lag_max_ms", "lag max ms"),
         ("catchup_ms", "catch-up ms"),
+        ("lock_wait_pct", "writers waiting on a lock %"),
     ],
     max_repeat=3,
     prepare=_describe,
+    targets=[
+        Target(
+            f"steplog vs raw psycopg, {w} worker{'s' if w > 1 else ''} each",
+            f"steplog postgres, {w} worker{'s' if w > 1 else ''}",
+            ">=",
+            0.9,
+            baseline=f"raw psycopg, {w} worker{'s' if w > 1 else ''}",
+        )
+        for w in (1, 2, 4)
+    ],
     cases=[
         *(
             Case(

@@ -81,7 +81,7 @@ from kernel._replay import RecordedError, replay
 from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
-from kernel._store import DEFAULT_STORE_ENV, EventStore, Recorded, open_store
+from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
 
 if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
@@ -92,6 +92,7 @@ from kernel._workflow import RunStream, Workflow
 __all__ = [
     "DEFAULT_STORE_ENV",
     "EVENT_TYPES",
+    "ROW_SHIFT",
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
@@ -131,6 +132,7 @@ __all__ = [
     "OutputYielded",
     "PendingRequest",
     "PostgresStore",
+    "Prepared",
     "ProjectionError",
     "Recorded",
     "RecordedError",

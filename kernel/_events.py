@@ -45,6 +45,7 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepEvent",
     "SuperstepStarted",
+    "complete_event",
     "trusted_event",
 ]
 
@@ -395,9 +396,15 @@ def trusted_event(cls: type[E], fields: dict[str, Any]) -> E | None:
         for name, factory in factories.items():
             if name not in data:
                 data[name] = factory()
+    return complete_event(cls, data, set(fields))
+
+
+def complete_event(cls: type[E], data: dict[str, Any], given: set[str] | None = None) -> E:
+    """The event whose ``__dict__`` is ``data``, which holds every field, already checked (no
+    validation, no copy); ``given`` are the fields set explicitly (all, by default)."""
     event = object.__new__(cls)
     object.__setattr__(event, "__dict__", data)
-    object.__setattr__(event, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(event, "__pydantic_fields_set__", set(data) if given is None else given)
     object.__setattr__(event, "__pydantic_extra__", None)
     object.__setattr__(event, "__pydantic_private__", None)
     return event

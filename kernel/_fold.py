@@ -37,7 +37,7 @@ __all__ = [
     "folds",
 ]
 
-F = TypeVar("F", bound=Callable[..., None])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def folds(*types: str) -> Callable[[F], F]:
@@ -56,13 +56,14 @@ class Fold:
     Subclasses mark one method per event type with ``@folds("state_staged", ...)``; events of
     other types are ignored. ``EVENT_TYPES`` is the set of types some method applies, so reading
     only those types from a store gives the same view as reading everything. Every fold in the
-    kernel and in ``projections`` dispatches this way.
+    kernel and in ``projections`` dispatches this way. ``apply`` ignores what a marked method
+    returns: a public one may answer a caller that hands it an event of its type directly.
     """
 
     __slots__ = ()
 
     EVENT_TYPES: ClassVar[frozenset[str]] = frozenset()
-    _DISPATCH: ClassVar[dict[str, Callable[[Any, Any], None]]] = {}
+    _DISPATCH: ClassVar[dict[str, Callable[[Any, Any], object]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -100,7 +101,8 @@ class SuperstepFold(Fold):
     marker, and ``_decided(marker, committed, items)`` is called then, with the items if it
     committed. Items staged after their superstep's marker, and anything of a run that has ended,
     are inert: they never reach ``_decided``. ``position`` is the stream position of the last event
-    of ``EVENT_TYPES`` applied.
+    of ``EVENT_TYPES`` applied. ``apply_marker`` is the marker's own method, for a caller that
+    wants to know what the marker decided (``apply`` does the same and says nothing).
     """
 
     __slots__ = ("_closed", "_ended_runs", "_pending", "position")
@@ -114,34 +116,63 @@ class SuperstepFold(Fold):
         # Runs that have ended: anything arriving for them later is inert.
         self._ended_runs: set[str] = set()
 
-    def _stage(self, event: SuperstepEvent) -> None:
-        self.position = max(self.position, event.position)
-        if event.run_id in self._ended_runs:
-            return
-        if event.superstep_id in self._closed.get(event.run_id, ()):
-            return  # staged after its superstep's marker: never counts
-        self._pending.setdefault(event.superstep_id, []).append(event)
+    def _stage(self, event: SuperstepEvent) -> bool:
+        """Hold ``event`` for its superstep's marker; whether it is held (it is inert if not)."""
+        # On the hot path of every rebuild: plain comparisons and one dictionary probe each,
+        # no max() or setdefault() (each a call, and setdefault builds a list every time).
+        position = event.position
+        if position > self.position:
+            self.position = position
+        run_id = event.run_id
+        if run_id in self._ended_runs:
+            return False
+        superstep_id = event.superstep_id
+        closed = self._closed.get(run_id)
+        if closed is not None and superstep_id in closed:
+            return False  # staged after its superstep's marker: never counts
+        held = self._pending.get(superstep_id)
+        if held is None:
+            self._pending[superstep_id] = [event]
+        else:
+            held.append(event)
+        return True
 
     @folds(*RUN_END_TYPES)
     def _run_ended(self, event: RunEvent) -> None:
-        self.position = max(self.position, event.position)
+        position = event.position
+        if position > self.position:
+            self.position = position
         self._ended_runs.add(event.run_id)
         for superstep_id in self._closed.pop(event.run_id, {}):
             self._pending.pop(superstep_id, None)
 
     @folds(*SUPERSTEP_MARKER_TYPES)
-    def _mark(self, event: SuperstepEvent) -> None:
-        self.position = max(self.position, event.position)
-        if event.run_id in self._ended_runs:
-            return
-        closed = self._closed.setdefault(event.run_id, {})
+    def apply_marker(self, event: SuperstepEvent) -> list[Any] | None:
+        """Fold a ``SuperstepCommitted`` or ``SuperstepAborted`` in, like ``apply``.
+
+        Returns what its superstep staged (made to count by a commit, inert by an abort) when it
+        is the superstep's first marker in a run that has not ended; None when it changes nothing
+        (a second marker, or one after its run ended).
+        """
+        position = event.position
+        if position > self.position:
+            self.position = position
+        run_id = event.run_id
+        if run_id in self._ended_runs:
+            return None
         superstep_id = event.superstep_id
-        if superstep_id in closed:
-            return  # the first marker is final
+        closed = self._closed.get(run_id)
+        if closed is None:
+            closed = self._closed[run_id] = {}
+        elif superstep_id in closed:
+            return None  # the first marker is final
         committed = event.type == "superstep_committed"
         closed[superstep_id] = committed
-        items = self._pending.pop(superstep_id, [])
+        items = self._pending.pop(superstep_id, None)
+        if items is None:
+            items = []
         self._decided(event, committed, items if committed else [])
+        return items
 
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
         """A superstep got its (first) marker; ``items`` is what it staged, if it committed."""
@@ -172,12 +203,19 @@ class CommittedState(SuperstepFold):
         self.last_committed: str | None = None
 
     @folds("state_staged")
-    def _staged(self, event: StateStaged) -> None:
-        self._stage(event)
+    def apply_write(self, write: StateStaged) -> bool:
+        """Fold a ``StateStaged`` in, like ``apply``; whether it will count if its superstep's
+        next marker is a commit (``is_pending(write)`` afterwards)."""
+        return self._stage(write)
 
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
         if committed:
-            _apply_writes(self.values, items)
+            values = self.values
+            for write in items:  # _apply_writes, inlined: once per superstep of every rebuild
+                if write.op == "set":
+                    values[write.key] = write.value
+                else:
+                    values.pop(write.key, None)
             self.last_committed = marker.superstep_id
 
     @folds("instance_forked")

@@ -11,6 +11,7 @@ Resuming, checkpointing or running a sub-workflow plugs in here: anything that i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -129,6 +130,19 @@ class RunnerContext(Protocol):
         """
         ...
 
+    def append_commit(
+        self, batch: Sequence[EventBase], *, expected_version: int
+    ) -> asyncio.Future[Any] | None:
+        """``append`` for a superstep's commit batch, which may share a commit with other runs.
+
+        Either appends and folds at once, returning None (as ``append``), or queues the batch for
+        the store's group commit and returns a future that resolves once the batch is in the log
+        and folded (or fails with what the store raised). What the store can refuse without the
+        database (``EncodingError``, ``InvalidBatchError``) is raised here, before anything is
+        queued. The batch cannot be taken back once queued: cancelling the future changes nothing.
+        """
+        ...
+
 
 class InstanceContext:
     """The ``RunnerContext`` of a workflow instance in a store: owns the instance's folded view."""
@@ -194,6 +208,16 @@ class InstanceContext:
     def origin_ledger(self, forked: InstanceForked) -> Ledger:
         return read_ledger(self.store, forked.origin_instance, upto=forked.origin_position)
 
+    def append_commit(
+        self, batch: Sequence[EventBase], *, expected_version: int
+    ) -> asyncio.Future[Any] | None:
+        store = self.store
+        if not store.shares_commits:
+            self.append(batch, expected_version=expected_version)
+            return None
+        prepared = store.prepare(self.instance_id, batch, expected_version=expected_version)
+        return store.group_committer().submit(prepared, lambda: self._fold(batch))
+
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         # Folded only once appended: a refused batch leaves the view as it was, a true fold of the
         # log up to ``version``. (If a failure was ambiguous and the batch did land, the next
@@ -202,10 +226,15 @@ class InstanceContext:
         self._fold(batch)
 
     def _fold(self, events: Sequence[EventBase]) -> None:
-        committed, head = self._committed, self._head
-        for event in events:
-            committed.apply(event)
-            head.apply(event)
+        if not events:
+            return
+        self._committed.apply_all(events)
+        # The open-run view moves only on run and superstep boundaries; any other event just
+        # advances its version, so of those the batch's last one (the stream's order) is enough.
+        head = self._head
+        moves = head.EVENT_TYPES
+        last = events[-1]
+        head.apply_all([event for event in events if event.type in moves or event is last])
 
 
 def read_ledger(store: EventStore, instance_id: str, *, upto: int | None = None) -> Ledger:

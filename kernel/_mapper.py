@@ -1,8 +1,22 @@
-"""Events to eventsourcing ``StoredEvent`` records and back: pydantic for shape, orjson for bytes.
+"""Events to stored rows and back: pydantic for shape, orjson for bytes.
 
-A stored record keeps the instance id and the position in its own columns (``originator_id`` and
-``originator_version``), the type and schema version in ``topic`` as ``"state_staged@1"``, and the
-remaining fields as compact JSON in ``state``.
+Two row formats, both in eventsourcing's ``StoredEvent`` columns, and both read:
+
+* **Batch rows** (written since the store schema version 2): one row per appended batch, usually a
+  whole superstep. ``originator_id`` is the instance, ``originator_version`` the position of the
+  batch's *last* event, ``topic`` the number of events (``"7"``), and ``state`` one compact JSON
+  array: ``[format, base_us, offsets, strings, event, event, ...]``. The context every event of a
+  superstep repeats is carried once: times are whole microseconds since the Unix epoch, as
+  ``base_us`` plus a small delta per event, with the UTC offset (``offsets``: seconds, one for the
+  batch or a list with one per event); run and superstep ids are indexes into ``strings``. Each
+  event is ``[code, delta_us, field, field, ...]``: a short type code (``BATCH_CODES``, append-only:
+  a code is never reused or renumbered) and the type's fields in declaration order, without field
+  names, trailing defaults left out.
+* **Event rows** (format 1, before version 2): one row per event, ``originator_version`` its
+  position, ``topic`` its ``"type@schema_version"``, ``state`` its other fields as a JSON object.
+
+Every event keeps its own position, so nothing above the store sees rows. Decoding is data only:
+a row that is not what this mapper writes is a ``DecodeError`` naming ``instance#position``.
 """
 
 from __future__ import annotations
@@ -10,8 +24,8 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Collection, Sequence
+from datetime import UTC, datetime, timedelta, timezone
 from types import UnionType
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
@@ -21,15 +35,111 @@ from eventsourcing.persistence import StoredEvent
 from pydantic import BaseModel, ValidationError
 
 from kernel._errors import DecodeError, EncodingError, SchemaVersionError
-from kernel._events import EVENT_TYPES, ErrorInfo, EventBase, trusted_event
+from kernel._events import EVENT_TYPES, ErrorInfo, EventBase, complete_event, trusted_event
 
-__all__ = ["EventMapper", "Upcaster"]
+__all__ = ["BATCH_CODES", "BATCH_FORMAT", "EventMapper", "Upcaster", "row_count"]
 
 _STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 _ENVELOPE = frozenset({"type", "instance_id", "position", "schema_version"})
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+BATCH_FORMAT = 1
+"""The version of the batch row's layout (its ``state[0]``); a newer one is refused."""
+
+BATCH_CODES: tuple[tuple[str, int], ...] = (
+    ("run_started", 1),
+    ("run_completed", 1),
+    ("run_failed", 1),
+    ("run_cancelled", 1),
+    ("run_abandoned", 1),
+    ("run_awaiting_input", 1),
+    ("response_received", 1),
+    ("superstep_started", 1),
+    ("executor_invoked", 1),
+    ("executor_completed", 1),
+    ("executor_failed", 1),
+    ("state_staged", 1),
+    ("message_staged", 1),
+    ("output_yielded", 1),
+    ("info_requested", 1),
+    ("superstep_committed", 1),
+    ("superstep_aborted", 1),
+    ("instance_forked", 1),
+)
+"""Type code -> (event type, schema version) in batch rows. Append-only: a new type or a new
+schema version of a type gets the next code; codes are never renumbered or reused. A row's fields
+are positional, so when a type's schema version changes, its old code must keep its old field
+list: add it here beside the code, with an upcaster (``EventMapper(upcasters=...)``) from the old
+version; until then a code whose version is not the type's current one is refused, never misread."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_INTERNED = ("run_id", "superstep_id")
+"""Fields whose values (ids repeated by every event of a batch) are stored once per row."""
+
+
+def row_count(instance_id: str, last_position: int, topic: str) -> int:
+    """How many events the row ``(instance_id, last_position, topic)`` holds: a batch row's topic
+    is its count; an event row (``type@version``) holds one."""
+    if type(topic) is str and topic.isascii() and topic.isdigit():
+        count = int(topic)
+        if 1 <= count <= last_position:
+            return count
+        raise DecodeError(
+            f"row {instance_id!r}#{last_position} claims {count} events, which cannot end at "
+            f"position {last_position}"
+        )
+    if type(topic) is str and "@" in topic:
+        return 1
+    raise DecodeError(f"row {instance_id!r}#{last_position} has a malformed topic {topic!r:.40}")
+
+
+class _Layout(NamedTuple):
+    """How one event type is laid out in a batch row."""
+
+    cls: type[EventBase]
+    code: int
+    names: tuple[str, ...]
+    """The stored fields, in order (no envelope, no timestamp)."""
+    defaults: tuple[Any, ...]
+    """Each field's default (``_REQUIRED`` when it has none), for trimming trailing defaults."""
+    interned: tuple[int, ...]
+    """Indexes into ``names`` of the fields stored as indexes into the row's strings."""
+    type_name: str
+    has_error: bool
+    """Whether the type has an ``error`` field (an ``ErrorInfo``, stored as an object)."""
+
+
+_REQUIRED = object()
+
+
+@functools.cache
+def _layouts() -> tuple[dict[str, _Layout], tuple[_Layout | None, ...]]:
+    """The layout of every current event type, by type name and by code (None: an old version)."""
+    by_name: dict[str, _Layout] = {}
+    by_code: list[_Layout | None] = []
+    for code, (name, version) in enumerate(BATCH_CODES):
+        cls = EVENT_TYPES[name]
+        if version != cls.SCHEMA_VERSION:
+            by_code.append(None)
+            continue
+        names = tuple(n for n in cls.model_fields if n not in _ENVELOPE and n != "timestamp")
+        defaults = []
+        for field_name in names:
+            info = cls.model_fields[field_name]
+            if info.default_factory is not None:
+                defaults.append(info.default_factory())  # type: ignore[call-arg]
+            elif info.is_required():
+                defaults.append(_REQUIRED)
+            else:
+                defaults.append(info.default)
+        interned = tuple(i for i, n in enumerate(names) if n in _INTERNED)
+        layout = _Layout(cls, code, names, tuple(defaults), interned, name, "error" in names)
+        by_name[name] = layout
+        by_code.append(layout)
+    return by_name, tuple(by_code)
 
 
 class EventMapper:
@@ -67,6 +177,119 @@ class EventMapper:
             topic=f"{type_name}@{event.schema_version}",
             state=state,
         )
+
+    def to_row(self, events: Sequence[EventBase]) -> StoredEvent:
+        """The batch row holding ``events`` (one instance's, at consecutive positions).
+
+        Raises ``EncodingError`` naming the event if a value is not a JSON tree."""
+        by_name = _layouts()[0]
+        first = events[0]
+        offset = first.timestamp.utcoffset()
+        base_us = (first.timestamp - _EPOCH) // _MICROSECOND
+        strings: list[str] = []
+        interned: dict[str, int] = {}
+        offsets: list[int] = []
+        body: list[Any] = [BATCH_FORMAT, base_us, 0, strings]
+        for event in events:
+            layout = by_name[event.type]
+            fields = event.__dict__
+            values = [fields[name] for name in layout.names]
+            for i in layout.interned:
+                text = values[i]
+                if text is not None:
+                    ref = interned.get(text)
+                    if ref is None:
+                        ref = interned[text] = len(strings)
+                        strings.append(text)
+                    values[i] = ref
+            end = len(values)
+            defaults = layout.defaults
+            while end and values[end - 1] == defaults[end - 1]:
+                end -= 1
+            stamp = event.timestamp
+            here = stamp.utcoffset()
+            offsets.append(here // _MICROSECOND if here else 0)
+            if here != offset:
+                offset = None  # the batch's events are in more than one UTC offset
+            body.append([layout.code, (stamp - _EPOCH) // _MICROSECOND - base_us, *values[:end]])
+        body[2] = offsets[0] if offset is not None else offsets
+        try:
+            state = orjson.dumps(body, default=_nested_model, option=_STRICT)
+        except TypeError:
+            for event in events:  # name the event that cannot be stored
+                self.to_stored(event)
+            raise
+        return StoredEvent(
+            originator_id=first.instance_id,
+            originator_version=events[-1].position,
+            topic=str(len(events)),
+            state=state,
+        )
+
+    def decode_row(
+        self,
+        instance_id: str,
+        last_position: int,
+        topic: str,
+        state: bytes,
+        *,
+        after: int = 0,
+        upto: int | None = None,
+        types: Collection[str] | None = None,
+    ) -> list[EventBase]:
+        """The events of one row (either format) with ``after < position <= upto``, of ``types``
+        only if given (the others are never built). Raises ``DecodeError`` naming the position
+        of what is wrong, ``SchemaVersionError`` for a row written by a newer steplog."""
+        count = row_count(instance_id, last_position, topic)
+        if not topic.isdigit():  # an event row (format 1)
+            if last_position <= after or (upto is not None and last_position > upto):
+                return []
+            if types is not None and topic.partition("@")[0] not in types:
+                return []
+            return [self.decode(instance_id, last_position, topic, state)]
+        first = last_position - count + 1
+        where = f"row {instance_id!r}#{first}..{last_position}"
+        body = _load_batch(where, state, count)
+        start = max(after - first + 1, 0)
+        stop = count if upto is None else min(upto - first + 1, count)
+        if start >= stop:
+            return []
+        strings = body[3]
+        stamps = _Stamps(where, body[1], body[2], count)
+        base, zoned = stamps.base, stamps.zones is not None
+        by_code = _layouts()[1]
+        events: list[EventBase] = []
+        for i in range(start, stop):
+            item = body[4 + i]
+            position = first + i
+            if type(item) is not list or len(item) < 2 or type(item[0]) is not int:
+                raise DecodeError(f"event {instance_id!r}#{position} is not [code, time, ...]")
+            code = item[0]
+            layout = by_code[code] if 0 <= code < len(by_code) else None
+            if layout is None:
+                known = 0 <= code < len(by_code)
+                raise DecodeError(
+                    f"event {instance_id!r}#{position} has "
+                    + (
+                        f"type code {code}, an old schema version of {BATCH_CODES[code][0]} "
+                        "with no field list to read it by"
+                        if known
+                        else f"unknown type code {code}; it was written by a newer or a "
+                        "different program"
+                    )
+                )
+            if types is not None and layout.type_name not in types:
+                continue
+            delta = item[1]
+            if zoned or type(delta) is not int:  # (the common case is inlined: one offset)
+                stamp = stamps.at(i, delta, position)
+            else:
+                try:
+                    stamp = base + timedelta(0, 0, delta)
+                except OverflowError:
+                    stamp = stamps.at(i, delta, position)  # raises, naming the position
+            events.append(_build_stored(layout, item, strings, stamp, instance_id, position))
+        return events
 
     def to_event(self, stored: StoredEvent) -> EventBase:
         """The event a stored record holds. Raises ``DecodeError`` or ``SchemaVersionError``."""
@@ -132,6 +355,156 @@ class EventMapper:
         payload["position"] = position
         payload["schema_version"] = version
         return _build(cls, payload, instance_id, position, topic)
+
+
+def _load_batch(where: str, state: bytes, count: int) -> list[Any]:
+    """The JSON array of a batch row, its header checked."""
+    try:
+        body = orjson.loads(state)
+    except (orjson.JSONDecodeError, TypeError) as error:
+        raise DecodeError(f"{where} is not valid JSON: {error}") from error
+    if type(body) is not list or len(body) < 4 or type(body[0]) is not int:
+        raise DecodeError(f"{where} is not a batch row [format, time, offsets, strings, ...]")
+    if body[0] != BATCH_FORMAT:
+        if body[0] > BATCH_FORMAT:
+            raise SchemaVersionError(
+                f"{where} is in batch format {body[0]}, newer than this steplog's "
+                f"{BATCH_FORMAT}; upgrade steplog to read this log"
+            )
+        raise DecodeError(f"{where} has an unknown batch format {body[0]}")
+    if len(body) != 4 + count:
+        raise DecodeError(f"{where} holds {len(body) - 4} events, its topic says {count}")
+    strings = body[3]
+    if type(strings) is not list or not all(type(text) is str for text in strings):
+        raise DecodeError(f"{where} has a malformed string table")
+    return body
+
+
+class _Stamps:
+    """The timestamps of a batch row's events: a base time plus each event's delta, in the row's
+    UTC offset (or each event's own)."""
+
+    def __init__(self, where: str, base_us: Any, offsets: Any, count: int) -> None:
+        self.where = where
+        if type(base_us) is not int:
+            raise DecodeError(f"{where} has a base time {base_us!r:.40} that is not an integer")
+        if type(offsets) is int:
+            self.zones: list[timezone] | None = None
+            self.zone = self._zone(offsets)
+        elif type(offsets) is list and len(offsets) == count:
+            self.zones = [self._zone(offset) for offset in offsets]
+            self.zone = UTC
+        else:
+            raise DecodeError(f"{where} has malformed UTC offsets {offsets!r:.60}")
+        try:
+            self.base = (_EPOCH + timedelta(microseconds=base_us)).astimezone(self.zone)
+        except (OverflowError, ValueError) as error:
+            raise DecodeError(f"{where} has a base time out of range: {error}") from error
+
+    def _zone(self, offset: Any) -> timezone:
+        if type(offset) is not int:
+            raise DecodeError(
+                f"{self.where} has a UTC offset {offset!r:.40} that is not an integer"
+            )
+        if offset == 0:
+            return UTC
+        try:
+            return timezone(timedelta(microseconds=offset))
+        except ValueError as error:
+            raise DecodeError(f"{self.where} has a UTC offset out of range: {error}") from error
+
+    def at(self, index: int, delta: Any, position: int) -> datetime:
+        if type(delta) is not int:
+            raise DecodeError(
+                f"event at position {position} of {self.where} has a time that is "
+                f"not an integer: {delta!r:.40}"
+            )
+        try:
+            stamp = self.base + timedelta(microseconds=delta)
+        except (OverflowError, ValueError) as error:
+            raise DecodeError(
+                f"event at position {position} of {self.where} has a time out of range: {error}"
+            ) from error
+        if self.zones is not None:
+            return stamp.astimezone(self.zones[index])
+        return stamp
+
+
+def _build_stored(
+    layout: _Layout,
+    item: list[Any],
+    strings: list[str],
+    stamp: datetime,
+    instance_id: str,
+    position: int,
+) -> EventBase:
+    """One event of a batch row, its fields checked as an event row's are."""
+    cls = layout.cls
+    names = layout.names
+    values = item[2:]
+    given = len(values)
+
+    if given > len(names):
+        raise DecodeError(
+            f"{_where(instance_id, position, layout)} has {given} fields; its type has {len(names)}"
+        )
+    payload = dict(zip(names, values, strict=False))  # trailing defaults are left out
+    for i in layout.interned:
+        if i < given:
+            ref = values[i]
+            if ref is not None:
+                if type(ref) is not int or ref < 0 or ref >= len(strings):
+                    raise DecodeError(
+                        f"{_where(instance_id, position, layout)} refers to string "
+                        f"{ref!r:.20}, not in its row"
+                    )
+                payload[names[i]] = strings[ref]
+    if given < len(names):
+        for i in range(given, len(names)):
+            default = layout.defaults[i]
+            if default is _REQUIRED:
+                raise DecodeError(
+                    f"{_where(instance_id, position, layout)} lacks its required field {names[i]!r}"
+                )
+            payload[names[i]] = _fresh(default)
+    payload["instance_id"] = instance_id
+    payload["position"] = position
+    payload["schema_version"] = cls.SCHEMA_VERSION
+    problem = _problem(cls, payload)
+    if problem is not None:
+        raise DecodeError(
+            f"{_where(instance_id, position, layout)} does not fit its schema: {problem}"
+        )
+    if layout.has_error:
+        error = payload["error"]
+        if error is not None:
+            if (
+                type(error) is not dict
+                or error.keys() != {"type", "message"}
+                or not all(type(v) is str for v in error.values())
+            ):
+                raise DecodeError(
+                    f"{_where(instance_id, position, layout)}: field 'error' is {error!r:.80}, not "
+                    "{'type': str, 'message': str}"
+                )
+            payload["error"] = trusted_event_info(error)
+    payload["timestamp"] = stamp
+    payload["type"] = layout.type_name
+    return complete_event(cls, payload)  # every field is set and checked above
+
+
+def _where(instance_id: str, position: int, layout: _Layout) -> str:
+    """How a decoding error names an event (formatted only when something is wrong)."""
+    return f"event {instance_id!r}#{position} ({layout.type_name})"
+
+
+def _fresh(default: Any) -> Any:
+    """A default as a field takes it: empty lists and dicts are new objects, never shared."""
+    if type(default) is list:
+        return []
+    if type(default) is dict:
+        return {}
+    return default
 
 
 def _load(instance_id: str, position: int, topic: str, state: bytes) -> dict[str, Any]:

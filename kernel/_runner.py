@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -146,6 +147,7 @@ class Run:
         self.outputs: list[Any] = []  # of committed supersteps, in order
         self._emit: Emit = silent
         self._clock = instance.clock
+        self._instance_id = instance.instance_id
         self._buffer: list[EventBase] = []
         self._version = 0
         self._open_superstep: Superstep | None = None
@@ -161,6 +163,26 @@ class Run:
         """Create the next event of this run; append it now in "write" durability."""
         fields["run_id"] = self.run_id
         self._log_for(cls, fields)
+        if self._write_through:
+            self.flush()
+
+    def head(self, cls: type[EventBase], superstep_id: str) -> dict[str, Any]:
+        """The fields every event of ``cls`` in superstep ``superstep_id`` of this run has alike,
+        in declared order, with position and time left for ``record`` to set. A superstep makes
+        its heads once; each event is then one dict, ``{**head, <its own fields>}``."""
+        return {
+            **_envelope(cls),
+            "instance_id": self._instance_id,
+            "position": 0,
+            "timestamp": None,
+            "run_id": self.run_id,
+            "superstep_id": superstep_id,
+        }
+
+    def record(self, cls: type[EventBase], data: dict[str, Any]) -> None:
+        """``log`` on a superstep's hot path: ``data`` holds every field of the event (from a
+        ``head``) but its position and time, which are set here. It becomes the event's own."""
+        self._stamp(cls, data)
         if self._write_through:
             self.flush()
 
@@ -185,9 +207,44 @@ class Run:
         try:
             self.flush()
         except EncodingError as error:
-            refused = error
-        else:
-            return None
+            return self._reflush(batch, opened, reclose, error)
+        return None
+
+    async def _flush_commit(
+        self, opened: int, reclose: Callable[[EncodingError], None]
+    ) -> tuple[EncodingError | None, bool]:
+        """``_flush_closing`` for a superstep's commit batch, through the store's group commit
+        where it has one. Returns the encoding error (as ``_flush_closing``) and whether this task
+        was cancelled while the batch was in flight: the batch cannot be taken back, so its
+        outcome is awaited first, and the caller records it before the cancellation unwinds."""
+        batch, self._buffer = self._buffer, []
+        try:
+            pending = self.instance.append_commit(batch, expected_version=self._version)
+        except EncodingError as error:
+            return self._reflush(batch, opened, reclose, error), False
+        cancelled = False
+        if pending is not None:
+            try:
+                await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                while not pending.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait((pending,))
+                if pending.exception() is not None:
+                    raise  # nothing landed: unwind as the cancellation it is
+                cancelled = True
+        self._version += len(batch)
+        return None, cancelled
+
+    def _reflush(
+        self,
+        batch: list[EventBase],
+        opened: int,
+        reclose: Callable[[EncodingError], None] | None,
+        refused: EncodingError,
+    ) -> EncodingError:
+        """After the store refused to encode ``batch``: its superstep's events one at a time
+        (those it can encode), then the closing again, or what ``reclose(refused)`` logs."""
         for event in batch[:opened]:
             self._buffer = [event.model_copy(update={"position": self._version + 1})]
             with contextlib.suppress(EncodingError):
@@ -393,7 +450,7 @@ class Run:
             await emit("superstep_started", step.index, superstep_id)
             await self._execute(step, position.inbox)
             try:
-                position = self._commit(step, position)
+                position = await self._commit(step, position)
             except EncodingError as refused:  # recorded: the superstep aborted, the run failed
                 await emit("failed", step.index, superstep_id, error=refused)
                 raise
@@ -431,8 +488,9 @@ class Run:
             if task is not None and task.cancelling() and step.failure is None:
                 raise asyncio.CancelledError  # the handler swallowed a cancellation of the run
         else:
+            loop = asyncio.get_running_loop()
             tasks = {
-                asyncio.create_task(
+                loop.create_task(
                     self._invoke_all(step, eid, msgs, inline=False), name=f"steplog:{eid}"
                 )
                 for eid, msgs in inbox.items()
@@ -440,11 +498,18 @@ class Run:
             pending = tasks
             escaped: BaseException | None = None  # not a handler's failure: the store's, say
             try:
+                # One turn of the loop runs every task's first step (they were scheduled before
+                # this task's own resumption). Handlers that never await are all done by then,
+                # and the superstep goes on without a completion callback per task. Otherwise
+                # wait from the whole set, the finished ones included: the wake-up comes at the
+                # same turn of the loop as it would have without this first look.
+                await asyncio.sleep(0)
+                if all(task.done() for task in tasks):
+                    pending = set()
+                    escaped = _escaped(tasks)
                 while pending and step.failure is None and escaped is None:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    escaped = next(
-                        (t.exception() for t in done if not t.cancelled() and t.exception()), None
-                    )
+                    escaped = _escaped(done)
             except asyncio.CancelledError:
                 if step.outcome is None:
                     step.outcome = SuperstepOutcome(self.cancel_reason or "cancelled")
@@ -464,12 +529,16 @@ class Run:
     ) -> None:
         executor = self.router.graph.executors[executor_id]
         emit = self._emit
+        streaming = emit is not silent  # awaiting ``silent`` does nothing, and costs a coroutine
+        record, in_flight = self.record, step.in_flight
+        superstep_id = step.superstep_id
         for message in messages:
             if step.outcome is not None:
                 return
-            self.log(ExecutorInvoked, superstep_id=step.superstep_id, executor_id=executor_id)
-            step.in_flight.add(executor_id)
-            await emit("executor_invoked", step.index, step.superstep_id, executor_id)
+            record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
+            in_flight.add(executor_id)
+            if streaming:
+                await emit("executor_invoked", step.index, superstep_id, executor_id)
             try:
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
@@ -480,9 +549,10 @@ class Run:
             except Exception as error:
                 step.fail(executor_id, error)
                 return
-            step.in_flight.discard(executor_id)
-            self.log(ExecutorCompleted, superstep_id=step.superstep_id, executor_id=executor_id)
-            await emit("executor_completed", step.index, step.superstep_id, executor_id)
+            in_flight.discard(executor_id)
+            record(ExecutorCompleted, {**step.completed_head, "executor_id": executor_id})
+            if streaming:
+                await emit("executor_completed", step.index, superstep_id, executor_id)
 
     async def _abort_failed(self, step: Superstep) -> None:
         assert step.failure is not None
@@ -510,7 +580,7 @@ class Run:
         await emit("failed", step.index, step.superstep_id, executor_id, error=error)
         raise error
 
-    def _commit(self, step: Superstep, position: Position) -> Position:
+    async def _commit(self, step: Superstep, position: Position) -> Position:
         """Close the superstep as committed, and open the next one or end the run.
 
         In "superstep" durability the superstep's events and its closing go in one batch.
@@ -537,7 +607,11 @@ class Run:
         else:
             next_id = self.instance.new_id()
             self.log(SuperstepStarted, superstep_id=next_id, index=step.index + 1)
-        refused = self._flush_closing(opened, lambda error: self._log_unstorable(step, error))
+        reclose = functools.partial(self._log_unstorable, step)
+        if self._write_through:  # the marker is in the log already: append the rest as it is
+            refused, cancelled = self._flush_closing(opened, reclose), False
+        else:
+            refused, cancelled = await self._flush_commit(opened, reclose)
         self._open_superstep = None
         if refused is not None:
             self.finished = True
@@ -546,6 +620,8 @@ class Run:
         if next_id is None:
             self._ended()
         self.outputs.extend(value for _, value in step.outputs)
+        if cancelled:  # the commit landed while this task was being cancelled
+            raise asyncio.CancelledError
         return after
 
     def _log_unstorable(self, step: Superstep, error: EncodingError) -> None:
@@ -594,20 +670,44 @@ class Run:
             self._log_for(cls, fields)
 
     def _log_for(self, cls: type[EventBase], fields: dict[str, Any]) -> None:
-        """Buffer the next event of the stream (of this run, or of a run this one closes).
+        """Buffer the next event of the stream (of this run, or of a run this one closes)."""
+        data = {
+            **_envelope(cls),
+            "instance_id": self._instance_id,
+            "position": 0,
+            "timestamp": None,
+            **fields,
+        }
+        self._stamp(cls, data)
 
-        ``fields`` becomes the event's own (no copy is made).
+    def _stamp(self, cls: type[EventBase], data: dict[str, Any]) -> None:
+        """Give ``data`` the next position and the time, and buffer it as an event of ``cls``.
+
         The runner's own fields are trusted, so the event is constructed without re-validation
         (the store's mapper validates on the way back); only the injected clock is checked.
+        ``data`` starts with the envelope, so a caller that gives every other field of ``cls``
+        hands ``trusted_event`` a complete set, which it takes as the event's own without filling
+        in defaults: that is every event of a superstep's hot path.
         """
         timestamp = self._clock()
         if timestamp.tzinfo is None:
             raise ExecutionError(f"the workflow's clock returned a naive datetime: {timestamp!r}")
-        fields["instance_id"] = self.instance.instance_id
-        fields["position"] = self._version + len(self._buffer) + 1
-        fields["timestamp"] = timestamp
-        event = trusted_event(cls, fields)
-        self._buffer.append(event if event is not None else cls.model_validate(fields))
+        data["position"] = self._version + len(self._buffer) + 1
+        data["timestamp"] = timestamp
+        event = trusted_event(cls, data)
+        self._buffer.append(event if event is not None else cls.model_validate(data))
+
+
+@functools.cache
+def _envelope(cls: type[EventBase]) -> dict[str, Any]:
+    """The fields every event of ``cls`` has alike: its ``type`` and ``schema_version``."""
+    fields = cls.model_fields
+    return {"type": fields["type"].default, "schema_version": fields["schema_version"].default}
+
+
+def _escaped(done: set[asyncio.Task[None]]) -> BaseException | None:
+    """An exception that escaped one of the finished executor tasks ``done``, if any."""
+    return next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
 
 
 async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> None:

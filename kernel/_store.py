@@ -14,6 +14,7 @@ the class and add a hint from the driver's error code (never from the message te
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from eventsourcing.persistence import (
@@ -31,6 +32,7 @@ from eventsourcing.persistence import (
     InterfaceError,
     OperationalError,
     PersistenceError,
+    StoredEvent,
 )
 
 from kernel._codec import ValueCodec
@@ -44,13 +46,17 @@ from kernel._errors import (
 )
 from kernel._events import EVENT_TYPES, EventBase
 from kernel._lease import Lease, from_micros, lease_expiry, to_micros
-from kernel._mapper import EventMapper
+from kernel._mapper import EventMapper, row_count
+
+if TYPE_CHECKING:
+    from kernel._group import GroupCommitter
 
 __all__ = [
     "DEFAULT_STORE_ENV",
     "PERSISTENCE_ERRORS",
     "ErrorTable",
     "EventStore",
+    "Prepared",
     "Recorded",
     "driver_error",
     "error_class",
@@ -58,8 +64,24 @@ __all__ = [
 ]
 
 DEFAULT_STORE_ENV = "STEPLOG_STORE"
-STORE_SCHEMA_VERSION = 1
-"""Version of the tables steplog writes. A database stamped with a higher one is refused."""
+STORE_SCHEMA_VERSION = 2
+"""Version of the tables steplog writes. A database stamped with a higher one is refused.
+
+1: one row per event. 2: one row per appended batch (``kernel._mapper``); version 1 rows stay
+readable, so a store stamped 1 is read as it is and restamped 2 by its next writer."""
+
+ROW_SHIFT = 20
+"""A row's events have global positions ``(row id << ROW_SHIFT) + offset in the row``."""
+ROW_EVENTS = 1 << ROW_SHIFT
+"""The most events one append (one row) may hold."""
+ROWS_PER_READ = 128
+"""Rows fetched per query of the global log, while a page fills."""
+
+
+def global_positions(row_id: int, count: int) -> list[int]:
+    """The global positions of the ``count`` events of row ``row_id``."""
+    base = row_id << ROW_SHIFT
+    return list(range(base, base + count))
 
 
 ErrorTable = tuple[tuple[type[BaseException], type[StoreError]], ...]
@@ -92,6 +114,17 @@ def driver_error(error: BaseException, driver: type[BaseException]) -> BaseExcep
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """A batch checked and encoded for ``EventStore.append_prepared``: its one row (None for an
+    empty batch)."""
+
+    instance_id: str
+    expected_version: int
+    count: int
+    row: StoredEvent | None
+
+
+@dataclass(frozen=True, slots=True)
 class Recorded:
     """An event with its position in the store's global order (ids may have gaps)."""
 
@@ -113,6 +146,12 @@ class EventStore(ABC):
     url: str
     """The store's URL, without any password."""
 
+    shares_commits: ClassVar[bool] = False
+    """Whether concurrent runs should append their commit batches through the store's
+    ``group_committer()``: true where a commit costs an fsync (SQLite, PostgreSQL)."""
+
+    _committer: GroupCommitter | None = None
+
     _closed = False
     """Set by ``close()``. A class default, so ``_translated`` also serves an adapter's setup
     before ``EventStore.__init__`` runs."""
@@ -126,7 +165,7 @@ class EventStore(ABC):
         """The codec shared by everything that writes or reads values through this store."""
         self.url = url
         self._closed = False
-        self._seen_versions: dict[str, int] = {}
+        self._insert_lock = threading.Lock()
 
     def _newer_schema(self, stamped: object) -> bool:
         """Whether the schema version stamped in the store's meta table is newer than this
@@ -154,43 +193,118 @@ class EventStore(ABC):
         ``expected_version`` is the stream's version before the append (0 for a new stream), and
         the events' positions must follow it: ``expected_version + 1``, ``+ 2``, ...
 
-        Returns the events' global positions. Raises ``ConcurrencyConflictError`` (writing nothing)
-        when the stream is not at ``expected_version``, and ``InvalidBatchError`` (writing
-        nothing) when an event belongs to another instance or is not at the position that follows.
+        The batch is stored as one row (see ``kernel._mapper``), so an append is one insert however
+        many events it holds. Returns the events' global positions. Raises
+        ``ConcurrencyConflictError`` (writing nothing) when the stream is not at
+        ``expected_version``, and ``InvalidBatchError`` (writing nothing) when an event belongs to
+        another instance or is not at the position that follows.
         """
         if self._closed:
             raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
         if not events:
             return []
-        self._check_batch(instance_id, events, expected_version)
-        stored = [self._mapper.to_stored(event) for event in events]
-        if expected_version > self._seen_versions.get(instance_id, 0):
-            # The recorders' uniqueness constraint catches a stream that is ahead of
-            # expected_version, not one that is behind it (the batch would leave a gap).
-            # Streams only grow, so once this store has seen the stream at expected_version or
-            # later, no read is needed: the runner's appends never pay for this check.
-            actual = self.version(instance_id)
-            if actual < expected_version:
-                raise ConcurrencyConflictError(instance_id, expected_version, actual)
-        try:  # not self._translated(): this is the hot path, and it needs IntegrityError
-            ids = self._recorder.insert_events(stored)
-        except IntegrityError as error:
-            raise ConcurrencyConflictError(
-                instance_id, expected_version, self._version_or_none(instance_id)
-            ) from error
+        row = self._row(instance_id, events, expected_version)
+        try:  # not self._translated(): this is the hot path
+            row_id = self._insert_row(instance_id, expected_version, row)
         except Exception as error:
             translated = self._store_error(error, f"append to {instance_id!r}")
             if translated is error:
                 raise
             raise translated from error
-        self._saw(instance_id, expected_version + len(events))
         self._after_append(instance_id)
-        return list(ids or [])
+        return global_positions(row_id, len(events))
 
-    def _saw(self, instance_id: str, version: int) -> None:
-        """Remember that the stream has reached ``version`` (streams only grow)."""
-        if version > self._seen_versions.get(instance_id, 0):
-            self._seen_versions[instance_id] = version
+    def append_many(
+        self, batches: Sequence[tuple[str, Sequence[EventBase], int]]
+    ) -> list[list[int] | ConcurrencyConflictError]:
+        """Append several batches ``(instance_id, events, expected_version)`` in one transaction:
+        one commit (one fsync) for all of them.
+
+        Each batch is checked against its own ``expected_version``: a batch whose stream has moved
+        writes nothing and gets its ``ConcurrencyConflictError`` in the result, in its place; the
+        others are appended, each getting its global positions. A batch that is invalid
+        (``InvalidBatchError``, ``EncodingError``) raises before anything is written; a store error
+        fails every batch (nothing is written)."""
+        prepared = [self.prepare(i, events, expected_version=v) for i, events, v in batches]
+        return self.append_prepared(prepared)
+
+    def prepare(
+        self, instance_id: str, events: Sequence[EventBase], *, expected_version: int
+    ) -> Prepared:
+        """Check and encode a batch for ``append_prepared``: what can be refused without the
+        database (``InvalidBatchError``, ``EncodingError``) is refused here, in the caller."""
+        row = self._row(instance_id, events, expected_version) if events else None
+        return Prepared(instance_id, expected_version, len(events), row)
+
+    def append_prepared(
+        self, batches: Sequence[Prepared]
+    ) -> list[list[int] | ConcurrencyConflictError]:
+        """Append prepared batches in one transaction (see ``append_many``)."""
+        if self._closed:
+            raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
+        rows = [(b.instance_id, b.expected_version, b.row) for b in batches if b.row is not None]
+        with self._translated(f"append {len(rows)} batches"):
+            outcomes = iter(self._insert_rows(rows) if rows else [])
+        results: list[list[int] | ConcurrencyConflictError] = []
+        for batch in batches:
+            if batch.row is None:
+                results.append([])
+                continue
+            outcome = next(outcomes)
+            if isinstance(outcome, ConcurrencyConflictError):
+                results.append(outcome)
+                continue
+            self._after_append(batch.instance_id)
+            results.append(global_positions(outcome, batch.count))
+        return results
+
+    def _row(
+        self, instance_id: str, events: Sequence[EventBase], expected_version: int
+    ) -> StoredEvent:
+        """The checked batch as the one row it is stored as."""
+        self._check_batch(instance_id, events, expected_version)
+        if len(events) > ROW_EVENTS:
+            raise InvalidBatchError(
+                f"a batch holds at most {ROW_EVENTS} events; this one for {instance_id!r} holds "
+                f"{len(events)}"
+            )
+        return self._mapper.to_row(events)
+
+    def _insert_row(self, instance_id: str, expected_version: int, row: StoredEvent) -> int:
+        """Insert ``row`` iff the stream's version is ``expected_version``, atomically; its row
+        id. Otherwise raise ``ConcurrencyConflictError``, having written nothing.
+
+        This default (the memory store's) checks the version under a lock, then inserts through
+        the recorder; the SQL adapters check it in the insert statement."""
+        with self._insert_lock:
+            actual = self._stream_version(instance_id)
+            if actual != expected_version:
+                raise ConcurrencyConflictError(instance_id, expected_version, actual)
+            try:
+                ids = self._recorder.insert_events([row])
+            except IntegrityError as error:
+                raise ConcurrencyConflictError(
+                    instance_id, expected_version, self._version_or_none(instance_id)
+                ) from error
+            return int(ids[0]) if ids else self.last_row_id()
+
+    def _insert_rows(
+        self, rows: Sequence[tuple[str, int, StoredEvent]]
+    ) -> list[int | ConcurrencyConflictError]:
+        """Insert every ``(instance_id, expected_version, row)`` in one transaction, each iff its
+        stream is at its expected version; each row's id, or its conflict. This default inserts
+        them one by one (the memory store has no commit to share)."""
+        outcomes: list[int | ConcurrencyConflictError] = []
+        for instance_id, expected, row in rows:
+            try:
+                outcomes.append(self._insert_row(instance_id, expected, row))
+            except ConcurrencyConflictError as conflict:
+                outcomes.append(conflict)
+        return outcomes
+
+    def last_row_id(self) -> int:
+        """The id of the newest row (0 for an empty store)."""
+        return int(self._recorder.max_notification_id() or 0)
 
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
@@ -225,44 +339,97 @@ class EventStore(ABC):
     ) -> list[EventBase]:
         """The events of ``instance_id`` with ``after < position <= upto``, in stream order.
 
-        ``types`` keeps only events of those ``type`` strings; the others are dropped before they
-        are decoded. Stream positions are contiguous, so page a filtered read by position windows
-        (``after=k, upto=k + n``) rather than with ``limit``, which counts rows before filtering.
+        ``limit`` keeps the first ``limit`` positions of that window; ``types`` then keeps only
+        events of those ``type`` strings (the others are never built). Stream positions are
+        contiguous, so page a filtered read by position windows (``after=k, upto=k + n``).
         """
-        topics = self._topics(types)
+        wanted = self._wanted(types)
+        if limit is not None:
+            if limit < 1:
+                return []
+            upto = after + limit if upto is None else min(upto, after + limit)
         with self._translated(f"read {instance_id!r}"), _bulk():
-            rows = self._select_stream(instance_id, after or None, upto, limit, topics)
-            if rows:
-                self._saw(instance_id, rows[-1][0])
-            decode = self._mapper.decode
-            return [decode(instance_id, position, topic, state) for position, topic, state in rows]
+            rows = self._select_stream(instance_id, after or None, upto, limit)
+            if not rows:
+                return []
+            decode = self._mapper.decode_row
+            events: list[EventBase] = []
+            for last, topic, state in rows:
+                events += decode(
+                    instance_id, last, topic, state, after=after, upto=upto, types=wanted
+                )
+            return events
 
-    def _select_stream(
+    def read_ranges(
         self,
         instance_id: str,
-        after: int | None,
-        upto: int | None,
-        limit: int | None,
-        topics: list[str],
+        ranges: Sequence[tuple[int, int]],
+        *,
+        types: Collection[str] = (),
+    ) -> list[EventBase]:
+        """The events of ``instance_id`` in each window ``(after, upto]`` of ``ranges`` (in order,
+        not overlapping), in stream order: ``read`` of many short windows in one query, for
+        readers that know where the events they need are (a key index)."""
+        wanted = self._wanted(types)
+        windows = sorted(ranges)
+        for (_, upto), (after, _) in itertools.pairwise(windows):
+            if after < upto:
+                raise StoreConfigError(f"read_ranges: windows overlap at position {after}")
+        with self._translated(f"read {instance_id!r}"), _bulk():
+            decode = self._mapper.decode_row
+            events: list[EventBase] = []
+            for window, rows in zip(
+                windows, self._select_windows(instance_id, windows), strict=True
+            ):
+                after, upto = window
+                for last, topic, state in rows:
+                    events += decode(
+                        instance_id, last, topic, state, after=after, upto=upto, types=wanted
+                    )
+            return events
+
+    def _select_windows(
+        self, instance_id: str, windows: Sequence[tuple[int, int]]
+    ) -> list[list[tuple[int, str, bytes]]]:
+        """``_select_stream`` of each window; adapters may read them all in one query."""
+        return [self._select_stream(instance_id, after, upto) for after, upto in windows]
+
+    def _select_stream(
+        self, instance_id: str, after: int | None, upto: int | None, limit: int | None = None
     ) -> list[tuple[int, str, bytes]]:
-        """The stream's rows ``(position, topic, state)`` with ``after < position <= upto``, in
-        order; at most ``limit`` rows (counted before the topic filter), of ``topics`` if given.
-        Adapters may read their tables directly."""
-        stored = self._recorder.select_events(instance_id, gt=after, lte=upto, limit=limit)
-        wanted = set(topics)
-        return [
-            (s.originator_version, s.topic, s.state)
-            for s in stored
-            if not wanted or s.topic in wanted
-        ]
+        """The stream's rows ``(last position, topic, state)`` holding positions in
+        ``(after, upto]``: those whose last position is after ``after``, up to and including the
+        first whose last position reaches ``upto``; at most ``limit`` rows. In order."""
+        stored = self._recorder.select_events(instance_id, gt=after)
+        rows: list[tuple[int, str, bytes]] = []
+        for s in stored:
+            rows.append((s.originator_version, s.topic, s.state))
+            if (upto is not None and s.originator_version >= upto) or (
+                limit is not None and len(rows) >= limit
+            ):
+                break
+        return rows
+
+    @staticmethod
+    def _wanted(types: Collection[str]) -> frozenset[str] | None:
+        """The type names to keep (``None``: all), each checked to exist."""
+        if not types:
+            return None
+        for name in types:
+            if name not in EVENT_TYPES:
+                raise StoreConfigError(f"unknown event type {name!r}; known: {sorted(EVENT_TYPES)}")
+        return frozenset(types)
 
     def version(self, instance_id: str) -> int:
         """The position of the stream's last event, 0 when the stream is empty."""
         with self._translated(f"read the version of {instance_id!r}"):
-            last = self._recorder.select_events(instance_id, desc=True, limit=1)
-        version = last[0].originator_version if last else 0
-        self._saw(instance_id, version)
+            version = self._stream_version(instance_id)
         return version
+
+    def _stream_version(self, instance_id: str) -> int:
+        """The stream's version, read from the recorder (its last row's last position)."""
+        last = self._recorder.select_events(instance_id, desc=True, limit=1)
+        return last[0].originator_version if last else 0
 
     def _version_or_none(self, instance_id: str) -> int | None:
         try:
@@ -280,33 +447,77 @@ class EventStore(ABC):
     ) -> list[Recorded]:
         """One page of events of every stream in global order, with ``global_position > after``.
 
-        ``types`` keeps only events of those ``type`` strings, filtered by the database (a fold
-        that needs a few types, like committed state, then decodes only those).
+        ``types`` keeps only events of those ``type`` strings (the others are never built). A
+        page holds ``limit`` events unless the log has no more up to ``upto``: a short page means
+        the reader has seen everything so far.
         """
         if limit < 1:
             raise StoreConfigError(f"limit must be >= 1, got {limit}")
-        topics = self._topics(types)
-        with self._translated("read the global log"):
-            return self._select_page(after, limit, upto, topics)
+        wanted = self._wanted(types)
+        upto_row = None if upto is None else upto >> ROW_SHIFT
+        page: list[Recorded] = []
+        after_row = (after >> ROW_SHIFT) - 1 if after else 0
+        with self._translated("read the global log"), _bulk():
+            while len(page) < limit:
+                # Rows are read a few at a time (a row usually holds a whole superstep, so a page
+                # needs far fewer rows than events); a short read means the log has no more.
+                wanted_rows = min(limit - len(page), ROWS_PER_READ)
+                rows = self._select_rows(after_row, wanted_rows, upto_row)
+                for row_id, instance_id, last, topic, state in rows:
+                    self._page_row(
+                        page, row_id, instance_id, last, topic, state, after, upto, wanted
+                    )
+                    if len(page) >= limit:
+                        del page[limit:]
+                        return page
+                if len(rows) < wanted_rows:
+                    return page
+                after_row = rows[-1][0]
+        return page
 
-    def _select_page(
-        self, after: int, limit: int, upto: int | None, topics: list[str]
-    ) -> list[Recorded]:
-        """One page of the global log; adapters may read their tables directly."""
+    def _page_row(
+        self,
+        page: list[Recorded],
+        row_id: int,
+        instance_id: str,
+        last: int,
+        topic: str,
+        state: bytes,
+        after: int,
+        upto: int | None,
+        wanted: frozenset[str] | None,
+    ) -> None:
+        """Add the events of one row that fall in ``(after, upto]`` (global) to ``page``."""
+        base = row_id << ROW_SHIFT
+        count = row_count(instance_id, last, topic)
+        first = last - count + 1
+        low = first + max(after - base + 1, 0) - 1  # positions up to ``low`` are already read
+        high = last if upto is None else min(last, first + upto - base)
+        if low >= high:
+            return
+        for event in self._mapper.decode_row(
+            instance_id, last, topic, state, after=low, upto=high, types=wanted
+        ):
+            page.append(Recorded(base + event.position - first, event))
+
+    def _select_rows(
+        self, after_row: int, limit: int, upto_row: int | None
+    ) -> list[tuple[int, str, int, str, bytes]]:
+        """Rows ``(row id, instance id, last position, topic, state)`` of the global log with
+        ``after_row < row id <= upto_row``, by row id, at most ``limit``; only rows that a reader
+        may pass (on PostgreSQL, only those of settled transactions)."""
         notes = self._recorder.select_notifications(
-            start=after, limit=limit, stop=upto, topics=topics, inclusive_of_start=False
+            start=after_row, limit=limit, stop=upto_row, inclusive_of_start=False
         )
-        return [Recorded(n.id, self._mapper.to_event(n)) for n in notes]
+        return [(n.id, str(n.originator_id), n.originator_version, n.topic, n.state) for n in notes]
 
-    @staticmethod
-    def _topics(types: Collection[str]) -> list[str]:
-        topics: list[str] = []
-        for name in sorted(types):
-            cls = EVENT_TYPES.get(name)
-            if cls is None:
-                raise StoreConfigError(f"unknown event type {name!r}; known: {sorted(EVENT_TYPES)}")
-            topics.extend(f"{name}@{version}" for version in range(1, cls.SCHEMA_VERSION + 1))
-        return topics
+    def _last_row(self) -> tuple[int, str, int, str] | None:
+        """``(row id, instance id, last position, topic)`` of the newest row a reader may pass."""
+        last = self.last_row_id()
+        if not last:
+            return None
+        rows = self._select_rows(last - 1, 1, last)
+        return None if not rows else rows[0][:4]
 
     def iter_all(
         self, *, after: int = 0, page_size: int = 500, types: Collection[str] = ()
@@ -323,7 +534,11 @@ class EventStore(ABC):
     def last_position(self) -> int:
         """The global position of the newest event, 0 for an empty store."""
         with self._translated("read the global log"):
-            return int(self._recorder.max_notification_id() or 0)
+            last = self._last_row()
+        if last is None:
+            return 0
+        row_id, instance_id, position, topic = last
+        return (row_id << ROW_SHIFT) + row_count(instance_id, position, topic) - 1
 
     def follow(
         self,
@@ -462,11 +677,27 @@ class EventStore(ABC):
     def _no_leases(self) -> StoreError:
         return StoreError(f"{type(self).__name__} ({self._where()}) keeps no leases")
 
+    def group_committer(self) -> GroupCommitter:
+        """The store's one ``GroupCommitter`` (``kernel._group``), made on first use."""
+        with self._insert_lock:
+            if self._committer is None:
+                from kernel._group import GroupCommitter
+
+                self._committer = GroupCommitter(self)
+            return self._committer
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Release connections. The store cannot be used afterwards."""
+        self._stop_committer()
         self._closed = True
+
+    def _stop_committer(self) -> None:
+        """Commit what the group committer holds, and stop it (before connections close)."""
+        committer = self._committer
+        if committer is not None:
+            committer.close()
 
     def __enter__(self) -> Self:
         return self

@@ -21,6 +21,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLite
 from filelock import FileLock, Timeout
 
 from kernel._errors import (
+    ConcurrencyConflictError,
     SchemaVersionError,
     StoreConfigError,
     StoreError,
@@ -32,7 +33,6 @@ from kernel._store import (
     STORE_SCHEMA_VERSION,
     ErrorTable,
     EventStore,
-    Recorded,
     driver_error,
 )
 
@@ -216,6 +216,7 @@ class SQLiteStore(EventStore):
     """
 
     _errors = SQLITE_ERRORS
+    shares_commits = True
 
     def __init__(
         self, url: str, *, create: bool = True, lock_timeout: int = 30, **options: Any
@@ -262,7 +263,9 @@ class SQLiteStore(EventStore):
                     # file can go, rather than sit beside the user's database.
                     with suppress(OSError):
                         lock.unlink()
-                self._check_schema_version()
+                stamped = self._check_schema_version()
+                if create and stamped is not None and int(stamped) < STORE_SCHEMA_VERSION:
+                    self._restamp()
         except BaseException:
             self._ds.close()
             raise
@@ -309,7 +312,18 @@ class SQLiteStore(EventStore):
                 (str(STORE_SCHEMA_VERSION),),
             )
 
-    def _check_schema_version(self) -> None:
+    def _restamp(self) -> None:
+        """Stamp an older store with this steplog's schema version before it writes the new row
+        format (which older steplogs cannot read); the old rows stay as they are."""
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"UPDATE {META_TABLE} SET value = ? WHERE key = 'schema_version' AND "
+                "CAST(value AS INTEGER) < ?",
+                (str(STORE_SCHEMA_VERSION), STORE_SCHEMA_VERSION),
+            )
+
+    def _check_schema_version(self) -> str | None:
+        """The stamped schema version (None: unstamped); refuse a newer one."""
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key='schema_version'")
             row = cursor.fetchone()
@@ -319,6 +333,7 @@ class SQLiteStore(EventStore):
                 f"version {row[0]}; this steplog knows up to {STORE_SCHEMA_VERSION}); "
                 "upgrade steplog to open it"
             )
+        return None if row is None else str(row[0])
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -356,42 +371,95 @@ class SQLiteStore(EventStore):
             cursor.execute(_TABLE_SQL, (LEASES_TABLE,))
             return cursor.fetchone() is None
 
+    # -- rows -----------------------------------------------------------------------------------
+
+    def _insert_row(self, instance_id: str, expected_version: int, row: StoredEvent) -> int:
+        with self._ds.transaction(commit=True) as cursor:
+            return self._insert_checked(cursor, instance_id, expected_version, row)
+
+    def _insert_rows(
+        self, rows: Sequence[tuple[str, int, StoredEvent]]
+    ) -> list[int | ConcurrencyConflictError]:
+        """Every row in one transaction: one commit, one fsync of the WAL for all of them."""
+        outcomes: list[int | ConcurrencyConflictError] = []
+        with self._ds.transaction(commit=True) as cursor:
+            for instance_id, expected, row in rows:
+                try:
+                    outcomes.append(self._insert_checked(cursor, instance_id, expected, row))
+                except ConcurrencyConflictError as conflict:
+                    outcomes.append(conflict)
+        return outcomes
+
+    @staticmethod
+    def _insert_checked(
+        cursor: Any, instance_id: str, expected_version: int, row: StoredEvent
+    ) -> int:
+        """Insert ``row`` iff the stream is at ``expected_version``: one statement, checked and
+        written under the database's write lock (the first statement of the transaction takes
+        it), so no other writer can move the stream in between."""
+        cursor.execute(
+            _INSERT_SQL,
+            (
+                instance_id,
+                row.originator_version,
+                row.topic,
+                row.state,
+                instance_id,
+                expected_version,
+            ),
+        )
+        inserted = cursor.fetchone()
+        if inserted is not None:
+            return int(inserted[0])
+        cursor.execute(_VERSION_SQL, (instance_id,))
+        raise ConcurrencyConflictError(instance_id, expected_version, int(cursor.fetchone()[0]))
+
+    def _stream_version(self, instance_id: str) -> int:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(_VERSION_SQL, (instance_id,))
+            return int(cursor.fetchone()[0])
+
     def _select_stream(
-        self,
-        instance_id: str,
-        after: int | None,
-        upto: int | None,
-        limit: int | None,
-        topics: list[str],
+        self, instance_id: str, after: int | None, upto: int | None, limit: int | None = None
     ) -> list[tuple[int, str, bytes]]:
-        """A stream read as plain rows, filtered by topic in SQL when no ``limit`` counts them."""
-        conditions, params = _range(
-            "originator_version", after, upto, topics if limit is None else ()
-        )
-        conditions.insert(0, "originator_id = ?")
-        params.insert(0, instance_id)
-        statement = (
-            f"SELECT originator_version, topic, state FROM {EVENTS_TABLE} "
-            f"WHERE {' AND '.join(conditions)} ORDER BY originator_version"
-        )
+        """The rows holding ``(after, upto]``: the index on (instance, last position) finds the
+        first row past ``after`` and the first row that reaches ``upto``."""
+        statement = _STREAM_SQL
+        params: list[Any] = [instance_id, after or 0]
+        if upto is not None:
+            statement += _STREAM_UPTO_SQL
+            params += [instance_id, upto, upto]
+        statement += " ORDER BY originator_version"
         if limit is not None:
             statement += " LIMIT ?"
             params.append(limit)
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(statement, params)
             rows: list[tuple[int, str, bytes]] = cursor.fetchall()
-        if topics and limit is not None:
-            wanted = set(topics)
-            rows = [row for row in rows if row[1] in wanted]
         return rows
 
-    def _select_page(
-        self, after: int, limit: int, upto: int | None, topics: list[str]
-    ) -> list[Recorded]:
-        """The global log read as plain rows (no intermediate record objects)."""
-        rows = self._sqlite.select_rows(after=after, limit=limit, upto=upto, topics=topics)
-        decode = self._mapper.decode
-        return [Recorded(row[0], decode(row[1], row[2], row[3], row[4])) for row in rows]
+    def _select_windows(
+        self, instance_id: str, windows: Sequence[tuple[int, int]]
+    ) -> list[list[tuple[int, str, bytes]]]:
+        """Every window's rows in one statement (per hundred windows): a ``UNION ALL`` of the
+        windows' range reads, each tagged with its window."""
+        found: list[list[tuple[int, str, bytes]]] = [[] for _ in windows]
+        with self._ds.transaction(commit=False) as cursor:
+            for start in range(0, len(windows), 100):
+                chunk = windows[start : start + 100]
+                parts, params = [], []
+                for n, (after, upto) in enumerate(chunk, start=start):
+                    parts.append(f"SELECT * FROM ({_WINDOW_SQL})")
+                    params += [n, instance_id, after, instance_id, upto, upto]
+                cursor.execute(" UNION ALL ".join(parts), params)
+                for n, last, topic, state in cursor.fetchall():
+                    found[n].append((last, topic, state))
+        return found
+
+    def _select_rows(
+        self, after_row: int, limit: int, upto_row: int | None
+    ) -> list[tuple[int, str, int, str, bytes]]:
+        return self._sqlite.select_rows(after=after_row, limit=limit, upto=upto_row)  # type: ignore[return-value]
 
     @property
     def datastore(self) -> SQLiteDatastore:
@@ -409,6 +477,7 @@ class SQLiteStore(EventStore):
 
     def close(self) -> None:
         if not self._closed:
+            self._stop_committer()
             self._ds.close()
         super().close()
 
@@ -428,6 +497,34 @@ class SQLiteStore(EventStore):
         hint = _HINTS.get(primary)
         return (StoreUnavailableError, hint) if hint else (kind, "")
 
+
+# A batch row goes in only if the stream is at the expected version (its last row's last position).
+_INSERT_SQL = f"""
+INSERT INTO {EVENTS_TABLE} (originator_id, originator_version, topic, state)
+SELECT ?, ?, ?, ? WHERE (
+    SELECT coalesce(max(originator_version), 0) FROM {EVENTS_TABLE} WHERE originator_id = ?
+) = ?
+RETURNING rowid
+"""
+_VERSION_SQL = (
+    f"SELECT coalesce(max(originator_version), 0) FROM {EVENTS_TABLE} WHERE originator_id = ?"
+)
+_STREAM_SQL = (
+    f"SELECT originator_version, topic, state FROM {EVENTS_TABLE} "
+    "WHERE originator_id = ? AND originator_version > ?"
+)
+_WINDOW_SQL = (
+    f"SELECT ? AS n, originator_version, topic, state FROM {EVENTS_TABLE} "
+    "WHERE originator_id = ? AND originator_version > ? AND originator_version <= "
+    f"coalesce((SELECT min(originator_version) FROM {EVENTS_TABLE} WHERE originator_id = ? "
+    "AND originator_version >= ?), ?) ORDER BY originator_version"
+)
+"""The rows of one window ``(after, upto]`` of a stream, tagged with the window's number."""
+# Up to the first row that reaches ``upto`` (or every row, if none does yet).
+_STREAM_UPTO_SQL = (
+    f" AND originator_version <= coalesce((SELECT min(originator_version) FROM {EVENTS_TABLE} "
+    "WHERE originator_id = ? AND originator_version >= ?), ?)"
+)
 
 # Take the lease if it is free, ours, or exactly the stale one named (holder, expires): the
 # conflict's update is skipped otherwise, and RETURNING then yields no row.

@@ -14,7 +14,9 @@ from kernel._algo import Delivery, Router, Sent
 from kernel._errors import DefinitionError, StateWriteRejectedError
 from kernel._events import (
     ErrorInfo,
+    ExecutorCompleted,
     ExecutorFailed,
+    ExecutorInvoked,
     InfoRequested,
     MessageStaged,
     OutputYielded,
@@ -60,6 +62,12 @@ class Superstep:
         self.in_flight: set[str] = set()
         self.cancelling = False
         self.inline_task: asyncio.Task[Any] | None = None
+        # What every event of the superstep's hot path needs, made once per superstep.
+        self._codec = run.codec
+        self._record = run.record
+        self._staged_head = run.head(StateStaged, superstep_id)
+        self.invoked_head = run.head(ExecutorInvoked, superstep_id)
+        self.completed_head = run.head(ExecutorCompleted, superstep_id)
 
     @property
     def run_id(self) -> str:
@@ -85,20 +93,17 @@ class Superstep:
             )
 
     def stage(self, executor_id: str, key: str, op: Literal["set", "delete"], value: Any) -> None:
-        self._refuse_if_closed(executor_id, f"write of state key {key!r}")
+        if self.outcome is not None or self.inline_task is not None:  # else open: no message
+            self._refuse_if_closed(executor_id, f"write of state key {key!r}")
         if not isinstance(key, str) or not key:
             raise TypeError(f"state keys must be non-empty strings, got {key!r}")
-        codec = self._run.codec
+        codec = self._codec
         if not key.isascii():
             codec.encode(key, what=f"the name of state key {key!r}")
         wire = None if op == "delete" else codec.encode(value, what=f"state key {key!r}")
-        self._run.log(
+        self._record(
             StateStaged,
-            superstep_id=self.superstep_id,
-            executor_id=executor_id,
-            key=key,
-            op=op,
-            value=wire,
+            {**self._staged_head, "executor_id": executor_id, "key": key, "op": op, "value": wire},
         )
         self.staged[key] = (op, value)
 
@@ -118,15 +123,18 @@ class Superstep:
 
     def send(self, source: str, message: Any, target_id: str | None, delivery: Delivery) -> None:
         """Stage ``message``, routed to ``delivery`` (from ``router.cached`` or ``route``)."""
-        self._refuse_if_closed(source, "message")
-        wire = self._run.codec.encode(message, what=f"message from {source!r}")
-        self._run.log(
+        if self.outcome is not None or self.inline_task is not None:
+            self._refuse_if_closed(source, "message")
+        wire = self._codec.encode(message, what=f"message from {source!r}")
+        self._record(
             MessageStaged,
-            superstep_id=self.superstep_id,
-            source=source,
-            target=target_id,
-            targets=list(delivery.logged),
-            message=wire,
+            {
+                **self._run.head(MessageStaged, self.superstep_id),
+                "source": source,
+                "target": target_id,
+                "targets": list(delivery.logged),
+                "message": wire,
+            },
         )
         self.sent.append(Sent(source, message, delivery))
 

@@ -23,7 +23,7 @@ from projections._blame import (
 )
 from projections._diff import Change, StateDiff, diff, diff_points
 from projections._history import RunHistory, fold_history
-from projections._keyblame import BLAME_TYPES, blame_keys
+from projections._keyblame import BLAME_TYPES, blame_keys, key_index_position
 from projections._lineage import forks_of, history_of
 from projections._runrecords import (
     ForkRecord,
@@ -46,7 +46,14 @@ from projections._timetravel import (
     state_at,
 )
 from projections._views import VIEW_NAMES, Projector, VerifyReport, default_views, run_follower
-from projections._viewspecs import BlameView, DocumentView, HistoryView, StateView, ViewSpec
+from projections._viewspecs import (
+    BlameView,
+    DocumentView,
+    HistoryView,
+    KeyIndexView,
+    StateView,
+    ViewSpec,
+)
 
 __all__ = [
     "BLAME_TYPES",
@@ -64,6 +71,7 @@ __all__ = [
     "HistoryView",
     "InsideSuperstep",
     "KeyBlame",
+    "KeyIndexView",
     "MemoryHistoryRows",
     "MemoryViewBackend",
     "MemoryWriteRows",
@@ -100,6 +108,7 @@ __all__ = [
     "fold_history",
     "forks_of",
     "history_of",
+    "key_index_position",
     "run_follower",
     "state_at",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -84,6 +84,13 @@ class ViewBackend(ABC):
     @abstractmethod
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
         """A committed document, or None."""
+
+    def get_many(self, table: str, instance_id: str, keys: Sequence[str]) -> dict[str, Json]:
+        """The committed documents of ``instance_id`` under ``keys``, by key (missing ones left
+        out). The SQL backends read them in one statement, so a reader of many rows (the key
+        index) pays one round trip, not one per row."""
+        found = {key: self.get(table, instance_id, key) for key in keys}
+        return {key: doc for key, doc in found.items() if doc is not None}
 
     @abstractmethod
     def floor(self, table: str, instance_id: str, low: str, high: str) -> tuple[str, Json] | None:

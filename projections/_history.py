@@ -35,6 +35,7 @@ from typing import Any
 from kernel import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
+    CommittedState,
     EventBase,
     ExecutorFailed,
     ExecutorInvoked,
@@ -94,7 +95,16 @@ class RunHistory(Fold):
     read memory rows and return copies (changing them changes no view).
     """
 
-    __slots__ = ("_forked_from", "_forks", "_inherited", "_requested_by", "_rows", "_tracker")
+    __slots__ = (
+        "_forked_from",
+        "_forks",
+        "_inherited",
+        "_requested_by",
+        "_rows",
+        "_run",
+        "_step",
+        "_tracker",
+    )
 
     def __init__(
         self,
@@ -111,6 +121,11 @@ class RunHistory(Fold):
         # a fork's requests inherited from its origin's run (InstanceForked.requests), unanswered
         self._inherited: list[RequestRecord] = []
         self._forks = sorted(forks, key=_fork_order)
+        # The records the last events touched: a superstep's events come together, so most
+        # events find their records here instead of asking ``rows`` (records are changed in
+        # place, so a sink hands out the same record for an id for as long as the fold lives).
+        self._run: RunRecord | None = None
+        self._step: SuperstepRecord | None = None
         if tracker is not None:
             self._tracker = SuperstepTracker.from_json(tracker["tracker"])
             self._requested_by = dict(tracker.get("requested_by", {}))
@@ -122,7 +137,7 @@ class RunHistory(Fold):
 
     @folds("instance_forked")
     def _forked(self, event: InstanceForked) -> None:
-        self._tracker.track(event)
+        self._tracker.verdict(event)
         self._forked_from = fork_record(event)
         self._inherited = [
             RequestRecord(
@@ -140,16 +155,16 @@ class RunHistory(Fold):
         rows = self._rows
         if rows.run(event.run_id) is not None:
             return
-        rows.add_run(
-            RunRecord(
-                event.run_id,
-                event.workflow_name,
-                event.timestamp,
-                event.position,
-                continues=event.continues,
-                checkpoint=event.checkpoint,
-            )
+        run = RunRecord(
+            event.run_id,
+            event.workflow_name,
+            event.timestamp,
+            event.position,
+            continues=event.continues,
+            checkpoint=event.checkpoint,
         )
+        rows.add_run(run)
+        self._run = run
         if event.continues is not None:
             continued = rows.run(event.continues)
             if continued is not None and event.run_id not in continued.continued_by:
@@ -189,71 +204,104 @@ class RunHistory(Fold):
 
     @folds("info_requested")
     def _requested(self, event: InfoRequested) -> None:
-        self._tracker.track(event)
-        step = self._rows.step(event.superstep_id)
+        self._tracker.verdict(event)
+        step = self._step_of(event.superstep_id)
         if step is not None and event.request_id not in step.requests:
             step.requests += (event.request_id,)
 
     @folds("superstep_started")
     def _superstep_started(self, event: SuperstepStarted) -> None:
-        self._tracker.track(event)
-        rows = self._rows
-        run = rows.run(event.run_id)
-        if run is None or run.status != "running" or rows.step(event.superstep_id) is not None:
+        self._tracker.verdict(event)
+        run = self._run_of(event.run_id)
+        if run is None or run.status != "running":
             return
-        rows.add_step(
-            SuperstepRecord(
-                event.superstep_id, event.run_id, event.index, event.timestamp, event.position
-            )
+        rows = self._rows
+        superstep_id = event.superstep_id
+        if rows.step(superstep_id) is not None:
+            return
+        step = SuperstepRecord(
+            superstep_id, event.run_id, event.index, event.timestamp, event.position
         )
+        rows.add_step(step)
+        self._step = step
         run.supersteps += 1
-        run.superstep_ids.append(event.superstep_id)
+        run.superstep_ids.append(superstep_id)
+
+    def _step_of(self, superstep_id: str) -> SuperstepRecord | None:
+        """The record of ``superstep_id`` (the last one touched, or from ``rows``), or None."""
+        step = self._step
+        if step is not None and step.superstep_id == superstep_id:
+            return step
+        step = self._rows.step(superstep_id)
+        if step is not None:
+            self._step = step
+        return step
+
+    def _run_of(self, run_id: str) -> RunRecord | None:
+        """The record of ``run_id`` (the last one touched, or from ``rows``), or None."""
+        run = self._run
+        if run is not None and run.run_id == run_id:
+            return run
+        run = self._rows.run(run_id)
+        if run is not None:
+            self._run = run
+        return run
 
     @folds("executor_invoked")
     def _invoked(self, event: ExecutorInvoked) -> None:
-        step = self._rows.step(event.superstep_id)
+        step = self._step
+        if step is None or step.superstep_id != event.superstep_id:
+            step = self._step_of(event.superstep_id)
         if step is not None:
             step.executors += (event.executor_id,)
 
     @folds("executor_failed")
     def _failed(self, event: ExecutorFailed) -> None:
-        step = self._rows.step(event.superstep_id)
+        step = self._step_of(event.superstep_id)
         if step is not None:
             step.failed_executors += (event.executor_id,)
 
     @folds("state_staged")
     def _staged(self, event: StateStaged) -> None:
-        self._tracker.track(event)
-        step = self._rows.step(event.superstep_id)
+        self._tracker.verdict(event)
+        step = self._step
+        if step is None or step.superstep_id != event.superstep_id:
+            step = self._step_of(event.superstep_id)
         if step is not None and event.key not in step.keys:
             step.keys += (event.key,)
 
     @folds("output_yielded")
     def _output(self, event: OutputYielded) -> None:
-        step = self._rows.step(event.superstep_id)
+        step = self._step_of(event.superstep_id)
         if step is None or step.status != "open":
             return
-        run = self._rows.run(step.run_id)
+        run = self._run_of(step.run_id)
         if run is not None and run.status == "running":
             step.outputs += (event.value,)
 
     @folds(*SUPERSTEP_MARKER_TYPES)
     def _marked(self, event: SuperstepEvent) -> None:
-        kind = self._tracker.track(event).kind
+        tracker = self._tracker
+        kind = tracker.verdict(event)
         if kind != "committed" and kind != "aborted":
             return
-        step = self._rows.step(event.superstep_id)
-        if step is None:
-            return
+        step = self._step
+        if step is None or step.superstep_id != event.superstep_id:
+            step = self._step_of(event.superstep_id)
+            if step is None:
+                return
         step.position = event.position
         step.ended_at = event.timestamp
-        run = self._rows.run(step.run_id)
+        run = self._run
+        if run is None or run.run_id != step.run_id:
+            run = self._run_of(step.run_id)
         assert run is not None
         if kind == "committed":
             step.status = "committed"
             run.committed += 1
-            run.outputs.extend(step.outputs)
-            for request in self._tracker.outcome.requests:
+            if step.outputs:
+                run.outputs.extend(step.outputs)
+            for request in tracker.decided_requests:
                 self._requested_by[request.request_id] = run.run_id
                 run.pending_requests.append(
                     RequestRecord(
@@ -273,9 +321,9 @@ class RunHistory(Fold):
 
     @folds(*RUN_END_TYPES)
     def _run_ended(self, event: RunEvent) -> None:
-        if self._tracker.track(event).kind != "run_ended":
+        if self._tracker.verdict(event) != "run_ended":
             return
-        run = self._rows.run(event.run_id)
+        run = self._run_of(event.run_id)
         if run is None:
             return
         run.ended_at = event.timestamp
@@ -312,6 +360,12 @@ class RunHistory(Fold):
         """One superstep, or None."""
         step = self._memory().steps.get(superstep_id)
         return None if step is None else step.copy()
+
+    @property
+    def state(self) -> CommittedState:
+        """The committed state the verdicts of this history were decided by: the kernel's fold,
+        folded alongside (read it rather than folding the same events into a second one)."""
+        return self._tracker.state
 
     @property
     def forked_from(self) -> ForkRecord | None:

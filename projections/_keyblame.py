@@ -1,9 +1,19 @@
 """The blame of a few keys of one instance, read from a store: only what those keys need.
 
 ``fold_blame(events, keys=...)`` skips the writes of other keys on sight; ``blame_keys`` feeds it
-from a store in bounded pages: windows of the instance's stream read with the store's type filter
-(``store.read(instance_id, after=k, upto=k + n, types=BLAME_TYPES)``), so only the event types
-blame needs are decoded.
+from a store. With a key index (the ``keyindex`` view, ``KeyIndexView``, kept by ``Projector``)
+it reads only the events the keys' verdicts depend on: their writes, the starts and markers of
+the supersteps they were written in, the ends of those runs and the fork, located by the index
+and read in short position windows (``store.read_ranges(instance_id, windows, types=BLAME_TYPES)``,
+one query for them all),
+then the tail of the stream the index has not folded yet (read first: a write there may depend
+on a marker or a run's end the index has folded). The cost follows the keys' writes, not
+the length of the log. The verdicts still come from folding those events through ``KeyBlame``
+(the kernel's fold): the index says where to look, never what happened.
+
+Without an index (none built, or ``index=False``) the whole stream is read in bounded position
+windows with the store's type filter, so only the event types blame needs are decoded. Either
+way the answer is the same. Reading never writes: a missing index table is not created.
 
 Example::
 
@@ -14,15 +24,54 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from kernel import EventStore, ProjectionError
+from kernel import EventBase, EventStore, ProjectionError, StateStaged
+from projections._backends import ViewBackend
 from projections._blame import KeyBlame
+from projections._keyindex import indexed_upto, relevant_positions, windows
+from projections._sqlbackends import backend_for
+from projections._viewspecs import KeyIndexView
 
-__all__ = ["BLAME_TYPES", "blame_keys"]
+__all__ = ["BLAME_TYPES", "blame_keys", "key_index_position"]
 
 BLAME_TYPES = KeyBlame.EVENT_TYPES
 """The event types that change a ``KeyBlame``: folding only these gives the same answers."""
+
+
+class _IndexRows:
+    """The key index rows of one instance in a view backend, read without creating anything."""
+
+    __slots__ = ("_instance", "_table", "_views")
+
+    def __init__(self, views: ViewBackend, table: str, instance_id: str) -> None:
+        self._views, self._table, self._instance = views, table, instance_id
+
+    @classmethod
+    def find(
+        cls, store: EventStore, instance_id: str, backend: ViewBackend | None
+    ) -> _IndexRows | None:
+        """The rows of ``instance_id`` if the index table exists, else None."""
+        views = backend or backend_for(store)
+        table = KeyIndexView().table
+        return cls(views, table, instance_id) if views.exists(table) else None
+
+    def get(self, key: str) -> Any:
+        return self._views.get(self._table, self._instance, key)
+
+    def read(self, keys: list[str]) -> dict[str, Any]:
+        return self._views.get_many(self._table, self._instance, keys)
+
+
+def key_index_position(
+    store: EventStore, instance_id: str, *, backend: ViewBackend | None = None
+) -> int | None:
+    """The last stream position of ``instance_id`` the key index has folded (in ``backend``, by
+    default the store's own database); None when there is no index or it has not seen the
+    instance. Creates nothing."""
+    rows = _IndexRows.find(store, instance_id, backend)
+    return None if rows is None else indexed_upto(rows.get)
 
 
 def blame_keys(
@@ -31,19 +80,49 @@ def blame_keys(
     keys: Iterable[str],
     *,
     page_size: int = 2000,
+    index: bool = True,
+    backend: ViewBackend | None = None,
 ) -> KeyBlame:
     """The ``KeyBlame`` of ``instance_id`` restricted to ``keys`` (see the module docstring).
 
-    Equal, for those keys, to ``fold_blame(store.read(instance_id))``; raises ``StoreError`` if
-    the store cannot be read.
+    Equal, for those keys, to ``fold_blame(store.read(instance_id))``. ``index=False`` ignores
+    the key index and reads the whole stream; ``backend`` is where the index lives (by default
+    the store's own database). The tail the index has not folded is held in memory (without
+    other keys' writes) while the index is asked, so keep the index caught up (``Projector``).
+    Raises ``StoreError`` if the store cannot be read.
     """
     if page_size < 1:
         raise ProjectionError(f"page_size must be >= 1, got {page_size}")
+    keys = list(keys)
     view = KeyBlame(keys)
+    rows = _IndexRows.find(store, instance_id, backend) if index else None
+    upto = None if rows is None else indexed_upto(rows.get)
+    if rows is None or upto is None:
+        for events in _pages(store, instance_id, 0, page_size):
+            view.apply_all(events)
+        return view
+    # The tail the index has not folded, without other keys' writes: its writes of ``keys`` may
+    # depend on indexed markers and run ends, so it is read before the index is asked.
+    wanted = set(keys)
+    tail = [
+        event
+        for events in _pages(store, instance_id, upto, page_size)
+        for event in events
+        if not isinstance(event, StateStaged) or event.key in wanted
+    ]
+    ranges = [
+        (first - 1, last)
+        for first, last in windows(relevant_positions(rows.read, keys, upto, tail))
+    ]
+    view.apply_all(store.read_ranges(instance_id, ranges, types=BLAME_TYPES))
+    return view.apply_all(tail)
+
+
+def _pages(
+    store: EventStore, instance_id: str, after: int, page_size: int
+) -> Iterator[list[EventBase]]:
+    """The events of ``BLAME_TYPES`` after ``after``, in position windows of ``page_size``
+    (filtered pages may be short, so they are paged by position, not by count)."""
     end = store.version(instance_id)
-    for after in range(0, end, page_size):  # position windows: filtered pages may be short
-        for event in store.read(
-            instance_id, after=after, upto=after + page_size, types=BLAME_TYPES
-        ):
-            view.apply(event)
-    return view
+    for start in range(after, end, page_size):
+        yield store.read(instance_id, after=start, upto=start + page_size, types=BLAME_TYPES)

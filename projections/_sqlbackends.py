@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +31,14 @@ from projections._backends import (
 
 __all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
 
+_MANY = 500
+"""Keys per statement of ``get_many`` (SQLite allows 999 parameters before 3.32)."""
+
+
+POSITIONS_FORMAT_ROW = "#positions"
+"""The positions table's marker row: its position says what the others count (``_migrate``)."""
+POSITIONS_FORMAT = 2
+"""2: global positions of batch rows, ``(row id << kernel.ROW_SHIFT) + offset``."""
 
 # -- SQL (shared by SQLite and PostgreSQL) ----------------------------------------------------
 
@@ -79,11 +87,13 @@ class _SQLBackend(ViewBackend):
     mark = "?"
     sql_claim_insert = ""
     sql_claim_select = ""
+    sql_exists = ""
 
     def __init__(self, datastore: Any, url: str) -> None:
         self._datastore = datastore
         self._url = url
         self._ready: set[str] = set()
+        self._seen: set[str] = set()  # tables ``exists`` found: read as they are, never ensured
 
     def name(self, table: str) -> str:
         return check_table(table)
@@ -128,11 +138,67 @@ class _SQLBackend(ViewBackend):
                 with self._cursor(f"create view table {table}") as cursor:
                     for statement in statements:
                         cursor.execute(statement)
+                self._migrate_positions()
                 break
             except ProjectionError:
                 if attempt == 2:  # concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL
                     raise
         self._ready.add(table)
+
+    def _migrate_positions(self) -> None:
+        """Carry positions tracked before the store's batch rows over to global positions.
+
+        Before, a global position was the row id of a row holding one event; since, it is
+        ``(row id << ROW_SHIFT) + offset``, and that same event is at ``row id << ROW_SHIFT``. A
+        positions table without the marker row holds only positions of that kind: they are
+        shifted once, and the marker written, in the one transaction that finds the marker
+        missing (two projectors racing: the second finds it and changes nothing). So a view
+        goes on exactly where it stopped, with no rebuild.
+
+        The marker is looked for first in a read: a write in the same transaction as the reads
+        before it could not wait for SQLite's lock (it would fail at once while another process
+        writes); the transaction that writes starts with its write."""
+        m = self.mark
+        with self._cursor("read the positions' format", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT position FROM {self.positions} WHERE name={m}", (POSITIONS_FORMAT_ROW,)
+            )
+            if cursor.fetchone() is not None:
+                return
+        with self._cursor("carry positions over to global positions") as cursor:
+            cursor.execute(
+                f"INSERT INTO {self.positions} (name, position) VALUES ({m}, {m}) "
+                "ON CONFLICT (name) DO NOTHING RETURNING name",
+                (POSITIONS_FORMAT_ROW, POSITIONS_FORMAT),
+            )
+            if cursor.fetchone() is None:
+                return
+            cursor.execute(
+                f"UPDATE {self.positions} SET position = position * {1 << kernel.ROW_SHIFT} "
+                f"WHERE name <> {m}",
+                (POSITIONS_FORMAT_ROW,),
+            )
+
+    def exists(self, table: str) -> bool:
+        """Whether ``table`` exists, found without creating (or migrating) anything, so that a
+        reader can tell a view that was never built from an empty one. A table found is then
+        read as it is by ``get`` and ``get_many``."""
+        if table in self._ready or table in self._seen:
+            return True
+        with self._cursor(f"look for {table}", commit=False) as cursor:
+            cursor.execute(self.sql_exists, self._exists_params(check_table(table)))
+            found = cursor.fetchone() is not None
+        if found:
+            self._seen.add(table)
+        return found
+
+    def _exists_params(self, table: str) -> tuple[str, ...]:
+        return (table,)
+
+    def _readable(self, table: str) -> None:
+        """Make ``table`` readable: create it, unless ``exists`` found it (reading never writes)."""
+        if table not in self._seen:
+            self.ensure(table)
 
     def drop(self, table: str) -> None:
         self.ensure(POSITIONS_TABLE)
@@ -173,7 +239,7 @@ class _SQLBackend(ViewBackend):
         """SQLite names constraints per table; PostgreSQL needs the index renamed too."""
 
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
-        self.ensure(table)
+        self._readable(table)
         with self._cursor(f"read {table}", commit=False) as cursor:
             cursor.execute(
                 f"SELECT doc FROM {self.name(table)} WHERE instance_id={self.mark} "
@@ -182,6 +248,22 @@ class _SQLBackend(ViewBackend):
             )
             row = cursor.fetchone()
         return None if row is None else orjson.loads(self.column(row, "doc"))
+
+    def get_many(self, table: str, instance_id: str, keys: Sequence[str]) -> dict[str, Json]:
+        self._readable(table)
+        m = self.mark
+        found: dict[str, Json] = {}
+        with self._cursor(f"read {table}", commit=False) as cursor:
+            for start in range(0, len(keys), _MANY):
+                some = list(keys[start : start + _MANY])
+                cursor.execute(
+                    f"SELECT key, doc FROM {self.name(table)} WHERE instance_id={m} "
+                    f"AND key IN ({', '.join([m] * len(some))})",
+                    (instance_id, *some),
+                )
+                for row in cursor.fetchall():
+                    found[self.column(row, "key")] = orjson.loads(self.column(row, "doc"))
+        return found
 
     def floor(self, table: str, instance_id: str, low: str, high: str) -> tuple[str, Json] | None:
         self.ensure(table)
@@ -238,6 +320,7 @@ class SQLiteViewBackend(_SQLBackend):
         "ON CONFLICT (name) DO UPDATE SET position=position"
     )
     sql_claim_select = "SELECT position FROM {p} WHERE name=?"
+    sql_exists = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
 
 
 class PostgresViewBackend(_SQLBackend):
@@ -246,6 +329,7 @@ class PostgresViewBackend(_SQLBackend):
     mark = "%s"
     sql_claim_insert = "INSERT INTO {p} (name, position) VALUES (%s, 0) ON CONFLICT DO NOTHING"
     sql_claim_select = "SELECT position FROM {p} WHERE name=%s FOR UPDATE"
+    sql_exists = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname=%s AND tablename=%s"
 
     def __init__(self, datastore: Any, url: str, schema: str) -> None:
         super().__init__(datastore, url)
@@ -253,6 +337,9 @@ class PostgresViewBackend(_SQLBackend):
 
     def name(self, table: str) -> str:
         return f'"{self._schema}".{check_table(table)}'
+
+    def _exists_params(self, table: str) -> tuple[str, ...]:
+        return (self._schema, table)
 
     def _is_driver_error(self, error: Exception) -> bool:
         import psycopg

@@ -3,13 +3,17 @@
 History, blame and the ``steplog log`` column need more than committed values: which writes were
 staged in time, which superstep a marker closed, which writes a commit made count.
 ``SuperstepTracker`` wraps the one fold (``kernel.CommittedState``) and reports, for each event, an
-``Outcome``. Whether a write counts is read from the fold itself (``CommittedState.is_pending`` and
-``staged``), so there is no second copy of the commit rule here; the tracker adds which marker
-closed each superstep of a run still going and which supersteps a run left unmarked, and checks
-each commit against the fold. Requests for input (``InfoRequested``) follow the same rule as
-writes: the tracker stages them in a ``kernel.SuperstepFold`` of their own, so a request counts
-exactly when its superstep commits, decided by the kernel's marker rule.
+``Outcome``. Whether a write counts is read from the fold itself (what its ``apply_write`` and
+``apply_marker`` answer), so there is no second copy of the commit rule here; the tracker adds
+which marker closed each superstep of a run still going and which supersteps a run left
+unmarked, and checks each marker against the fold. Requests for input (``InfoRequested``)
+follow the same rule as writes: the tracker stages them in a ``kernel.SuperstepFold`` of their
+own, so a request counts exactly when its superstep commits, decided by the kernel's marker rule.
 What an executor inside a superstep sees is the kernel's ``CommittedState.overlay``.
+
+Every rebuild of history or blame goes through ``track`` once per event, so the tracker keeps what
+an event did as plain fields and builds the ``Outcome`` only when it is read: ``verdict(event)``
+folds an event in and returns only its kind (what history needs), ``outcome`` the whole record.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Outcome:
 
 OTHER = Outcome("other")
 IGNORED = Outcome("ignored")
+_NOTHING: tuple[Any, ...] = ()
 
 
 class _RequestFold(SuperstepFold):
@@ -72,11 +77,12 @@ class _RequestFold(SuperstepFold):
         self.decided: tuple[InfoRequested, ...] = ()
 
     @folds("info_requested")
-    def _requested(self, event: InfoRequested) -> None:
-        self._stage(event)
+    def hold(self, request: InfoRequested) -> bool:
+        """Fold ``request`` in, like ``apply``; whether it counts if its superstep commits."""
+        return self._stage(request)
 
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
-        self.decided = tuple(items)
+        self.decided = tuple(items) if items else ()
 
     def counts_if_committed(self, request: InfoRequested) -> bool:
         """Whether ``request`` (folded in) will count if its superstep's next marker commits."""
@@ -113,40 +119,96 @@ class _RequestFold(SuperstepFold):
 class SuperstepTracker(Fold):
     """The committed-state fold plus the status of every superstep marker (JSON-serialisable).
 
-    ``track(event)`` folds one event in and returns its ``Outcome`` (also left in ``outcome``).
+    ``track(event)`` folds one event in and returns its ``Outcome`` (also in ``outcome``);
+    ``verdict(event)`` folds it in and returns only the outcome's kind.
     """
 
-    __slots__ = ("_ended", "_open", "_requests", "_status", "outcome", "state")
+    __slots__ = (
+        "_ended",
+        "_event",
+        "_kind",
+        "_open",
+        "_requests",
+        "_status",
+        "_unmarked",
+        "_writes",
+        "state",
+    )
 
     def __init__(self, state: CommittedState | None = None) -> None:
         self.state = CommittedState() if state is None else state
-        self._requests = _RequestFold()
-        self.outcome = OTHER
+        # The requests' fold, made at the first request (see ``_request_fold``).
+        self._requests: _RequestFold | None = None
+        # What the last event did: the fields of its Outcome (see ``outcome``), kept as found.
+        self._kind: OutcomeKind = "other"
+        self._event: EventBase | None = None  # the write or request a staged/late one is
+        self._writes: list[StateStaged] = []  # what a marker's superstep staged
+        self._unmarked: tuple[str, ...] = _NOTHING
         # run id -> superstep id -> "committed" | "aborted", for the supersteps of runs that have
         # not ended that got an effective marker (once a run ends every later marker is inert, so
         # its entries are dropped: the tracker grows with the live runs, not with the history)
         self._status: dict[str, dict[str, str]] = {}
-        # run id -> superstep ids started and not yet marked
-        self._open: dict[str, list[str]] = {}
+        # run id -> superstep ids started and not yet marked (a dict for its order and O(1) pops)
+        self._open: dict[str, dict[str, None]] = {}
         self._ended: set[str] = set()
 
     def track(self, event: EventBase) -> Outcome:
         """Fold ``event`` into the committed state and report what it did."""
-        self.outcome = OTHER
-        self.apply(event)
+        self.verdict(event)
         return self.outcome
+
+    def verdict(self, event: EventBase) -> OutcomeKind:
+        """Fold ``event`` in like ``track`` and return only the kind of its ``Outcome`` (the rest
+        is in ``outcome``): what a fold that needs no more than the kind calls."""
+        self._kind = "other"
+        method = self._DISPATCH.get(event.type)
+        if method is not None:
+            method(self, event)
+        return self._kind
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the last event tracked did (built when read: equal, not identical, each time)."""
+        kind = self._kind
+        if kind == "other":
+            return OTHER
+        if kind == "ignored":
+            return IGNORED
+        if kind == "run_ended":
+            return Outcome(kind, unmarked=self._unmarked)
+        if kind == "committed":
+            return Outcome(kind, tuple(self._writes), requests=self.decided_requests)
+        if kind == "aborted":
+            return Outcome(kind, tuple(self._writes))
+        event = self._event  # staged or late: a write, or a request
+        return Outcome(kind, (event,) if isinstance(event, StateStaged) else _NOTHING)
+
+    @property
+    def decided_requests(self) -> tuple[InfoRequested, ...]:
+        """The requests the last ``committed`` marker made count (``outcome.requests``)."""
+        requests = self._requests
+        if requests is None or self._kind != "committed":
+            return _NOTHING
+        return requests.decided
+
+    def _request_fold(self) -> _RequestFold:
+        """The requests' fold. It is made at the first request, from the markers and ended runs
+        the tracker keeps (the sets the kernel's fold keeps, as ``from_json`` restores it), so
+        a log without requests never folds its markers a second time."""
+        requests = self._requests
+        if requests is None:
+            requests = self._requests = _RequestFold.restore({}, self._status, self._ended)
+        return requests
 
     @folds("state_staged")
     def _staged(self, event: StateStaged) -> None:
-        state = self.state
-        state.apply(event)
-        self.outcome = Outcome("staged" if state.is_pending(event) else "late", (event,))
+        self._kind = "staged" if self.state.apply_write(event) else "late"
+        self._event = event
 
     @folds("info_requested")
     def _requested(self, event: InfoRequested) -> None:
-        requests = self._requests
-        requests.apply(event)
-        self.outcome = Outcome("staged" if requests.counts_if_committed(event) else "late")
+        self._kind = "staged" if self._request_fold().hold(event) else "late"
+        self._event = event
 
     @folds("instance_forked")
     def _forked(self, event: EventBase) -> None:
@@ -154,50 +216,54 @@ class SuperstepTracker(Fold):
 
     @folds("superstep_started")
     def _started(self, event: SuperstepStarted) -> None:
-        if event.run_id not in self._ended:
-            self._open.setdefault(event.run_id, []).append(event.superstep_id)
+        run_id = event.run_id
+        if run_id not in self._ended:
+            opened = self._open.get(run_id)
+            if opened is None:
+                self._open[run_id] = {event.superstep_id: None}
+            else:
+                opened[event.superstep_id] = None
 
     @folds(*RUN_END_TYPES)
     def _run_ended(self, event: RunEvent) -> None:
         run_id = event.run_id
         self.state.apply(event)
-        self._requests.apply(event)
+        if self._requests is not None:
+            self._requests.apply(event)
         if run_id in self._ended:
             return
         self._ended.add(run_id)
         self._status.pop(run_id, None)
-        self.outcome = Outcome("run_ended", unmarked=tuple(self._open.pop(run_id, ())))
+        self._kind = "run_ended"
+        self._unmarked = tuple(self._open.pop(run_id, ()))
 
     @folds(*SUPERSTEP_MARKER_TYPES)
     def _marker(self, event: SuperstepEvent) -> None:
         committed = event.type == "superstep_committed"
         run_id, superstep_id = event.run_id, event.superstep_id
-        state = self.state
-        writes = state.staged(superstep_id)
-        before = state.last_committed
-        state.apply(event)
+        writes = self.state.apply_marker(event)  # None: the fold found the marker inert
         requests = self._requests
-        requests.decided = ()
-        requests.apply(event)
+        if requests is not None:
+            requests.decided = ()
+            requests.apply_marker(event)
         marked = self._status.get(run_id)
         effective = run_id not in self._ended and (marked is None or superstep_id not in marked)
-        did_commit = state.last_committed == superstep_id and before != superstep_id
-        if committed and effective != did_commit:
+        if effective != (writes is not None):
             raise LogIntegrityError(
-                f"instance {event.instance_id!r} position {event.position}: the commit of "
+                f"instance {event.instance_id!r} position {event.position}: the marker of "
                 f"superstep {superstep_id!r} disagrees with the committed-state fold"
             )
-        if not effective:
-            self.outcome = IGNORED
+        if writes is None:
+            self._kind = "ignored"
             return
-        self._status.setdefault(run_id, {})[superstep_id] = "committed" if committed else "aborted"
+        if marked is None:
+            marked = self._status[run_id] = {}
+        marked[superstep_id] = "committed" if committed else "aborted"
         opened = self._open.get(run_id)
-        if opened is not None and superstep_id in opened:
-            opened.remove(superstep_id)
-        if committed:
-            self.outcome = Outcome("committed", writes, requests=requests.decided)
-        else:
-            self.outcome = Outcome("aborted", writes)
+        if opened is not None:
+            opened.pop(superstep_id, None)
+        self._kind = "committed" if committed else "aborted"
+        self._writes = writes
 
     def status(self, run_id: str, superstep_id: str) -> str | None:
         """``committed`` or ``aborted`` for a marked superstep of a run that has not ended; None
@@ -211,7 +277,7 @@ class SuperstepTracker(Fold):
             "status": {run_id: dict(marked) for run_id, marked in self._status.items()},
             "open": {run_id: list(ids) for run_id, ids in self._open.items()},
             "ended": sorted(self._ended),
-            "requests": self._requests.held_json(),
+            "requests": {} if self._requests is None else self._requests.held_json(),
         }
 
     @classmethod
@@ -219,9 +285,9 @@ class SuperstepTracker(Fold):
         """Rebuild a tracker from ``to_json()``."""
         tracker = cls(CommittedState.from_snapshot(tree["state"]))
         tracker._status = {run_id: dict(marked) for run_id, marked in tree["status"].items()}
-        tracker._open = {run_id: list(ids) for run_id, ids in tree["open"].items()}
+        tracker._open = {run_id: dict.fromkeys(ids) for run_id, ids in tree["open"].items()}
         tracker._ended = set(tree["ended"])
-        tracker._requests = _RequestFold.restore(
-            tree.get("requests", {}), tracker._status, tracker._ended
-        )
+        held = tree.get("requests")
+        if held:  # else made at the first request, from the same markers and ended runs
+            tracker._requests = _RequestFold.restore(held, tracker._status, tracker._ended)
         return tracker

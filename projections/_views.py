@@ -1,10 +1,11 @@
 """Materialized views with tracking: catch-up, follow, rebuild and verify.
 
-A ``Projector`` keeps views (``state``, ``history``, ``blame``, ``snapshots`` or your own
-``ViewSpec``) in tables next to the event store. ``catch_up()`` reads the global log in pages;
-each page is folded and written with the view's new position in one transaction, after checking
-that the position is still the one the page was read from. A crash mid-page rolls the page back,
-and two projectors on one view never fold an event twice: every event is processed exactly once.
+A ``Projector`` keeps views (``state``, ``history``, ``blame``, ``snapshots``, ``keyindex``, or
+your own ``ViewSpec``) in tables next to the event store. ``catch_up()`` reads the global log in
+pages; each page is folded and written with the view's new position in one transaction, after
+checking that the position is still the one the page was read from. A crash mid-page rolls the
+page back, and two projectors on one view never fold an event twice: every event is processed
+exactly once.
 
 ``follow(stop)`` keeps catching up until ``stop`` is set, and ``run_follower(url, names, stop)``
 does it in a process of its own (for PostgreSQL: one projection process for many workflow
@@ -34,11 +35,18 @@ from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
 from projections._snapshots import SnapshotView
 from projections._sqlbackends import backend_for
-from projections._viewspecs import DOC_KEY, BlameView, HistoryView, StateView, ViewSpec
+from projections._viewspecs import (
+    DOC_KEY,
+    BlameView,
+    HistoryView,
+    KeyIndexView,
+    StateView,
+    ViewSpec,
+)
 
 __all__ = ["VIEW_NAMES", "Projector", "VerifyReport", "default_views", "run_follower"]
 
-VIEW_NAMES = ("state", "history", "blame", "snapshots")
+VIEW_NAMES = ("state", "history", "blame", "snapshots", "keyindex")
 
 
 def default_views(names: Iterable[str] = VIEW_NAMES, *, snapshot_every: int = 50) -> list[ViewSpec]:
@@ -48,6 +56,7 @@ def default_views(names: Iterable[str] = VIEW_NAMES, *, snapshot_every: int = 50
         "history": HistoryView(),
         "blame": BlameView(),
         "snapshots": SnapshotView(snapshot_every),
+        "keyindex": KeyIndexView(),
     }
     unknown = sorted(set(names) - made.keys())
     if unknown:

@@ -18,6 +18,10 @@ history, so they keep rows, and a page loads and rewrites only the rows its even
     fork started with: ``w:<position of the fork event>/<key>``), and
     ``t``: the tracker (``KeyBlame.tracker_json()``: with the positions of the writes still
     pending, by superstep, and of the write each key's value comes from).
+``keyindex``
+    where each key's writes are, and the positions of the supersteps' starts and markers, the
+    runs' ends and the fork that their verdicts depend on (``projections._keyindex``): what
+    ``blame_keys`` reads to fold only those events. It holds positions, never verdicts.
 
 The folds do no I/O: a page hands each one a row sink (``HistoryRows``, ``WriteRows``) that loads
 the rows the page touches through the page's transaction and writes them back at ``save``.
@@ -42,8 +46,9 @@ from kernel import CommittedState, EventBase, InstanceForked, LogIntegrityError
 from projections._backends import ViewTx
 from projections._blame import KeyBlame, WriteRecord
 from projections._history import ForkRecord, RunHistory, RunRecord, SuperstepRecord, fork_record
+from projections._keyindex import KeyIndexFold
 
-__all__ = ["BlameView", "DocumentView", "HistoryView", "StateView", "ViewSpec"]
+__all__ = ["BlameView", "DocumentView", "HistoryView", "KeyIndexView", "StateView", "ViewSpec"]
 
 DOC_KEY = "view"
 TRACKER_KEY = "t"
@@ -327,3 +332,22 @@ class BlameView(_RowsView):
     def read(docs: dict[str, Any]) -> KeyBlame:
         """The ``KeyBlame`` of one instance from its rows (``ViewBackend.documents``)."""
         return _read(docs, KeyBlame, KeyBlame.from_rows, "w:")
+
+
+class KeyIndexView(ViewSpec):
+    """Where each key's writes are, per instance (``KeyIndexFold``): positions only, so that
+    ``blame_keys`` folds a key's writes and what they depend on instead of the whole log."""
+
+    name = "keyindex"
+    event_types = KeyIndexFold.EVENT_TYPES
+
+    def load(self, tx: ViewTx, table: str, instance_id: str) -> KeyIndexFold:
+        return KeyIndexFold(lambda key: tx.get(table, instance_id, key))
+
+    def apply(self, state: Any, event: EventBase) -> Any:
+        return state.apply(event)
+
+    def save(self, tx: ViewTx, table: str, instance_id: str, state: Any) -> None:
+        fold: KeyIndexFold = state
+        for key, row in fold.flush().items():
+            tx.put(table, instance_id, key, row)

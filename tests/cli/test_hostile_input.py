@@ -29,6 +29,7 @@ from kernel import (
     handler,
     open_store,
 )
+from kernel._mapper import _layouts
 from projections.cli import main
 
 INSTANCE = "orders-1"
@@ -59,22 +60,26 @@ async def logged(sqlite_url: str) -> str:
 
 
 def edit_stored_value(url: str, key: str, tree: Any) -> None:
-    """Rewrite, in the database file, the stored value of the state write of ``key``."""
+    """Rewrite, in the database file, the stored value of the state write of ``key`` (in the
+    batch row that holds it: see ``kernel._mapper``)."""
     path = url.removeprefix("sqlite:///")
+    layout = _layouts()[0]["state_staged"]
+    key_at, value_at = (2 + layout.names.index(name) for name in ("key", "value"))
     with sqlite3.connect(path) as db:
         rows = db.execute(
-            "SELECT originator_version, state FROM steplog_events "
-            "WHERE originator_id = ? AND topic LIKE 'state_staged@%'",
-            (INSTANCE,),
+            "SELECT rowid, state FROM steplog_events WHERE originator_id = ?", (INSTANCE,)
         ).fetchall()
-        (position, state) = next((p, s) for p, s in rows if orjson.loads(s)["key"] == key)
-        payload = orjson.loads(state)
-        payload["value"] = tree
-        db.execute(  # json, not orjson: orjson refuses to write more than 254 levels
-            "UPDATE steplog_events SET state = ? "
-            "WHERE originator_id = ? AND originator_version = ?",
-            (json.dumps(payload).encode(), INSTANCE, position),
-        )
+        for rowid, state in rows:
+            body = orjson.loads(state)
+            for item in body[4:]:
+                if item[0] == layout.code and item[key_at] == key:
+                    item[value_at] = tree
+                    db.execute(  # json, not orjson: orjson refuses to write more than 254 levels
+                        "UPDATE steplog_events SET state = ? WHERE rowid = ?",
+                        (json.dumps(body).encode(), rowid),
+                    )
+                    return
+    raise AssertionError(f"no write of {key!r} in the log")
 
 
 def hostile_trees(marker: Path) -> dict[str, tuple[Any, Any]]:

@@ -239,8 +239,9 @@ class MarkerTrap:
     """Kills the process around the append of the batch holding superstep ``superstep``'s
     ``SuperstepCommitted`` marker, at one of ``STORE_POINTS``.
 
-    It wraps this process's ``store.append`` (and, for ``inside_marker_transaction``, the
-    recorder's insert), nothing else. On SQLite the store's code runs unchanged up to the kill; on
+    It wraps this process's ``store.append``, and the group commit's ``store.prepare`` and
+    ``store.append_prepared`` (and, for ``inside_marker_transaction``, the insert inside the
+    transaction), nothing else. On SQLite the store's code runs unchanged up to the kill; on
     PostgreSQL, whose append is one autocommitted call, ``inside_marker_transaction`` runs the
     same append function inside an explicit transaction that never commits.
     """
@@ -252,19 +253,27 @@ class MarkerTrap:
         self.armed = False  # the batch being appended is the marked one
         self._append = store.append
         store.append = self.append  # type: ignore[method-assign]
+        self._prepare = store.prepare
+        store.prepare = self.prepare  # type: ignore[method-assign]
+        self._append_prepared = store.append_prepared
+        store.append_prepared = self.append_prepared  # type: ignore[method-assign]
+        self.prepared_marked: set[int] = set()  # id() of the prepared batches holding the marker
         if point == "inside_marker_transaction":
             self._wrap_insert(store)
+
+    def _marked(self, events: Sequence[EventBase]) -> bool:
+        for event in events:
+            if isinstance(event, SuperstepStarted):
+                self.indices[event.superstep_id] = event.index
+        return any(
+            isinstance(e, SuperstepCommitted) and self.indices.get(e.superstep_id) == self.superstep
+            for e in events
+        )
 
     def append(
         self, instance_id: str, events: Sequence[EventBase], *, expected_version: int
     ) -> list[int]:
-        for event in events:
-            if isinstance(event, SuperstepStarted):
-                self.indices[event.superstep_id] = event.index
-        marked = any(
-            isinstance(e, SuperstepCommitted) and self.indices.get(e.superstep_id) == self.superstep
-            for e in events
-        )
+        marked = self._marked(events)
         if marked and self.point == "before_marker_append":
             die()
         self.armed = marked
@@ -274,42 +283,68 @@ class MarkerTrap:
         self.armed = False
         return ids
 
-    def _wrap_insert(self, store: EventStore) -> None:
-        recorder: Any = store.recorder
-        if hasattr(recorder, "_insert_events") and store.url.startswith("sqlite"):
-            # SQLite: eventsourcing's insert_events opens the transaction and calls
-            # _insert_events inside it; die after the rows are written, before COMMIT.
-            insert = recorder._insert_events
+    def prepare(
+        self, instance_id: str, events: Sequence[EventBase], *, expected_version: int
+    ) -> Any:
+        prepared = self._prepare(instance_id, events, expected_version=expected_version)
+        if self._marked(events):
+            if self.point == "before_marker_append":
+                die()
+            self.prepared_marked.add(id(prepared))
+        return prepared
 
-            def insert_then_die(cursor: Any, stored: Any, **kwargs: Any) -> Any:
-                ids = insert(cursor, stored, **kwargs)
+    def append_prepared(self, batches: Sequence[Any]) -> Any:
+        marked = any(id(batch) in self.prepared_marked for batch in batches)
+        self.armed = marked
+        outcomes = self._append_prepared(batches)
+        if marked and self.point == "after_marker_append":
+            die()
+        self.armed = False
+        return outcomes
+
+    def _wrap_insert(self, store: EventStore) -> None:
+        if store.url.startswith("sqlite"):
+            # SQLite: the store opens the transaction and inserts the batch's row with
+            # _insert_checked inside it; die after the row is written, before COMMIT.
+            insert = store._insert_checked  # type: ignore[attr-defined]
+
+            def insert_then_die(cursor: Any, *args: Any) -> Any:
+                row_id = insert(cursor, *args)
                 if self.armed:
                     die()
-                return ids
+                return row_id
 
-            recorder._insert_events = insert_then_die
+            store._insert_checked = insert_then_die  # type: ignore[attr-defined]
             return
-        # PostgreSQL: the recorder appends with one call of its append function in autocommit
-        # mode; here the same call runs inside an explicit transaction that never commits.
-        insert_events = recorder.insert_events
+        # PostgreSQL: an append is one CALL of a procedure that commits; here the same write
+        # function runs inside an explicit transaction that never commits.
+        from psycopg import sql
 
-        def insert_in_transaction(stored: Any, **kwargs: Any) -> Any:
+        from kernel._store_postgres import WRITE_FUNCTION
+
+        insert_rows = store._insert_rows  # type: ignore[attr-defined]
+        write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s) AS written").format(
+            sql.Identifier(store.schema, WRITE_FUNCTION)  # type: ignore[attr-defined]
+        )
+
+        def insert_in_transaction(rows: Any) -> Any:
             if not self.armed:
-                return insert_events(stored, **kwargs)
+                return insert_rows(rows)
             columns = (
-                [str(s.originator_id) for s in stored],
-                [s.originator_version for s in stored],
-                [s.topic for s in stored],
-                [s.state for s in stored],
+                [instance_id for instance_id, _, _ in rows],
+                [expected for _, expected, _ in rows],
+                [row.originator_version for _, _, row in rows],
+                [row.topic for _, _, row in rows],
+                [row.state for _, _, row in rows],
             )
-            with recorder.datastore.get_connection() as conn, conn.transaction():
-                rows = conn.execute(recorder._append_sql, columns).fetchall()
-                if len(rows) != len(stored):
-                    raise AssertionError(f"inserted {len(rows)} rows of {len(stored)}")
+            with store.datastore.get_connection() as conn, conn.transaction():  # type: ignore[attr-defined]
+                written = conn.execute(write, columns).fetchone()["written"]
+                if any(row_id is None for row_id in written):
+                    raise AssertionError(f"the write function refused a row: {written}")
                 die()
             raise AssertionError("unreachable: the process is dead")
 
-        recorder.insert_events = insert_in_transaction
+        store._insert_rows = insert_in_transaction  # type: ignore[attr-defined]
 
 
 # -- the two modes ------------------------------------------------------------------------------

@@ -82,6 +82,9 @@ class ListContext:
         self.log.extend(batch)
         self.batches.append(len(batch))
 
+    def append_commit(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
+        self.append(batch, expected_version=expected_version)
+
 
 @executor(id="count")
 async def count(n: int, ctx: WorkflowContext[int]) -> None:

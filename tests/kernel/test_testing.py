@@ -190,9 +190,13 @@ def test_batches_end_where_flushed_and_append_in_order() -> None:
     log.start_superstep()
     log.invoke("e")
     assert [[e.position for e in b] for b in log.batches()] == [[1], [2, 3]]
-    assert log.append_to(store) == [1, 2, 3]
+    positions = log.append_to(store)
+    assert positions == [r.global_position for r in store.read_all()]
+    assert positions == sorted(set(positions))
+    assert [e.position for e in store.read("i")] == [1, 2, 3]
     log.write("k", 1)
-    assert log.append_to(store) == [4]  # only what was not appended yet
+    assert len(log.append_to(store)) == 1  # only what was not appended yet
+    assert [e.position for e in store.read("i")] == [1, 2, 3, 4]
     assert store.read("i") == log.events()
     assert store.version("i") == log.version == 4
 

@@ -1,0 +1,177 @@
+"""Group commit: concurrent runs on one store share transactions, and every guarantee holds.
+
+The committer's first transaction is held open (a gate in the store's ``_insert_rows``) so that
+the other runs' batches are queued behind it: what is shared, and when, is then deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from kernel import (
+    EventStore,
+    Executor,
+    RunCancelled,
+    StoreUnavailableError,
+    SuperstepAborted,
+    SuperstepCommitted,
+    Workflow,
+    WorkflowBuilder,
+    WorkflowContext,
+    handler,
+    open_store,
+)
+from tests.kernel.helpers import kinds, markers
+
+
+class Count(Executor):
+    """Stages ``n`` and sends ``n + 1`` to itself until ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("count")
+        self.limit = limit
+
+    @handler
+    async def step(self, n: int, ctx: WorkflowContext[int]) -> None:
+        ctx.set_state("n", n)
+        if n < self.limit:
+            await ctx.send_message(n + 1)
+
+
+def counting(store: EventStore, instance_id: str, limit: int) -> Workflow:
+    start = Count(limit)
+    return (
+        WorkflowBuilder(start, store=store, instance_id=instance_id).add_edge(start, start).build()
+    )
+
+
+class Gate:
+    """Holds the committer's transactions until opened; counts the batches of each round."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.rounds: list[int] = []
+        self.fail_with: BaseException | None = None
+        insert = store._insert_rows
+
+        def gated(rows: Sequence[Any]) -> Any:
+            self.entered.set()
+            self.opened.wait(10)
+            self.rounds.append(len(rows))
+            if self.fail_with is not None:
+                raise self.fail_with
+            return insert(rows)
+
+        store._insert_rows = gated  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url: str) -> Iterator[EventStore]:
+    with open_store(sqlite_url) as opened:
+        yield opened
+
+
+async def queued(store: EventStore, count: int) -> None:
+    """Wait until ``count`` batches wait in the store's group committer."""
+    committer = store.group_committer()
+    for _ in range(2000):
+        with committer._ready:
+            if len(committer._queue) >= count:
+                return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{count} batches never queued")
+
+
+async def until(condition: threading.Event) -> None:
+    for _ in range(1000):
+        if condition.is_set():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+async def test_runs_that_are_ready_together_share_one_commit(sqlite_store: EventStore) -> None:
+    store = sqlite_store
+    gate = Gate(store)
+    workflows = [counting(store, f"w{i}", 3) for i in range(8)]
+    runs = [asyncio.create_task(wf.run(1)) for wf in workflows]
+    await until(gate.entered)
+    await queued(store, 7)  # the other runs reach their commit and queue behind the first
+    gate.opened.set()
+    results = await asyncio.gather(*runs)
+    assert [r.status for r in results] == ["completed"] * 8
+    assert gate.rounds[0] == 1
+    assert gate.rounds[1] == 7  # the batches queued behind the first: one transaction
+    assert sum(gate.rounds) == 8 * 3
+    assert len(gate.rounds) < 8 * 3
+    committer = store.group_committer()
+    assert (committer.rounds, committer.batches) == (len(gate.rounds), 8 * 3)
+    for wf in workflows:
+        assert wf.committed_state() == {"n": 3}
+        assert list(markers(wf).values()) == ["committed"] * 3
+    with sqlite3.connect(store.url.removeprefix("sqlite:///")) as db:  # durable, in the file
+        (rows,) = db.execute("SELECT count(*) FROM steplog_events").fetchone()
+    assert rows == 8 + 8 * 3  # each run's start, then one row per superstep
+
+
+async def test_a_run_cancelled_while_its_commit_is_in_flight_records_the_commit_first(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    gate = Gate(store)
+    wf = counting(store, "w", 3)
+    run = asyncio.create_task(wf.run(1))
+    await until(gate.entered)
+    run.cancel()
+    await asyncio.sleep(0.02)
+    assert not run.done()  # waiting for the outcome of its batch, which cannot be taken back
+    gate.opened.set()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    events = wf.events()
+    assert list(markers(wf).values()) == ["committed", "aborted:cancelled"]
+    assert kinds(events)[-2:] == ["superstep_aborted", "run_cancelled"]
+    aborted = next(e for e in events if isinstance(e, SuperstepAborted))
+    committed = next(e for e in events if isinstance(e, SuperstepCommitted))
+    assert aborted.superstep_id != committed.superstep_id  # the next one, never the landed one
+    assert isinstance(events[-1], RunCancelled)
+    assert wf.committed_state() == {"n": 1}
+    result = await counting(store, "w", 3).run(1)  # the instance goes on as usual
+    assert result.status == "completed"
+
+
+async def test_a_failed_transaction_fails_every_run_in_it_and_each_records_its_abort(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    gate = Gate(store)
+    gate.fail_with = sqlite3.OperationalError("disk I/O error")
+    workflows = [counting(store, f"w{i}", 3) for i in range(3)]
+    runs = [asyncio.create_task(wf.run(1)) for wf in workflows]
+    await until(gate.entered)
+    await queued(store, 2)
+    gate.opened.set()
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
+    assert all(isinstance(o, StoreUnavailableError) for o in outcomes), outcomes
+    for wf in workflows:
+        assert list(markers(wf).values()) == ["aborted:failed"]
+        assert wf.committed_state() == {}
+        assert kinds(wf.events())[-1] == "run_failed"
+    gate.fail_with = None
+    assert (await counting(store, "w0", 3).run(1)).status == "completed"
+
+
+async def test_closing_the_store_commits_what_is_queued(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    result = await counting(store, "w", 2).run(1)
+    assert result.status == "completed"
+    store.close()
+    with open_store(sqlite_url, create=False) as reopened:
+        assert [e.type for e in reopened.read("w")].count("superstep_committed") == 2

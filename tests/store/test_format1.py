@@ -1,0 +1,100 @@
+"""Logs written in the first storage format (one row per event) stay readable.
+
+``tests/data/format1.db`` was written by steplog before the compact format (see
+``tests/data/make_format1_log.py``); ``format1.json`` holds its events as they were then.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kernel import (
+    EventStore,
+    SchemaVersionError,
+    StateStaged,
+    SuperstepCommitted,
+    open_store,
+)
+from kernel.testing import LogBuilder
+from projections import fold_committed
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.fixture
+def old_log(tmp_path: Path) -> Path:
+    """A private copy of the format-1 log (tests that write must not touch the committed file)."""
+    copy = tmp_path / "format1.db"
+    shutil.copyfile(DATA / "format1.db", copy)
+    return copy
+
+
+def expected() -> list[dict[str, object]]:
+    loaded: list[dict[str, object]] = orjson.loads((DATA / "format1.json").read_bytes())
+    return loaded
+
+
+def dumped(store: EventStore) -> list[dict[str, object]]:
+    return [e.model_dump(mode="json") for i in store.instances() for e in store.read(i)]
+
+
+def stamp(path: Path) -> str:
+    with sqlite3.connect(path) as db:
+        return str(db.execute("SELECT value FROM steplog_meta").fetchone()[0])
+
+
+def test_a_format1_log_reads_exactly_as_it_was_written(old_log: Path) -> None:
+    with open_store(f"sqlite:///{old_log}", create=False) as store:
+        assert dumped(store) == expected()
+        page = store.read_all(limit=1000)
+        assert [r.event.model_dump(mode="json") for r in page] != []
+        assert len(page) == len(expected())
+        assert [r.global_position for r in page] == sorted({r.global_position for r in page})
+        assert store.last_position() == page[-1].global_position
+        windows = [e.position for e in store.read("counting", after=3, upto=7)]
+        assert windows == [4, 5, 6, 7]
+        typed = store.read("counting", types=["state_staged"])
+        assert typed
+        assert all(isinstance(e, StateStaged) for e in typed)
+    assert stamp(old_log) == "1"  # a reader never restamps
+
+
+def test_a_writer_restamps_and_appends_batch_rows_after_the_old_ones(old_log: Path) -> None:
+    with open_store(f"sqlite:///{old_log}") as store:
+        before = store.read("counting")
+        version = store.version("counting")
+        log = LogBuilder("counting", version=version)
+        log.start_run()
+        log.start_superstep()
+        log.invoke("counter")
+        log.write("count", 99)
+        log.commit()
+        log.append_to(store)
+        after = store.read("counting")
+        assert after[: len(before)] == before
+        assert [e.position for e in after] == list(range(1, version + 6))
+        assert fold_committed(after).values["count"] == 99
+        assert fold_committed(before).values["count"] == 2  # the second run failed at 3
+        assert isinstance(after[-1], SuperstepCommitted)
+        page = store.read_all(limit=10_000)
+        assert [r.event for r in page if r.event.instance_id == "counting"] == after
+        assert page[-1].global_position == store.last_position()
+    assert stamp(old_log) == "2"
+    with sqlite3.connect(old_log) as db:
+        rows = db.execute(
+            "SELECT topic FROM steplog_events WHERE originator_id = 'counting' ORDER BY rowid"
+        ).fetchall()
+    assert rows[-1] == ("5",)  # the new batch: one row of five events
+    assert all("@" in topic for (topic,) in rows[:-1])
+
+
+def test_a_store_stamped_by_a_newer_steplog_is_refused(old_log: Path) -> None:
+    with sqlite3.connect(old_log) as db:
+        db.execute("UPDATE steplog_meta SET value = '3'")
+    with pytest.raises(SchemaVersionError, match="newer steplog"):
+        open_store(f"sqlite:///{old_log}", create=False)
