@@ -154,3 +154,53 @@ def row_time(state: bytes) -> float:
     if isinstance(obj, list):
         return float(obj[1]) / 1_000_000
     return dt.datetime.fromisoformat(obj["timestamp"]).timestamp()
+
+
+class RawFold:
+    """The raw baselines' fold: the commit rule applied to stored rows with ``orjson`` and plain
+    dicts, no event objects, no checks. Reads both row formats: a batch row is walked item by
+    item by type code and field position (``kernel._mapper``'s layout), an event row by topic."""
+
+    def __init__(self) -> None:
+        from kernel._mapper import BATCH_CODES, _layouts
+
+        codes = {name: code for code, (name, _) in enumerate(BATCH_CODES)}
+        self.staged_code = codes["state_staged"]
+        self.committed_code = codes["superstep_committed"]
+        self.aborted_code = codes["superstep_aborted"]
+        self.key_at = 2 + _layouts()[0]["state_staged"].names.index("key")
+        self.staged: dict[str, list[tuple[str, Any]]] = {}
+
+    def row(
+        self, values: dict[str, Any], last: int, topic: str, state: bytes, upto: int | None = None
+    ) -> int:
+        """Fold one row's events (those at positions up to ``upto``) into ``values`` (one
+        instance's committed state); how many events the row holds."""
+        obj = orjson.loads(state)
+        staged = self.staged
+        if not topic.isdigit():  # an event row
+            if upto is not None and last > upto:
+                return 1
+            if topic.startswith("state_staged"):
+                staged.setdefault(obj["superstep_id"], []).append((obj["key"], obj["value"]))
+            elif topic.startswith("superstep_committed"):
+                for key, value in staged.pop(obj["superstep_id"], ()):
+                    values[key] = value
+            elif topic.startswith("superstep_aborted"):
+                staged.pop(obj["superstep_id"], None)
+            return 1
+        strings, items = obj[3], obj[4:]
+        if upto is not None and last > upto:
+            items = items[: len(items) - (last - upto)]
+        key_at = self.key_at
+        for item in items:
+            code = item[0]
+            if code == self.staged_code:  # [code, dt, run, superstep, executor, key, op, value]
+                value = item[key_at + 2] if len(item) > key_at + 2 else None
+                staged.setdefault(strings[item[3]], []).append((item[key_at], value))
+            elif code == self.committed_code:
+                for key, value in staged.pop(strings[item[3]], ()):
+                    values[key] = value
+            elif code == self.aborted_code:
+                staged.pop(strings[item[3]], None)
+        return len(obj) - 4

@@ -18,11 +18,10 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench._child import run_in_child
 from bench._core import Benchmark, Case, Config, Measurement, Target, expect
 from bench._logs import LogSpec, ensure_log, state_digest
+from bench._rows import RawFold
 
 __all__ = [
     "BENCHMARK",
@@ -158,24 +157,14 @@ def child_raw_fold(
     ``superstep_committed`` marker is read; an aborted superstep's writes are dropped), and nothing
     else: no event objects, no validation.
     """
-    from kernel._mapper import BATCH_CODES, _layouts
-
-    codes = {name: code for code, (name, _) in enumerate(BATCH_CODES)}
-    staged_code, committed_code, aborted_code = (
-        codes["state_staged"],
-        codes["superstep_committed"],
-        codes["superstep_aborted"],
-    )
-    key_at = 2 + _layouts()[0]["state_staged"].names.index("key")
     start = time.perf_counter()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    loads = orjson.loads
+    fold = RawFold()
     states: dict[str, dict[str, Any]] = {}
-    staged: dict[str, list[tuple[str, Any]]] = {}
     events = 0
     last = 0
     query = (
-        f"SELECT rowid, originator_id, topic, state FROM {table} "
+        f"SELECT rowid, originator_id, originator_version, topic, state FROM {table} "
         "WHERE rowid > ? ORDER BY rowid LIMIT ?"
     )
     try:
@@ -183,31 +172,8 @@ def child_raw_fold(
             rows = conn.execute(query, (last, page_size)).fetchall()
             if not rows:
                 break
-            for _, instance, topic, state in rows:
-                obj = loads(state)
-                if topic.isdigit():  # a batch row: [format, base, offsets, strings, events...]
-                    strings = obj[3]
-                    for item in obj[4:]:
-                        code = item[0]
-                        if code == staged_code:  # [code, dt, run, superstep, executor, key, ...]
-                            value = item[key_at + 2] if len(item) > key_at + 2 else None
-                            staged.setdefault(strings[item[3]], []).append((item[key_at], value))
-                        elif code == committed_code:
-                            values = states.setdefault(instance, {})
-                            for key, value in staged.pop(strings[item[3]], ()):
-                                values[key] = value
-                        elif code == aborted_code:
-                            staged.pop(strings[item[3]], None)
-                    events += len(obj) - 5  # the row itself is counted below
-                elif topic.startswith("state_staged"):
-                    staged.setdefault(obj["superstep_id"], []).append((obj["key"], obj["value"]))
-                elif topic.startswith("superstep_committed"):
-                    values = states.setdefault(instance, {})
-                    for key, value in staged.pop(obj["superstep_id"], ()):
-                        values[key] = value
-                elif topic.startswith("superstep_aborted"):
-                    staged.pop(obj["superstep_id"], None)
-            events += len(rows)
+            for _, instance, version, topic, state in rows:
+                events += fold.row(states.setdefault(instance, {}), version, topic, state)
             last = rows[-1][0]
     finally:
         conn.close()

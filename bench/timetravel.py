@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 import projections as p
 from bench._core import Benchmark, Case, Config, Measurement, Target, expect
 from bench._db import remove_sqlite, sqlite_bytes
 from bench._logs import LogSpec, ensure_log
+from bench._rows import RawFold
 from kernel import CommittedState, fold_committed, open_store
 
 __all__ = ["BENCHMARK"]
@@ -93,21 +92,16 @@ def raw_fold(cfg: Config) -> Measurement:
 
     def query(upto: int) -> dict[str, Any]:
         values: dict[str, Any] = {}
-        staged: dict[str, list[tuple[str, Any]]] = {}
-        rows = conn.execute(
-            "SELECT topic, state FROM steplog_events WHERE originator_id = ? "
-            "AND originator_version <= ? ORDER BY originator_version",
-            (instance, upto),
+        fold = RawFold()
+        rows = conn.execute(  # up to the first row that reaches the point
+            "SELECT originator_version, topic, state FROM steplog_events WHERE originator_id = ? "
+            "AND originator_version <= coalesce((SELECT min(originator_version) FROM "
+            "steplog_events WHERE originator_id = ? AND originator_version >= ?), ?) "
+            "ORDER BY originator_version",
+            (instance, instance, upto, upto),
         )
-        for topic, state in rows:
-            obj = orjson.loads(state)
-            if topic.startswith("state_staged"):
-                staged.setdefault(obj["superstep_id"], []).append((obj["key"], obj["value"]))
-            elif topic.startswith("superstep_committed"):
-                for key, value in staged.pop(obj["superstep_id"], ()):
-                    values[key] = value
-            elif topic.startswith("superstep_aborted"):
-                staged.pop(obj["superstep_id"], None)
+        for version, topic, state in rows:
+            fold.row(values, version, topic, state, upto)
         return values
 
     try:

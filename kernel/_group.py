@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import weakref
 from collections.abc import Callable
@@ -99,12 +100,13 @@ class GroupCommitter:
     def _commit_rounds(self) -> None:
         while True:
             with self._ready:
-                while not self._queue and not self._closed:
-                    if not self._ready.wait(IDLE_SECONDS):
-                        # Idle: the thread ends (the next batch starts another), so that it never
-                        # keeps an unused store, and its connections, alive.
-                        self._thread = None
-                        return
+                # Idle for IDLE_SECONDS: the thread ends (the next batch starts another), so that
+                # it never keeps an unused store, and its connections, alive. The queue is looked
+                # at under the lock after the wait, so a batch queued as the wait times out is
+                # committed, never stranded.
+                if not self._ready.wait_for(lambda: self._queue or self._closed, IDLE_SECONDS):
+                    self._thread = None
+                    return
                 if not self._queue:
                     self._thread = None
                     return
@@ -117,7 +119,7 @@ class GroupCommitter:
                     store.append_prepared([w.batch for w in waiting])
                 )
             except BaseException as error:  # the transaction failed: every batch of it did
-                outcomes = [error] * len(waiting)
+                outcomes = [error, *(_another(error) for _ in waiting[1:])]
             del store
             self.rounds += 1
             self.batches += len(waiting)
@@ -129,10 +131,26 @@ class GroupCommitter:
 
 def _settle(entry: _Waiting, outcome: list[int] | BaseException) -> None:
     """On the caller's loop: run ``landed`` for a batch that is in the log, then answer."""
-    if isinstance(outcome, BaseException):
-        if not entry.future.done():
-            entry.future.set_exception(outcome)
+    if entry.future.done():
         return
-    entry.landed()
-    if not entry.future.done():
-        entry.future.set_result(outcome)
+    if isinstance(outcome, BaseException):
+        entry.future.set_exception(outcome)
+        return
+    try:
+        entry.landed()
+    except BaseException as error:  # the batch is in the log; the run learns what failed after
+        entry.future.set_exception(error)
+        return
+    entry.future.set_result(outcome)
+
+
+def _another(error: BaseException) -> BaseException:
+    """A copy of ``error`` for another run (each raises its own, with its own traceback), caused
+    by the one ``error``."""
+    try:
+        twin = copy.copy(error)
+    except Exception:
+        return error
+    twin.__cause__ = error
+    twin.__traceback__ = None
+    return twin

@@ -75,7 +75,10 @@ list: add it here beside the code, with an upcaster (``EventMapper(upcasters=...
 version; until then a code whose version is not the type's current one is refused, never misread."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
+_COUNT_DIGITS = 7
+"""The most digits a batch row's count has (an append holds at most 2**20 events)."""
 _INTERNED = ("run_id", "superstep_id")
 """Fields whose values (ids repeated by every event of a batch) are stored once per row."""
 
@@ -83,7 +86,13 @@ _INTERNED = ("run_id", "superstep_id")
 def row_count(instance_id: str, last_position: int, topic: str) -> int:
     """How many events the row ``(instance_id, last_position, topic)`` holds: a batch row's topic
     is its count; an event row (``type@version``) holds one."""
+    if type(last_position) is not int:
+        raise DecodeError(
+            f"row {instance_id!r} has a last position {last_position!r:.40} that is not an integer"
+        )
     if type(topic) is str and topic.isascii() and topic.isdigit():
+        if len(topic) > _COUNT_DIGITS:
+            raise DecodeError(f"row {instance_id!r}#{last_position} has a count {topic:.20}...")
         count = int(topic)
         if 1 <= count <= last_position:
             return count
@@ -382,24 +391,24 @@ def _load_batch(where: str, state: bytes, count: int) -> list[Any]:
 
 class _Stamps:
     """The timestamps of a batch row's events: a base time plus each event's delta, in the row's
-    UTC offset (or each event's own)."""
+    UTC offset (or each event's own). Times are rebuilt as wall time in their own offset, never
+    through UTC, so that every time that could be written reads back (9999-12-31 22:00-05:00 is
+    past the last UTC instant a ``datetime`` holds)."""
 
     def __init__(self, where: str, base_us: Any, offsets: Any, count: int) -> None:
         self.where = where
         if type(base_us) is not int:
             raise DecodeError(f"{where} has a base time {base_us!r:.40} that is not an integer")
+        self.base_us = base_us
         if type(offsets) is int:
-            self.zones: list[timezone] | None = None
-            self.zone = self._zone(offsets)
+            self.zones: list[tuple[int, timezone]] | None = None
+            zone = self._zone(offsets)
         elif type(offsets) is list and len(offsets) == count:
-            self.zones = [self._zone(offset) for offset in offsets]
-            self.zone = UTC
+            self.zones = [(offset, self._zone(offset)) for offset in offsets]
+            offsets, zone = self.zones[0]
         else:
             raise DecodeError(f"{where} has malformed UTC offsets {offsets!r:.60}")
-        try:
-            self.base = (_EPOCH + timedelta(microseconds=base_us)).astimezone(self.zone)
-        except (OverflowError, ValueError) as error:
-            raise DecodeError(f"{where} has a base time out of range: {error}") from error
+        self.base = self._wall(base_us + offsets, zone, "its base time")
 
     def _zone(self, offset: Any) -> timezone:
         if type(offset) is not int:
@@ -410,8 +419,15 @@ class _Stamps:
             return UTC
         try:
             return timezone(timedelta(microseconds=offset))
-        except ValueError as error:
+        except (OverflowError, ValueError) as error:
             raise DecodeError(f"{self.where} has a UTC offset out of range: {error}") from error
+
+    def _wall(self, local_us: int, zone: timezone, what: str) -> datetime:
+        """The time ``local_us`` microseconds of wall time after 1970-01-01, in ``zone``."""
+        try:
+            return (_EPOCH_NAIVE + timedelta(microseconds=local_us)).replace(tzinfo=zone)
+        except (OverflowError, ValueError) as error:
+            raise DecodeError(f"{what} in {self.where} is out of range: {error}") from error
 
     def at(self, index: int, delta: Any, position: int) -> datetime:
         if type(delta) is not int:
@@ -419,15 +435,14 @@ class _Stamps:
                 f"event at position {position} of {self.where} has a time that is "
                 f"not an integer: {delta!r:.40}"
             )
-        try:
-            stamp = self.base + timedelta(microseconds=delta)
-        except (OverflowError, ValueError) as error:
-            raise DecodeError(
-                f"event at position {position} of {self.where} has a time out of range: {error}"
-            ) from error
+        what = f"the time of the event at position {position}"
         if self.zones is not None:
-            return stamp.astimezone(self.zones[index])
-        return stamp
+            offset, zone = self.zones[index]
+            return self._wall(self.base_us + delta + offset, zone, what)
+        try:
+            return self.base + timedelta(microseconds=delta)
+        except (OverflowError, ValueError) as error:
+            raise DecodeError(f"{what} in {self.where} is out of range: {error}") from error
 
 
 def _build_stored(

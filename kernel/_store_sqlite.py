@@ -22,6 +22,7 @@ from filelock import FileLock, Timeout
 
 from kernel._errors import (
     ConcurrencyConflictError,
+    DecodeError,
     SchemaVersionError,
     StoreConfigError,
     StoreError,
@@ -412,12 +413,13 @@ class SQLiteStore(EventStore):
         if inserted is not None:
             return int(inserted[0])
         cursor.execute(_VERSION_SQL, (instance_id,))
-        raise ConcurrencyConflictError(instance_id, expected_version, int(cursor.fetchone()[0]))
+        actual = _version(instance_id, cursor.fetchone()[0])
+        raise ConcurrencyConflictError(instance_id, expected_version, actual)
 
     def _stream_version(self, instance_id: str) -> int:
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(_VERSION_SQL, (instance_id,))
-            return int(cursor.fetchone()[0])
+            return _version(instance_id, cursor.fetchone()[0])
 
     def _select_stream(
         self, instance_id: str, after: int | None, upto: int | None, limit: int | None = None
@@ -451,7 +453,10 @@ class SQLiteStore(EventStore):
                 for n, (after, upto) in enumerate(chunk, start=start):
                     parts.append(f"SELECT * FROM ({_WINDOW_SQL})")
                     params += [n, instance_id, after, instance_id, upto, upto]
-                cursor.execute(" UNION ALL ".join(parts), params)
+                cursor.execute(
+                    f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY n, originator_version",
+                    params,
+                )
                 for n, last, topic, state in cursor.fetchall():
                     found[n].append((last, topic, state))
         return found
@@ -548,6 +553,16 @@ _TABLES = frozenset({EVENTS_TABLE, META_TABLE})
 """The tables that make a file a steplog store (a reader needs no more)."""
 _ALL_TABLES = frozenset(_TABLE_NAMES)
 """The tables a writer makes sure exist."""
+
+
+def _version(instance_id: str, value: Any) -> int:
+    """A stream's version as stored: a row whose position is not an integer (written around the
+    store) is a ``DecodeError``, like any malformed row."""
+    if type(value) is not int:
+        raise DecodeError(
+            f"stream {instance_id!r} has a row whose position {value!r:.40} is not an integer"
+        )
+    return value
 
 
 def _steplog_tables(path: Path, *, strict: bool = False) -> frozenset[str]:

@@ -94,6 +94,7 @@ class _SQLBackend(ViewBackend):
         self._url = url
         self._ready: set[str] = set()
         self._seen: set[str] = set()  # tables ``exists`` found: read as they are, never ensured
+        self._migrated = False  # the positions table has its marker row (``_migrate_positions``)
 
     def name(self, table: str) -> str:
         return check_table(table)
@@ -138,7 +139,6 @@ class _SQLBackend(ViewBackend):
                 with self._cursor(f"create view table {table}") as cursor:
                     for statement in statements:
                         cursor.execute(statement)
-                self._migrate_positions()
                 break
             except ProjectionError:
                 if attempt == 2:  # concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL
@@ -153,31 +153,46 @@ class _SQLBackend(ViewBackend):
         positions table without the marker row holds only positions of that kind: they are
         shifted once, and the marker written, in the one transaction that finds the marker
         missing (two projectors racing: the second finds it and changes nothing). So a view
-        goes on exactly where it stopped, with no rebuild.
+        goes on exactly where it stopped, with no rebuild. Only writers migrate (``transaction``);
+        a reader shifts what it reads instead (``_stored``): reading never writes.
 
         The marker is looked for first in a read: a write in the same transaction as the reads
         before it could not wait for SQLite's lock (it would fail at once while another process
         writes); the transaction that writes starts with its write."""
+        if self._has_marker():
+            return
         m = self.mark
-        with self._cursor("read the positions' format", commit=False) as cursor:
-            cursor.execute(
-                f"SELECT position FROM {self.positions} WHERE name={m}", (POSITIONS_FORMAT_ROW,)
-            )
-            if cursor.fetchone() is not None:
-                return
         with self._cursor("carry positions over to global positions") as cursor:
             cursor.execute(
                 f"INSERT INTO {self.positions} (name, position) VALUES ({m}, {m}) "
                 "ON CONFLICT (name) DO NOTHING RETURNING name",
                 (POSITIONS_FORMAT_ROW, POSITIONS_FORMAT),
             )
-            if cursor.fetchone() is None:
-                return
-            cursor.execute(
-                f"UPDATE {self.positions} SET position = position * {1 << kernel.ROW_SHIFT} "
-                f"WHERE name <> {m}",
-                (POSITIONS_FORMAT_ROW,),
-            )
+            if cursor.fetchone() is not None:
+                cursor.execute(
+                    f"UPDATE {self.positions} SET position = position * {1 << kernel.ROW_SHIFT} "
+                    f"WHERE name <> {m}",
+                    (POSITIONS_FORMAT_ROW,),
+                )
+        self._migrated = True
+
+    def _has_marker(self) -> bool:
+        """Whether the positions table has its marker row (remembered once it has)."""
+        if not self._migrated:
+            with self._cursor("read the positions' format", commit=False) as cursor:
+                cursor.execute(
+                    f"SELECT position FROM {self.positions} WHERE name={self.mark}",
+                    (POSITIONS_FORMAT_ROW,),
+                )
+                self._migrated = cursor.fetchone() is not None
+        return self._migrated
+
+    def _stored(self, row: Any) -> int:
+        """A tracked position as read: 0 for none; shifted if the table is not migrated yet."""
+        if row is None:
+            return 0
+        position = int(self.column(row, "position"))
+        return position if self._has_marker() else position << kernel.ROW_SHIFT
 
     def exists(self, table: str) -> bool:
         """Whether ``table`` exists, found without creating (or migrating) anything, so that a
@@ -206,6 +221,7 @@ class _SQLBackend(ViewBackend):
             cursor.execute(f"DROP TABLE IF EXISTS {self.name(table)}")
             cursor.execute(f"DELETE FROM {self.positions} WHERE name={self.mark}", (table,))
         self._ready.discard(table)
+        self._seen.discard(table)
 
     def position(self, table: str) -> int:
         self.ensure(POSITIONS_TABLE)
@@ -214,10 +230,12 @@ class _SQLBackend(ViewBackend):
                 f"SELECT position FROM {self.positions} WHERE name={self.mark}", (table,)
             )
             row = cursor.fetchone()
-        return 0 if row is None else int(self.column(row, "position"))
+        return self._stored(row)
 
     @contextmanager
     def transaction(self) -> Iterator[ViewTx]:
+        self.ensure(POSITIONS_TABLE)
+        self._migrate_positions()
         with self._cursor("update views") as cursor:
             yield _SQLTx(self, cursor)
 
@@ -299,7 +317,7 @@ class _SQLBackend(ViewBackend):
             row = cursor.fetchone()
             cursor.execute(f"SELECT instance_id, key, doc FROM {self.name(table)}")
             found = cursor.fetchall()
-        position = 0 if row is None else int(self.column(row, "position"))
+        position = self._stored(row)
         return position, {
             (self.column(r, "instance_id"), self.column(r, "key")): orjson.loads(
                 self.column(r, "doc")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from kernel import (
     handler,
     open_store,
 )
+from kernel.testing import LogBuilder, ticking_clock
 from tests.kernel.helpers import kinds, markers
 
 
@@ -175,3 +177,20 @@ async def test_closing_the_store_commits_what_is_queued(sqlite_url: str) -> None
     store.close()
     with open_store(sqlite_url, create=False) as reopened:
         assert [e.type for e in reopened.read("w")].count("superstep_committed") == 2
+
+
+async def test_a_batch_queued_as_the_idle_committer_stops_is_still_committed(
+    sqlite_store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    monkeypatch.setattr("kernel._group.IDLE_SECONDS", 0.05)
+    committer = store.group_committer()
+    first = counting(store, "w", 1)
+    assert (await first.run(1)).status == "completed"
+    log = LogBuilder("v", clock=ticking_clock())
+    log.start_run()
+    with committer._ready:  # the idle wait times out while this thread holds the lock
+        time.sleep(0.2)  # noqa: ASYNC251 - blocking on purpose, holding the committer's lock
+        future = committer.submit(store.prepare("v", log.events(), expected_version=0))
+    assert len(await asyncio.wait_for(future, 5)) == 1
+    assert store.version("v") == 1

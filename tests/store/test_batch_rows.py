@@ -17,6 +17,7 @@ from kernel import (
     SchemaVersionError,
     StateStaged,
     counter_ids,
+    open_store,
 )
 from kernel._mapper import EventMapper
 from kernel.testing import LogBuilder, ticking_clock
@@ -170,3 +171,57 @@ def test_a_tampered_row_in_a_store_is_reported_by_every_reader(store: EventStore
         store.read_all()
     assert [e.position for e in store.read("i", upto=5)] == [1, 2, 3, 4, 5]
     assert isinstance(store.read("i", upto=5)[3], StateStaged)
+
+
+def test_a_time_at_the_edge_of_the_calendar_reads_back_in_its_own_offset() -> None:
+    mapper = EventMapper()
+    late = datetime(9999, 12, 31, 22, tzinfo=timezone(timedelta(hours=-5)))  # past UTC's last day
+    for stamps in ([late, late], [late, late.replace(tzinfo=timezone(timedelta(hours=-4)))]):
+        log = LogBuilder("i", clock=iter(stamps).__next__, ids=counter_ids())
+        log.start_run()
+        log.start_superstep()
+        row = mapper.to_row(log.events())
+        decoded = mapper.decode_row("i", row.originator_version, row.topic, row.state)
+        assert [e.timestamp for e in decoded] == stamps
+        assert [e.timestamp.utcoffset() for e in decoded] == [s.utcoffset() for s in stamps]
+
+
+@pytest.mark.parametrize(
+    ("last", "topic", "match"),
+    [
+        (2, "9" * 5000, "has a count"),
+        ("abc", "2", "not an integer"),
+        (None, "2", "not an integer"),
+        (2.5, "2", "not an integer"),
+    ],
+)
+def test_a_row_with_a_hostile_count_or_position_is_a_decode_error(
+    last: object, topic: str, match: str
+) -> None:
+    with pytest.raises(DecodeError, match=match):
+        EventMapper().decode_row("i", last, topic, orjson.dumps(good()))  # type: ignore[arg-type]
+
+
+def test_per_event_offsets_out_of_range_are_a_decode_error() -> None:
+    body = good()
+    body[1] = 253402300799999999  # the last microsecond a datetime holds, as wall time
+    body[2] = [3600000000, 3600000000]  # an hour further on: past it
+    with pytest.raises(DecodeError, match="out of range"):
+        EventMapper().decode_row("i", 2, "2", orjson.dumps(body))
+
+
+def test_hostile_positions_in_a_sqlite_store_are_decode_errors(sqlite_url: str) -> None:
+    import sqlite3
+
+    with open_store(sqlite_url) as store:
+        store.append("i", superstep("i", 0), expected_version=0)
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as db:
+        db.execute(
+            "INSERT INTO steplog_events (originator_id, originator_version, topic, state) "
+            "VALUES ('i', 'abc', '2', ?)",
+            (orjson.dumps(good()),),
+        )
+    with open_store(sqlite_url, create=False) as store:
+        for read in (store.read_all, store.last_position, lambda: store.version("i")):
+            with pytest.raises(DecodeError, match="not an integer"):
+                read()
