@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -136,13 +137,17 @@ class _SQLBackend(ViewBackend):
         ]
         for attempt in range(3):
             try:
-                with self._cursor(f"create view table {table}") as cursor:
-                    for statement in statements:
+                # One statement per transaction: a CREATE after a read in the same transaction
+                # could not wait for SQLite's write lock (it fails at once while another process
+                # writes); as the first statement, it waits like any write.
+                for statement in statements:
+                    with self._cursor(f"create view table {table}") as cursor:
                         cursor.execute(statement)
                 break
             except ProjectionError:
                 if attempt == 2:  # concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL
                     raise
+                time.sleep(0.05 * (attempt + 1))
         self._ready.add(table)
 
     def _migrate_positions(self) -> None:
