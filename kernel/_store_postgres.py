@@ -432,6 +432,20 @@ class PostgresRecorder(PostgresApplicationRecorder):
         return None if row is None else int(row["notification_id"])
 
 
+def append_columns(
+    rows: Sequence[tuple[str, int, StoredEvent]],
+) -> tuple[list[str], list[int], list[int], list[str], list[bytes]]:
+    """The parallel arrays the append function takes: instance ids, expected versions, the rows'
+    last positions, topics and states."""
+    return (
+        [instance_id for instance_id, _, _ in rows],
+        [expected for _, expected, _ in rows],
+        [row.originator_version for _, _, row in rows],
+        [row.topic for _, _, row in rows],
+        [row.state for _, _, row in rows],
+    )
+
+
 class _OwnRows:
     """The newest row id a store appended, and the newest it has waited to see settled."""
 
@@ -707,13 +721,7 @@ class PostgresStore(EventStore):
         """Every row in one call of ``steplog_append``: one transaction, one commit. A row whose
         stream has moved comes back ``NULL`` (nothing of it written) and becomes its conflict,
         with the stream's version read afterwards."""
-        columns = (
-            [instance_id for instance_id, _, _ in rows],
-            [expected for _, expected, _ in rows],
-            [row.originator_version for _, _, row in rows],
-            [row.topic for _, _, row in rows],
-            [row.state for _, _, row in rows],
-        )
+        columns = append_columns(rows)
         recorder = self._recorder
         assert isinstance(recorder, PostgresRecorder)
         with self._ds.get_connection() as conn:  # autocommit: the call is the transaction

@@ -320,7 +320,7 @@ class MarkerTrap:
         # function runs inside an explicit transaction that never commits.
         from psycopg import sql
 
-        from kernel._store_postgres import WRITE_FUNCTION
+        from kernel._store_postgres import WRITE_FUNCTION, append_columns
 
         insert_rows = store._insert_rows  # type: ignore[attr-defined]
         write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s) AS written").format(
@@ -330,13 +330,7 @@ class MarkerTrap:
         def insert_in_transaction(rows: Any) -> Any:
             if not self.armed:
                 return insert_rows(rows)
-            columns = (
-                [instance_id for instance_id, _, _ in rows],
-                [expected for _, expected, _ in rows],
-                [row.originator_version for _, _, row in rows],
-                [row.topic for _, _, row in rows],
-                [row.state for _, _, row in rows],
-            )
+            columns = append_columns(rows)
             with store.datastore.get_connection() as conn, conn.transaction():  # type: ignore[attr-defined]
                 written = conn.execute(write, columns).fetchone()["written"]
                 if any(row_id is None for row_id in written):
