@@ -1,0 +1,47 @@
+"""What the group commit's hand-off costs a lone instance: the loop on SQLite, one instance,
+appending through the store's committer thread and directly on the event loop, alternating.
+
+``python -m bench.handoff [--supersteps N] [--rounds R]``; prints supersteps/s of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from bench._steplog_graphs import loop_workflow
+
+
+def _rate(supersteps: int, *, shared: bool) -> float:
+    from kernel import open_store
+    from kernel._store_sqlite import SQLiteStore
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = open_store(f"sqlite:///{Path(folder) / 'handoff.db'}")
+        store.shares_commits = shared  # type: ignore[misc]  # this store only
+        assert isinstance(store, SQLiteStore)
+        try:
+            workflow = loop_workflow(store, "handoff", supersteps)
+            start = time.perf_counter()
+            asyncio.run(workflow.run(0))
+            return supersteps / (time.perf_counter() - start)
+        finally:
+            store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--supersteps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    for _ in range(args.rounds):
+        grouped = _rate(args.supersteps, shared=True)
+        direct = _rate(args.supersteps, shared=False)
+        print(f"through the committer {grouped:,.0f}/s   directly {direct:,.0f}/s")
+
+
+if __name__ == "__main__":
+    main()
