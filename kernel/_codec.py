@@ -193,10 +193,14 @@ class ValueCodec:
         if kind is int:
             if _INT_MIN <= value <= _INT_MAX:
                 return value
+            if depth >= MAX_DEPTH:  # the tag is a container, which decode counts as one
+                raise _Refused(_TOO_DEEP)
             return {TAG: "int", "v": _digits(value)}
         if kind is float:
             if math.isfinite(value):
                 return value
+            if depth >= MAX_DEPTH:
+                raise _Refused(_TOO_DEEP)
             return {TAG: "float", "v": repr(value)}
         if kind is list:
             if depth >= MAX_DEPTH:

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
@@ -636,6 +636,7 @@ deep_trees = st.recursive(
 
 @settings(deadline=None, max_examples=200)
 @given(deep_trees)
+@example(nested(MAX_DEPTH - 8, {0: {0: (-9223372036854775809,), "$t": 0}, "$t": 0}))
 def test_whatever_encode_returns_orjson_writes_inside_an_event(value: Any) -> None:
     try:
         tree = ValueCodec().encode(value, what="v")
@@ -646,6 +647,20 @@ def test_whatever_encode_returns_orjson_writes_inside_an_event(value: Any) -> No
     orjson.dumps({"kwargs": {"k": tree}})
     orjson.dumps({"tracker": {"state": {"pending": {"s": [{"value": tree}]}}}})
     assert same(round_trip(value), value)
+
+
+@pytest.mark.parametrize("leaf", [10**30, -(2**63) - 1, float("nan"), float("inf")])
+def test_a_tagged_number_at_the_depth_limit_is_refused_or_read_back(leaf: Any) -> None:
+    """A big int or a non-finite float is written as a tagged object, one level deeper than the
+    number: encode refuses it where decode would find the tree too deep."""
+    for depth in (MAX_DEPTH - 1, MAX_DEPTH):
+        value = nested(depth, leaf)
+        try:
+            tree = ValueCodec().encode(value)
+        except EncodingError:
+            assert depth == MAX_DEPTH
+            continue
+        assert same(ValueCodec().decode(orjson.loads(orjson.dumps(tree))), value)
 
 
 def test_valid_text_of_every_plane_is_stored_as_itself() -> None:
