@@ -158,8 +158,9 @@ def row_time(state: bytes) -> float:
 
 class RawFold:
     """The raw baselines' fold: the commit rule applied to stored rows with ``orjson`` and plain
-    dicts, no event objects, no checks. Reads both row formats: a batch row is walked item by
-    item by type code and field position (``kernel._mapper``'s layout), an event row by topic."""
+    dicts, no event objects, no checks (no hash chain either). Reads both row formats: a batch
+    row is walked item by item by type code and field position (``kernel._mapper``'s layout), an
+    event row by topic."""
 
     def __init__(self) -> None:
         from kernel._mapper import BATCH_CODES, _layouts
@@ -189,7 +190,7 @@ class RawFold:
             elif topic.startswith("superstep_aborted"):
                 staged.pop(obj["superstep_id"], None)
             return 1
-        strings, items = obj[3], obj[4:]
+        strings, items = obj[3], obj[4 if obj[0] == 1 else 5 :]  # format 2 carries a chain
         if upto is not None and last > upto:
             items = items[: len(items) - (last - upto)]
         key_at = self.key_at

@@ -8,7 +8,9 @@ Ported from Microsoft Agent Framework workflows by changing imports::
 from typing import TYPE_CHECKING, Any
 
 from kernel._builder import WorkflowBuilder
+from kernel._chain import ChainHead, ChainProblem, ChainReport
 from kernel._checkpoints import Checkpoint, CheckpointStatus
+from kernel._cipher import KEYS_ENV, Keyring
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._context import WorkflowContext
@@ -22,6 +24,7 @@ from kernel._errors import (
     ExecutionError,
     InvalidBatchError,
     LogIntegrityError,
+    MissingKeyError,
     ProjectionError,
     ResponseError,
     ResumeError,
@@ -75,8 +78,10 @@ from kernel._fold import (
     folds,
 )
 from kernel._graph import Case, Default
+from kernel._ids import MAX_ID_BYTES, MAX_KEY_BYTES
 from kernel._lease import Lease
 from kernel._recovery import RecoveredRun, recover
+from kernel._rekey import RekeyReport, compact_store, rekey
 from kernel._replay import RecordedError, replay
 from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
@@ -87,16 +92,23 @@ if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
     from kernel._store_postgres import PostgresStore
     from kernel._store_sqlite import SQLiteStore
+from kernel._urls import mask_url
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
     "DEFAULT_STORE_ENV",
     "EVENT_TYPES",
+    "KEYS_ENV",
+    "MAX_ID_BYTES",
+    "MAX_KEY_BYTES",
     "ROW_SHIFT",
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
     "Case",
+    "ChainHead",
+    "ChainProblem",
+    "ChainReport",
     "Checkpoint",
     "CheckpointStatus",
     "Clock",
@@ -124,10 +136,12 @@ __all__ = [
     "InfoRequested",
     "InstanceForked",
     "InvalidBatchError",
+    "Keyring",
     "Lease",
     "LogIntegrityError",
     "MemoryStore",
     "MessageStaged",
+    "MissingKeyError",
     "OpenRun",
     "OutputYielded",
     "PendingRequest",
@@ -137,6 +151,7 @@ __all__ = [
     "Recorded",
     "RecordedError",
     "RecoveredRun",
+    "RekeyReport",
     "RerunReport",
     "ResponseError",
     "ResponseReceived",
@@ -172,13 +187,16 @@ __all__ = [
     "WorkflowContext",
     "WorkflowEvent",
     "apply_committed",
+    "compact_store",
     "counter_ids",
     "executor",
     "fold_committed",
     "folds",
     "handler",
+    "mask_url",
     "open_store",
     "recover",
+    "rekey",
     "replay",
     "rerun",
     "response_handler",

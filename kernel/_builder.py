@@ -24,6 +24,7 @@ from kernel._graph import (
     SwitchCase,
     validate,
 )
+from kernel._ids import check_id
 from kernel._instance import LeasePolicy
 from kernel._store import EventStore, open_store
 from kernel._valuetypes import value_classes
@@ -40,7 +41,8 @@ class WorkflowBuilder:
     ``store`` defaults to ``open_store()`` (``$STEPLOG_STORE``, else memory); ``instance_id`` to a
     fresh id (exposed as ``workflow.instance_id``); ``clock`` and ``id_factory`` to the system
     clock and random ids. ``durability="superstep"`` appends each superstep in one atomic batch
-    with its marker; ``"write"`` appends every event as it happens.
+    with its marker; ``"write"`` appends every event as it happens. ``sensitive_keys`` are state
+    keys whose values readers show redacted (see ``with_sensitive_keys``).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class WorkflowBuilder:
         durability: Durability = "superstep",
         clock: Clock | None = None,
         id_factory: IdFactory | None = None,
+        sensitive_keys: Iterable[str] = (),
     ) -> None:
         self._executors: dict[str, Executor] = {}
         self._groups: list[EdgeGroup] = []
@@ -67,6 +70,8 @@ class WorkflowBuilder:
         self._ids = id_factory or uuid_ids
         self._value_types: list[type] = []
         self._lease = LeasePolicy()
+        self._sensitive: list[str] = []
+        self.with_sensitive_keys(*_pattern_list(sensitive_keys))
         if start_executor is not None:
             self.set_start_executor(start_executor)
 
@@ -187,6 +192,29 @@ class WorkflowBuilder:
         self._lease = LeasePolicy(float(ttl), float(wait))
         return self
 
+    # -- sensitive keys -----------------------------------------------------------------------
+
+    def with_sensitive_keys(self, *patterns: str) -> Self:
+        """Mark state keys sensitive: each pattern is an exact key or an ``fnmatch`` glob
+        (``"secret_*"``, matched case-sensitively). Every run records the patterns in its
+        ``RunStarted.sensitive_keys``, and the readers of ``projections`` (the ``steplog``
+        command included) show the values of the matching keys of the instance redacted, for
+        every run of it, unless asked to reveal them. The values are still written to the log as
+        they are (encrypt the log for secrecy at rest: ``open_store(url, keyring=...)``).
+
+        Adds to the patterns given before. Raises ``DefinitionError`` for a pattern that is not
+        a non-empty string.
+        """
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern:
+                raise DefinitionError(
+                    f"a sensitive key pattern must be a non-empty string, got {pattern!r}"
+                )
+            require_storable(pattern, "a sensitive key pattern")
+            if pattern not in self._sensitive:
+                self._sensitive.append(pattern)
+        return self
+
     # -- value types --------------------------------------------------------------------------
 
     def register_types(self, *types: Any) -> Self:
@@ -222,15 +250,10 @@ class WorkflowBuilder:
             raise DefinitionError(
                 f"durability must be 'superstep' or 'write', got {self._durability!r}"
             )
-        if self._instance_id is not None and (
-            not isinstance(self._instance_id, str) or not self._instance_id
-        ):
-            raise DefinitionError(
-                f"instance_id must be a non-empty string, got {self._instance_id!r}"
-            )
-        for text, what in ((self._name, "a workflow name"), (self._instance_id, "instance_id")):
-            if text is not None:
-                require_storable(text, what)
+        if self._instance_id is not None:
+            check_id(self._instance_id, "instance_id", DefinitionError)
+        if self._name is not None:
+            require_storable(self._name, "a workflow name")
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
         graph = Graph(dict(self._executors), self._start, tuple(self._groups))
@@ -249,7 +272,23 @@ class WorkflowBuilder:
             clock=self._clock,
             id_factory=self._ids,
             lease=self._lease,
+            sensitive_keys=tuple(self._sensitive),
         )
+
+
+def _pattern_list(patterns: Iterable[str]) -> list[str]:
+    """``sensitive_keys=`` as a list; a lone string is refused (it would be read letter by
+    letter)."""
+    if isinstance(patterns, str | bytes):
+        raise DefinitionError(
+            f"sensitive_keys must be a list of patterns, not one string: use [{patterns!r}]"
+        )
+    try:
+        return list(patterns)
+    except TypeError:
+        raise DefinitionError(
+            f"sensitive_keys must be a list of patterns, got {patterns!r}"
+        ) from None
 
 
 def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:

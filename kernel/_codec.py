@@ -81,6 +81,7 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})  # JSON leaves: decode
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 _SHOWN = 80  # characters of a malformed tree quoted in a DecodeError
+_PATH_STEPS = 8  # steps of the path inside a value that an EncodingError shows, at most
 
 Json = Any
 
@@ -178,7 +179,7 @@ class ValueCodec:
         try:
             return self._encode(value, 0)
         except _Refused as refused:
-            where = what + "".join(reversed(refused.path))
+            where = what + _path_text(refused.path[::-1])
             raise EncodingError(f"cannot encode {where}: {refused.reason}") from refused.__cause__
 
     def _encode(self, value: Any, depth: int) -> Json:
@@ -417,6 +418,17 @@ def _check_text(text: str, what: str = "the text") -> None:
             f"{what} {_short(text)} is not valid Unicode (a lone surrogate "
             f"{text[error.start]!r} at index {error.start}); only valid Unicode text can be stored"
         ) from None
+
+
+def _path_text(steps: list[str]) -> str:
+    """Where in a value a problem is, as the steps down to it (``[0]['k'].field``): each step cut
+    to 40 characters, and a long path (a value nested too deep) shown by its first and last few
+    steps, so that an error message stays short whatever the value."""
+    shown = [step if len(step) <= 40 else step[:36] + "...]" for step in steps]
+    if len(shown) <= _PATH_STEPS:
+        return "".join(shown)
+    skipped = len(shown) - _PATH_STEPS
+    return f"{''.join(shown[:4])}<{skipped} more steps>{''.join(shown[-(_PATH_STEPS - 4):])}"
 
 
 def _digits(value: int) -> str:

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING, Any, Generic, Never
 
 from typing_extensions import TypeVar
 
+from kernel._errors import EncodingError
+from kernel._ids import MAX_KEY_BYTES, check_id
+
 if TYPE_CHECKING:
     from kernel._superstep import Superstep
 
@@ -84,11 +87,17 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
         return self._step.request(self._executor_id, request_data, response_type)
 
     def set_state(self, key: str, value: Any) -> None:
-        """Stage ``key = value``. Committed only if this superstep commits."""
+        """Stage ``key = value``. Committed only if this superstep commits.
+
+        A key is a non-empty ``str`` of valid Unicode, without NUL, of at most ``MAX_KEY_BYTES``
+        UTF-8 bytes; another raises ``EncodingError`` (and the write is not staged)."""
+        check_id(key, "state key", EncodingError, limit=MAX_KEY_BYTES)
         self._step.stage(self._executor_id, key, "set", value)
 
     def delete_state(self, key: str) -> None:
-        """Stage the deletion of ``key``. Committed only if this superstep commits."""
+        """Stage the deletion of ``key`` (a key as ``set_state`` takes). Committed only if this
+        superstep commits."""
+        check_id(key, "state key", EncodingError, limit=MAX_KEY_BYTES)
         self._step.stage(self._executor_id, key, "delete", None)
 
     def get_state(self, key: str, default: Any = None) -> Any:

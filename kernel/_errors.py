@@ -21,9 +21,12 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   ├── InvalidBatchError        an append whose events do not fit its stream and version
     │   ├── ConcurrencyConflictError an append whose expected version was not the stream's version
     │   ├── DecodeError              a stored event that cannot be read back
+    │   │   └── MissingKeyError      a sealed row or view document whose key was not given
     │   └── SchemaVersionError       a database or event written by a newer steplog
-    └── ProjectionError              a view that cannot be built or queried
-        └── LogIntegrityError        a log that breaks the kernel's own invariants
+    ├── ProjectionError              a view that cannot be built or queried
+    └── LogIntegrityError            a log that was altered (its hash chain or a seal is broken),
+                                     or that breaks the kernel's own invariants; a StoreError
+                                     and a ProjectionError both, for readers of either
 
 Errors from sqlite3, psycopg and eventsourcing are translated into this tree at the store's edge,
 by class, through one table (``kernel._store``); the driver's exception is kept as ``__cause__``.
@@ -46,6 +49,7 @@ __all__ = [
     "ExecutionError",
     "InvalidBatchError",
     "LogIntegrityError",
+    "MissingKeyError",
     "ProjectionError",
     "ResponseError",
     "ResumeError",
@@ -162,6 +166,11 @@ class DecodeError(StoreError):
     """A stored event could not be decoded."""
 
 
+class MissingKeyError(DecodeError):
+    """A row or view document is encrypted with a key that is not in the store's keyring (or the
+    store was opened without keys). The message names where and the key's fingerprint."""
+
+
 class SchemaVersionError(StoreError):
     """The database or an event was written by a newer version of steplog."""
 
@@ -170,9 +179,37 @@ class ProjectionError(StepLogError):
     """A projection or materialized view could not be built or queried."""
 
 
-class LogIntegrityError(ProjectionError):
-    """The log contradicts an invariant the kernel enforces (say, a commit marker that the
-    committed-state fold did not take as a commit)."""
+class LogIntegrityError(StoreError, ProjectionError):
+    """The log was altered since it was written (an event that does not match its hash, a
+    missing or moved row, a truncated tail, a sealed row that does not open), or contradicts an
+    invariant the kernel enforces (say, a commit marker that the fold did not take as a commit).
+
+    ``instance_id`` and ``position`` name the first bad place when there is one, ``kind`` what
+    is wrong there (``"edited"``, ``"gap"``, ``"reordered"``, ``"truncated"``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        instance_id: str | None = None,
+        position: int | None = None,
+        kind: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.position = position
+        self.kind = kind
+
+    def __reduce__(self) -> Any:
+        return (_integrity, (str(self), self.instance_id, self.position, self.kind))
+
+
+def _integrity(
+    message: str, instance_id: str | None, position: int | None, kind: str | None
+) -> LogIntegrityError:
+    """Rebuild a pickled ``LogIntegrityError`` with its attributes."""
+    return LogIntegrityError(message, instance_id=instance_id, position=position, kind=kind)
 
 
 def _run_in_progress(

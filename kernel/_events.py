@@ -124,9 +124,16 @@ class RunStarted(RunEvent):
     requests) names it in ``continues``, and the committed superstep it goes on from in
     ``checkpoint`` (None when the continued run committed none: it goes on from that run's own
     beginning). Its first superstep's index follows the checkpoint's; ``input`` is then None.
+
+    ``sensitive_keys`` are the state keys (exact names, or ``fnmatch`` patterns such as
+    ``"secret_*"``) the workflow declared sensitive: readers show their values redacted unless
+    asked (schema version 2; runs of version 1 declared none).
     """
 
+    SCHEMA_VERSION: ClassVar[int] = 2
+
     type: Literal["run_started"] = "run_started"
+    schema_version: int = 2
     workflow_name: str
     input: Json = None
     kwargs: dict[str, Json] = Field(default_factory=dict)
@@ -134,6 +141,7 @@ class RunStarted(RunEvent):
     durability: Literal["superstep", "write"] = "superstep"
     continues: str | None = None
     checkpoint: str | None = None
+    sensitive_keys: list[str] = Field(default_factory=list)
 
 
 class RunCompleted(RunEvent):

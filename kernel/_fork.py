@@ -20,8 +20,8 @@ from kernel._events import (
     RunEvent,
     SuperstepEvent,
 )
-from kernel._executor import require_storable
 from kernel._fold import fold_committed
+from kernel._ids import check_id
 from kernel._runner import Continuation
 
 if TYPE_CHECKING:
@@ -32,9 +32,7 @@ __all__ = ["fork_instance", "position_of"]
 
 def fork_instance(origin: Workflow, at: Any, instance_id: str) -> Workflow:
     """Append ``InstanceForked`` as ``instance_id``'s first event; return the workflow on it."""
-    if not isinstance(instance_id, str) or not instance_id:
-        raise ExecutionError(f"a fork needs a non-empty instance id, got {instance_id!r}")
-    require_storable(instance_id, "a fork's instance id")
+    check_id(instance_id, "a fork's instance id", ExecutionError)
     if instance_id == origin.instance_id:
         raise ExecutionError(f"cannot fork instance {instance_id!r} into itself")
     store = origin.store

@@ -88,6 +88,9 @@ class RunnerContext(Protocol):
     """Encodes and decodes state values, messages and outputs."""
     owner: str
     """This process as ``host:pid``, recorded in ``RunStarted.owner``."""
+    sensitive_keys: tuple[str, ...]
+    """The patterns of the state keys the workflow declared sensitive, recorded in
+    ``RunStarted.sensitive_keys``."""
     clock: Clock
     """The time of the next event. The run refuses a naive datetime (``ExecutionError``)."""
 
@@ -160,6 +163,7 @@ class InstanceContext:
         id_factory: IdFactory,
         owner: str,
         lease: LeasePolicy | None = None,
+        sensitive_keys: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.lease = lease or LeasePolicy()
@@ -170,6 +174,7 @@ class InstanceContext:
         self.durability: Durability = durability
         self.codec = store.codec
         self.owner = owner
+        self.sensitive_keys = sensitive_keys
         self.clock = clock
         self.new_id = id_factory
         self._committed = CommittedState()

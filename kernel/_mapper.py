@@ -5,7 +5,8 @@ Two row formats, both in eventsourcing's ``StoredEvent`` columns, and both read:
 * **Batch rows** (written since the store schema version 2): one row per appended batch, usually a
   whole superstep. ``originator_id`` is the instance, ``originator_version`` the position of the
   batch's *last* event, ``topic`` the number of events (``"7"``), and ``state`` one compact JSON
-  array: ``[format, base_us, offsets, strings, event, event, ...]``. The context every event of a
+  array: ``[format, base_us, offsets, strings, chain, event, event, ...]`` (batch format 2;
+  format 1, written before the hash chain, has no ``chain``). The context every event of a
   superstep repeats is carried once: times are whole microseconds since the Unix epoch, as
   ``base_us`` plus a small delta per event, with the UTC offset (``offsets``: seconds, one for the
   batch or a list with one per event); run and superstep ids are indexes into ``strings``. Each
@@ -15,13 +16,29 @@ Two row formats, both in eventsourcing's ``StoredEvent`` columns, and both read:
 * **Event rows** (format 1, before version 2): one row per event, ``originator_version`` its
   position, ``topic`` its ``"type@schema_version"``, ``state`` its other fields as a JSON object.
 
+**The hash chain** (batch format 2). Each event's hash is ``blake2b(previous hash + canonical
+event, 16 bytes)``; the first event of an instance follows ``genesis(instance)``. The canonical
+event is the JSON array ``[type, schema version, instance, position, time (µs since the epoch),
+UTC offset (µs), field, field, ...]``, its fields in declaration order with trailing defaults left
+out, object keys sorted: the logical event, whatever the row's packing, so a later storage
+format (or re-encryption) keeps every hash. A row's ``chain`` is base64 of the hash before its
+first event followed by each of its events' hashes; decoding checks each event it reads against
+its hash (``LogIntegrityError`` naming the position), and the store checks that rows link up.
+
+**Encryption** (``kernel._cipher``). With a keyring, ``state`` is sealed with AES-256-GCM, bound to
+the row's instance, last position and count; everything above is inside the seal.
+
 Every event keeps its own position, so nothing above the store sees rows. Decoding is data only:
 a row that is not what this mapper writes is a ``DecodeError`` naming ``instance#position``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 import functools
+import hashlib
 import itertools
 import operator
 from collections.abc import Callable, Collection, Sequence
@@ -34,19 +51,36 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 from pydantic import BaseModel, ValidationError
 
-from kernel._errors import DecodeError, EncodingError, SchemaVersionError
+from kernel._cipher import Keyring, is_sealed, sealed_without_key
+from kernel._errors import DecodeError, EncodingError, LogIntegrityError, SchemaVersionError
 from kernel._events import EVENT_TYPES, ErrorInfo, EventBase, complete_event, trusted_event
 
-__all__ = ["BATCH_CODES", "BATCH_FORMAT", "EventMapper", "Upcaster", "row_count"]
+__all__ = [
+    "BATCH_CODES",
+    "BATCH_FORMAT",
+    "CHAIN_BYTES",
+    "KERNEL_UPCASTERS",
+    "ChainedRow",
+    "EventMapper",
+    "RowLink",
+    "Upcaster",
+    "genesis",
+    "row_count",
+]
 
 _STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_CANONICAL = _STRICT | orjson.OPT_SORT_KEYS
 
 _ENVELOPE = frozenset({"type", "instance_id", "position", "schema_version"})
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
-BATCH_FORMAT = 1
-"""The version of the batch row's layout (its ``state[0]``); a newer one is refused."""
+BATCH_FORMAT = 2
+"""The version of the batch row's layout (its ``state[0]``): 2 carries the hash chain, 1 (read,
+never written) does not; a newer one is refused."""
+
+CHAIN_BYTES = 16
+"""The size of an event's hash (BLAKE2b, 128 bits)."""
 
 BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("run_started", 1),
@@ -67,12 +101,41 @@ BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("superstep_committed", 1),
     ("superstep_aborted", 1),
     ("instance_forked", 1),
+    ("run_started", 2),
 )
 """Type code -> (event type, schema version) in batch rows. Append-only: a new type or a new
 schema version of a type gets the next code; codes are never renumbered or reused. A row's fields
-are positional, so when a type's schema version changes, its old code must keep its old field
-list: add it here beside the code, with an upcaster (``EventMapper(upcasters=...)``) from the old
-version; until then a code whose version is not the type's current one is refused, never misread."""
+are positional, so when a type's schema version changes, its old code keeps its old field list in
+``_FROZEN_FIELDS``, and ``KERNEL_UPCASTERS`` brings its events up to the current version; a code
+whose version has no frozen field list is refused, never misread."""
+
+_REQUIRED = object()
+
+_FROZEN_FIELDS: dict[tuple[str, int], tuple[tuple[str, Any], ...]] = {
+    ("run_started", 1): (
+        ("run_id", _REQUIRED),
+        ("workflow_name", _REQUIRED),
+        ("input", None),
+        ("kwargs", {}),
+        ("owner", ""),
+        ("durability", "superstep"),
+        ("continues", None),
+        ("checkpoint", None),
+    ),
+}
+"""The stored fields (name, default) of every old schema version still read, in stored order."""
+
+
+def _run_started_1(payload: dict[str, Any]) -> dict[str, Any]:
+    """run_started 1 -> 2: runs before sensitive keys declared none."""
+    payload.setdefault("sensitive_keys", [])
+    return payload
+
+
+KERNEL_UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("run_started", 1): _run_started_1,
+}
+"""steplog's own upcasters: ``(type, from_version)`` -> the payload in the next version's shape."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -106,10 +169,12 @@ def row_count(instance_id: str, last_position: int, topic: str) -> int:
 
 
 class _Layout(NamedTuple):
-    """How one event type is laid out in a batch row."""
+    """How one event type (at one schema version) is laid out in a batch row."""
 
     cls: type[EventBase]
     code: int
+    version: int
+    """The schema version its code stores (the type's current one, or an old one to upcast)."""
     names: tuple[str, ...]
     """The stored fields, in order (no envelope, no timestamp)."""
     defaults: tuple[Any, ...]
@@ -121,45 +186,109 @@ class _Layout(NamedTuple):
     """Whether the type has an ``error`` field (an ``ErrorInfo``, stored as an object)."""
 
 
-_REQUIRED = object()
-
-
 @functools.cache
 def _layouts() -> tuple[dict[str, _Layout], tuple[_Layout | None, ...]]:
-    """The layout of every current event type, by type name and by code (None: an old version)."""
+    """The layout of every event type, by type name (current versions, for writing) and by code
+    (None: an old version with no frozen field list)."""
     by_name: dict[str, _Layout] = {}
     by_code: list[_Layout | None] = []
     for code, (name, version) in enumerate(BATCH_CODES):
         cls = EVENT_TYPES[name]
-        if version != cls.SCHEMA_VERSION:
+        if version == cls.SCHEMA_VERSION:
+            names = tuple(n for n in cls.model_fields if n not in _ENVELOPE and n != "timestamp")
+            defaults = []
+            for field_name in names:
+                info = cls.model_fields[field_name]
+                if info.default_factory is not None:
+                    defaults.append(info.default_factory())  # type: ignore[call-arg]
+                elif info.is_required():
+                    defaults.append(_REQUIRED)
+                else:
+                    defaults.append(info.default)
+        elif (name, version) in _FROZEN_FIELDS:
+            names = tuple(n for n, _ in _FROZEN_FIELDS[name, version])
+            defaults = [d for _, d in _FROZEN_FIELDS[name, version]]
+        else:
             by_code.append(None)
             continue
-        names = tuple(n for n in cls.model_fields if n not in _ENVELOPE and n != "timestamp")
-        defaults = []
-        for field_name in names:
-            info = cls.model_fields[field_name]
-            if info.default_factory is not None:
-                defaults.append(info.default_factory())  # type: ignore[call-arg]
-            elif info.is_required():
-                defaults.append(_REQUIRED)
-            else:
-                defaults.append(info.default)
         interned = tuple(i for i, n in enumerate(names) if n in _INTERNED)
-        layout = _Layout(cls, code, names, tuple(defaults), interned, name, "error" in names)
-        by_name[name] = layout
+        layout = _Layout(
+            cls, code, version, names, tuple(defaults), interned, name, "error" in names
+        )
+        if version == cls.SCHEMA_VERSION:
+            by_name[name] = layout
         by_code.append(layout)
     return by_name, tuple(by_code)
+
+
+def genesis(instance_id: str) -> bytes:
+    """The hash an instance's chain begins from (before its first event)."""
+    return hashlib.blake2b(
+        instance_id.encode("utf-8", "surrogatepass"),
+        digest_size=CHAIN_BYTES,
+        person=b"steplog-chain-1",
+    ).digest()
+
+
+def _canonical(
+    type_name: str,
+    version: int,
+    instance_id: str,
+    position: int,
+    time_us: int,
+    offset_us: int,
+    fields: Sequence[Any],
+) -> bytes:
+    """The bytes an event's hash covers (see the module's docstring)."""
+    return orjson.dumps(
+        [type_name, version, instance_id, position, time_us, offset_us, *fields],
+        default=_nested_model,
+        option=_CANONICAL,
+    )
+
+
+def _link(previous: bytes, canonical: bytes) -> bytes:
+    return hashlib.blake2b(previous + canonical, digest_size=CHAIN_BYTES).digest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainedRow(StoredEvent):
+    """A batch row with its chain's new head: the hash of its last event, which the store keeps
+    as the instance's head."""
+
+    head: bytes = b""
+
+
+class RowLink(NamedTuple):
+    """Where a row sits in its instance's chain: its positions and the hashes before and after
+    it (None for a row written before the chain)."""
+
+    first: int
+    last: int
+    previous: bytes | None
+    head: bytes | None
 
 
 class EventMapper:
     """Maps events to stored records and back.
 
     ``upcasters`` maps ``(type, from_version)`` to a function that rewrites an old payload into the
-    next version's shape; they are chained until the payload reaches the current version.
+    next version's shape; they are chained until the payload reaches the current version (after
+    steplog's own, ``KERNEL_UPCASTERS``). With a ``keyring``, rows are sealed when written and
+    opened when read. ``on_broken``, when given, is told of each event that does not match its
+    hash (a ``LogIntegrityError``) and decoding goes on; without it, decoding raises the error.
     """
 
-    def __init__(self, upcasters: dict[tuple[str, int], Upcaster] | None = None) -> None:
-        self._upcasters = dict(upcasters or {})
+    def __init__(
+        self,
+        upcasters: dict[tuple[str, int], Upcaster] | None = None,
+        *,
+        keyring: Keyring | None = None,
+        on_broken: Callable[[LogIntegrityError], None] | None = None,
+    ) -> None:
+        self._upcasters = {**KERNEL_UPCASTERS, **(upcasters or {})}
+        self.keyring = keyring
+        self.on_broken = on_broken
         # Topics of the current schema versions: decoded without parsing the topic.
         self._current = {f"{name}@{cls.SCHEMA_VERSION}": cls for name, cls in EVENT_TYPES.items()}
 
@@ -187,52 +316,80 @@ class EventMapper:
             state=state,
         )
 
-    def to_row(self, events: Sequence[EventBase]) -> StoredEvent:
-        """The batch row holding ``events`` (one instance's, at consecutive positions).
+    def to_row(self, events: Sequence[EventBase], previous: bytes | None = None) -> ChainedRow:
+        """The batch row holding ``events`` (one instance's, at consecutive positions), chained
+        to ``previous``: the hash of the event before the first (None: ``genesis``, for a row
+        that begins its stream).
 
         Raises ``EncodingError`` naming the event if a value is not a JSON tree."""
         by_name = _layouts()[0]
         first = events[0]
+        instance_id = first.instance_id
+        if previous is None:
+            previous = genesis(instance_id)
         offset = first.timestamp.utcoffset()
         base_us = (first.timestamp - _EPOCH) // _MICROSECOND
         strings: list[str] = []
         interned: dict[str, int] = {}
         offsets: list[int] = []
-        body: list[Any] = [BATCH_FORMAT, base_us, 0, strings]
-        for event in events:
-            layout = by_name[event.type]
-            fields = event.__dict__
-            values = [fields[name] for name in layout.names]
-            for i in layout.interned:
-                text = values[i]
-                if text is not None:
-                    ref = interned.get(text)
-                    if ref is None:
-                        ref = interned[text] = len(strings)
-                        strings.append(text)
-                    values[i] = ref
-            end = len(values)
-            defaults = layout.defaults
-            while end and values[end - 1] == defaults[end - 1]:
-                end -= 1
-            stamp = event.timestamp
-            here = stamp.utcoffset()
-            offsets.append(here // _MICROSECOND if here else 0)
-            if here != offset:
-                offset = None  # the batch's events are in more than one UTC offset
-            body.append([layout.code, (stamp - _EPOCH) // _MICROSECOND - base_us, *values[:end]])
-        body[2] = offsets[0] if offset is not None else offsets
+        hashes = [previous]
+        head = previous
+        body: list[Any] = [BATCH_FORMAT, base_us, 0, strings, ""]
         try:
+            for event in events:
+                layout = by_name[event.type]
+                fields = event.__dict__
+                values = [fields[name] for name in layout.names]
+                end = len(values)
+                defaults = layout.defaults
+                while end and values[end - 1] == defaults[end - 1]:
+                    end -= 1
+                stamp = event.timestamp
+                here = stamp.utcoffset()
+                offset_us = here // _MICROSECOND if here else 0
+                offsets.append(offset_us)
+                if here != offset:
+                    offset = None  # the batch's events are in more than one UTC offset
+                time_us = (stamp - _EPOCH) // _MICROSECOND
+                head = _link(
+                    head,
+                    _canonical(
+                        layout.type_name,
+                        layout.version,
+                        instance_id,
+                        event.position,
+                        time_us,
+                        offset_us,
+                        values[:end],
+                    ),
+                )
+                hashes.append(head)
+                for i in layout.interned:
+                    text = values[i]
+                    if text is not None:
+                        ref = interned.get(text)
+                        if ref is None:
+                            ref = interned[text] = len(strings)
+                            strings.append(text)
+                        values[i] = ref
+                body.append([layout.code, time_us - base_us, *values[:end]])
+            body[2] = offsets[0] if offset is not None else offsets
+            body[4] = base64.b64encode(b"".join(hashes)).decode("ascii")
             state = orjson.dumps(body, default=_nested_model, option=_STRICT)
         except TypeError:
             for event in events:  # name the event that cannot be stored
                 self.to_stored(event)
             raise
-        return StoredEvent(
-            originator_id=first.instance_id,
-            originator_version=events[-1].position,
-            topic=str(len(events)),
+        last = events[-1].position
+        topic = str(len(events))
+        if self.keyring is not None:
+            state = self.keyring.seal(state, _place(instance_id, last, topic))
+        return ChainedRow(
+            originator_id=instance_id,
+            originator_version=last,
+            topic=topic,
             state=state,
+            head=head,
         )
 
     def decode_row(
@@ -245,12 +402,24 @@ class EventMapper:
         after: int = 0,
         upto: int | None = None,
         types: Collection[str] | None = None,
+        links: list[RowLink] | None = None,
+        on_broken: Callable[[LogIntegrityError], None] | None = None,
+        check_all: bool = False,
     ) -> list[EventBase]:
         """The events of one row (either format) with ``after < position <= upto``, of ``types``
-        only if given (the others are never built). Raises ``DecodeError`` naming the position
-        of what is wrong, ``SchemaVersionError`` for a row written by a newer steplog."""
+        only if given (the others are never built). Each event built is checked against its
+        hash (each check stands alone: an event's hash and its predecessor's are both in the
+        row); with ``check_all``, so are the events of the window that are not built.
+
+        Raises ``DecodeError`` naming the position of what is wrong, ``SchemaVersionError`` for
+        a row written by a newer steplog, ``LogIntegrityError`` for an event that does not match
+        its hash or a sealed row that does not open, unless ``on_broken`` (or the mapper's own)
+        takes it. ``links``, when given, gets the row's ``RowLink``, for the caller to check
+        that consecutive rows link up."""
         count = row_count(instance_id, last_position, topic)
         if not topic.isdigit():  # an event row (format 1)
+            if links is not None:
+                links.append(RowLink(last_position, last_position, None, None))
             if last_position <= after or (upto is not None and last_position > upto):
                 return []
             if types is not None and topic.partition("@")[0] not in types:
@@ -258,7 +427,19 @@ class EventMapper:
             return [self.decode(instance_id, last_position, topic, state)]
         first = last_position - count + 1
         where = f"row {instance_id!r}#{first}..{last_position}"
-        body = _load_batch(where, state, count)
+        body, chain = self._load_batch(where, instance_id, last_position, topic, state, count)
+        if links is not None:
+            links.append(
+                RowLink(
+                    first,
+                    last_position,
+                    *(
+                        (chain[:CHAIN_BYTES], chain[-CHAIN_BYTES:])
+                        if chain is not None
+                        else (None, None)
+                    ),
+                )
+            )
         start = max(after - first + 1, 0)
         stop = count if upto is None else min(upto - first + 1, count)
         if start >= stop:
@@ -267,9 +448,11 @@ class EventMapper:
         stamps = _Stamps(where, body[1], body[2], count)
         base, zoned = stamps.base, stamps.zones is not None
         by_code = _layouts()[1]
+        header = 4 if chain is None else 5
+        report = on_broken or self.on_broken
         events: list[EventBase] = []
         for i in range(start, stop):
-            item = body[4 + i]
+            item = body[header + i]
             position = first + i
             if type(item) is not list or len(item) < 2 or type(item[0]) is not int:
                 raise DecodeError(f"event {instance_id!r}#{position} is not [code, time, ...]")
@@ -287,9 +470,13 @@ class EventMapper:
                         "different program"
                     )
                 )
-            if types is not None and layout.type_name not in types:
-                continue
             delta = item[1]
+            if types is not None and layout.type_name not in types:
+                if chain is not None and check_all:
+                    _check_event(
+                        layout, item, strings, instance_id, position, stamps, i, chain, report
+                    )
+                continue
             if zoned or type(delta) is not int:  # (the common case is inlined: one offset)
                 stamp = stamps.at(i, delta, position)
             else:
@@ -297,8 +484,161 @@ class EventMapper:
                     stamp = base + timedelta(0, 0, delta)
                 except OverflowError:
                     stamp = stamps.at(i, delta, position)  # raises, naming the position
-            events.append(_build_stored(layout, item, strings, stamp, instance_id, position))
+            if layout.version != layout.cls.SCHEMA_VERSION:
+                event = self._build_old(layout, item, strings, stamp, instance_id, position)
+            else:
+                event = _build_stored(layout, item, strings, stamp, instance_id, position)
+            if chain is not None:  # (after building: a malformed field is named as such)
+                _check_event(layout, item, strings, instance_id, position, stamps, i, chain, report)
+            events.append(event)
         return events
+
+    def row_link(self, instance_id: str, last_position: int, topic: str, state: bytes) -> RowLink:
+        """The ``RowLink`` of a row, its events neither checked nor built."""
+        count = row_count(instance_id, last_position, topic)
+        first = last_position - count + 1
+        if not topic.isdigit():
+            return RowLink(first, last_position, None, None)
+        where = f"row {instance_id!r}#{first}..{last_position}"
+        _, chain = self._load_batch(where, instance_id, last_position, topic, state, count)
+        if chain is None:
+            return RowLink(first, last_position, None, None)
+        return RowLink(first, last_position, chain[:CHAIN_BYTES], chain[-CHAIN_BYTES:])
+
+    def event_hash(
+        self, instance_id: str, last_position: int, topic: str, state: bytes, position: int
+    ) -> bytes | None:
+        """The stored hash of the event at ``position`` of a row (None: a row without hashes)."""
+        count = row_count(instance_id, last_position, topic)
+        first = last_position - count + 1
+        if not topic.isdigit() or not first <= position <= last_position:
+            return None
+        where = f"row {instance_id!r}#{first}..{last_position}"
+        _, chain = self._load_batch(where, instance_id, last_position, topic, state, count)
+        if chain is None:
+            return None
+        at = (position - first + 1) * CHAIN_BYTES
+        return chain[at : at + CHAIN_BYTES]
+
+    def _load_batch(
+        self, where: str, instance_id: str, last_position: int, topic: str, state: bytes, count: int
+    ) -> tuple[list[Any], bytes | None]:
+        """The JSON array of a batch row (opened first if sealed), its header checked, and its
+        chain (None for a row of batch format 1)."""
+        if is_sealed(state):
+            if self.keyring is None:
+                raise sealed_without_key(where, state)
+            try:
+                state = self.keyring.open(state, _place(instance_id, last_position, topic), where)
+            except LogIntegrityError as error:
+                raise LogIntegrityError(
+                    str(error),
+                    instance_id=instance_id,
+                    position=last_position - count + 1,
+                    kind="seal broken",
+                ) from None
+        try:
+            body = orjson.loads(state)
+        except (orjson.JSONDecodeError, TypeError) as error:
+            raise DecodeError(f"{where} is not valid JSON: {error}") from error
+        if type(body) is not list or len(body) < 4 or type(body[0]) is not int:
+            raise DecodeError(f"{where} is not a batch row [format, time, offsets, strings, ...]")
+        if body[0] not in (1, BATCH_FORMAT):
+            if body[0] > BATCH_FORMAT:
+                raise SchemaVersionError(
+                    f"{where} is in batch format {body[0]}, newer than this steplog's "
+                    f"{BATCH_FORMAT}; upgrade steplog to read this log"
+                )
+            raise DecodeError(f"{where} has an unknown batch format {body[0]}")
+        header = 4 if body[0] == 1 else 5
+        if len(body) != header + count:
+            raise DecodeError(f"{where} holds {len(body) - header} events, its topic says {count}")
+        strings = body[3]
+        if type(strings) is not list or not all(type(text) is str for text in strings):
+            raise DecodeError(f"{where} has a malformed string table")
+        if header == 4:
+            return body, None
+        text = body[4]
+        try:
+            if type(text) is not str:
+                raise ValueError
+            chain = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise DecodeError(f"{where} has a malformed hash chain {text!r:.40}") from None
+        if len(chain) != CHAIN_BYTES * (count + 1):
+            raise DecodeError(
+                f"{where} has {len(chain) // CHAIN_BYTES} hashes in its chain; {count} events "
+                f"need {count + 1}"
+            )
+        return body, chain
+
+    def _build_old(
+        self,
+        layout: _Layout,
+        item: list[Any],
+        strings: list[str],
+        stamp: datetime,
+        instance_id: str,
+        position: int,
+    ) -> EventBase:
+        """An event of an old schema version in a batch row: its stored fields by their frozen
+        names, upcast to the current version, then checked and built as any other."""
+        values = item[2:]
+        where = _where(instance_id, position, layout)
+        if len(values) > len(layout.names):
+            raise DecodeError(
+                f"{where} has {len(values)} fields; its version has {len(layout.names)}"
+            )
+        values = _resolved(layout, values, strings, instance_id, position)
+        payload = dict(zip(layout.names, values, strict=False))
+        for name, default in zip(
+            layout.names[len(values) :], layout.defaults[len(values) :], strict=True
+        ):
+            if default is _REQUIRED:
+                raise DecodeError(f"{where} lacks its required field {name!r}")
+            payload[name] = _fresh(default)
+        payload = self._upcast(where, layout.type_name, layout.version, payload)
+        cls = layout.cls
+        payload["instance_id"] = instance_id
+        payload["position"] = position
+        payload["schema_version"] = cls.SCHEMA_VERSION
+        problem = _problem(cls, payload)
+        if problem is not None:
+            raise DecodeError(f"{where} does not fit its schema once upcast: {problem}")
+        if layout.has_error and payload.get("error") is not None:
+            payload["error"] = _error_info(where, payload["error"])
+        payload["timestamp"] = stamp
+        payload["type"] = layout.type_name
+        try:
+            return complete_event(cls, payload)
+        except (TypeError, ValueError) as error:
+            raise DecodeError(f"{where} does not fit its schema once upcast: {error}") from error
+
+    def _upcast(
+        self, where: str, type_name: str, version: int, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``payload`` of ``type_name`` at ``version`` brought up to the type's current version."""
+        current = EVENT_TYPES[type_name].SCHEMA_VERSION
+        while version < current:
+            upcast = self._upcasters.get((type_name, version))
+            if upcast is None:
+                raise DecodeError(
+                    f"{where}: no upcaster for {type_name} from schema version {version}"
+                )
+            try:
+                payload = upcast(payload)
+            except Exception as error:  # an old payload its upcaster cannot read
+                raise DecodeError(
+                    f"{where}: the upcaster of {type_name} from schema version {version} failed: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            if type(payload) is not dict:
+                raise DecodeError(
+                    f"{where}: the upcaster of {type_name} from schema version {version} returned "
+                    f"a {type(payload).__name__}, not a dict"
+                )
+            version += 1
+        return payload
 
     def to_event(self, stored: StoredEvent) -> EventBase:
         """The event a stored record holds. Raises ``DecodeError`` or ``SchemaVersionError``."""
@@ -341,52 +681,12 @@ class EventMapper:
                 f"{where} is {type_name} schema version {version}, newer than this steplog's "
                 f"{cls.SCHEMA_VERSION}; upgrade steplog to read this log"
             )
-        while version < cls.SCHEMA_VERSION:
-            upcast = self._upcasters.get((type_name, version))
-            if upcast is None:
-                raise DecodeError(
-                    f"{where}: no upcaster for {type_name} from schema version {version}"
-                )
-            try:
-                payload = upcast(payload)
-            except Exception as error:  # an old payload its upcaster cannot read
-                raise DecodeError(
-                    f"{where}: the upcaster of {type_name} from schema version {version} failed: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
-            if type(payload) is not dict:
-                raise DecodeError(
-                    f"{where}: the upcaster of {type_name} from schema version {version} returned "
-                    f"a {type(payload).__name__}, not a dict"
-                )
-            version += 1
+        payload = self._upcast(where, type_name, version, payload)
+        version = cls.SCHEMA_VERSION
         payload["instance_id"] = instance_id
         payload["position"] = position
         payload["schema_version"] = version
         return _build(cls, payload, instance_id, position, topic)
-
-
-def _load_batch(where: str, state: bytes, count: int) -> list[Any]:
-    """The JSON array of a batch row, its header checked."""
-    try:
-        body = orjson.loads(state)
-    except (orjson.JSONDecodeError, TypeError) as error:
-        raise DecodeError(f"{where} is not valid JSON: {error}") from error
-    if type(body) is not list or len(body) < 4 or type(body[0]) is not int:
-        raise DecodeError(f"{where} is not a batch row [format, time, offsets, strings, ...]")
-    if body[0] != BATCH_FORMAT:
-        if body[0] > BATCH_FORMAT:
-            raise SchemaVersionError(
-                f"{where} is in batch format {body[0]}, newer than this steplog's "
-                f"{BATCH_FORMAT}; upgrade steplog to read this log"
-            )
-        raise DecodeError(f"{where} has an unknown batch format {body[0]}")
-    if len(body) != 4 + count:
-        raise DecodeError(f"{where} holds {len(body) - 4} events, its topic says {count}")
-    strings = body[3]
-    if type(strings) is not list or not all(type(text) is str for text in strings):
-        raise DecodeError(f"{where} has a malformed string table")
-    return body
 
 
 class _Stamps:
@@ -402,10 +702,12 @@ class _Stamps:
         self.base_us = base_us
         if type(offsets) is int:
             self.zones: list[tuple[int, timezone]] | None = None
+            self.offset_us = offsets
             zone = self._zone(offsets)
         elif type(offsets) is list and len(offsets) == count:
             self.zones = [(offset, self._zone(offset)) for offset in offsets]
             offsets, zone = self.zones[0]
+            self.offset_us = offsets
         else:
             raise DecodeError(f"{where} has malformed UTC offsets {offsets!r:.60}")
         self.base = self._wall(base_us + offsets, zone, "its base time")
@@ -463,17 +765,9 @@ def _build_stored(
         raise DecodeError(
             f"{_where(instance_id, position, layout)} has {given} fields; its type has {len(names)}"
         )
+    if layout.interned:
+        values = _resolved(layout, values, strings, instance_id, position)
     payload = dict(zip(names, values, strict=False))  # trailing defaults are left out
-    for i in layout.interned:
-        if i < given:
-            ref = values[i]
-            if ref is not None:
-                if type(ref) is not int or ref < 0 or ref >= len(strings):
-                    raise DecodeError(
-                        f"{_where(instance_id, position, layout)} refers to string "
-                        f"{ref!r:.20}, not in its row"
-                    )
-                payload[names[i]] = strings[ref]
     if given < len(names):
         for i in range(given, len(names)):
             default = layout.defaults[i]
@@ -490,22 +784,112 @@ def _build_stored(
         raise DecodeError(
             f"{_where(instance_id, position, layout)} does not fit its schema: {problem}"
         )
-    if layout.has_error:
-        error = payload["error"]
-        if error is not None:
-            if (
-                type(error) is not dict
-                or error.keys() != {"type", "message"}
-                or not all(type(v) is str for v in error.values())
-            ):
-                raise DecodeError(
-                    f"{_where(instance_id, position, layout)}: field 'error' is {error!r:.80}, not "
-                    "{'type': str, 'message': str}"
-                )
-            payload["error"] = trusted_event_info(error)
+    if layout.has_error and payload["error"] is not None:
+        payload["error"] = _error_info(_where(instance_id, position, layout), payload["error"])
     payload["timestamp"] = stamp
     payload["type"] = layout.type_name
     return complete_event(cls, payload)  # every field is set and checked above
+
+
+def _check_event(
+    layout: _Layout,
+    item: list[Any],
+    strings: list[str],
+    instance_id: str,
+    position: int,
+    stamps: _Stamps,
+    index: int,
+    chain: bytes,
+    report: Callable[[LogIntegrityError], None] | None,
+) -> None:
+    """Check the event at ``index`` of its row against its hash in ``chain``."""
+    fields = item[2:]
+    if layout.interned:
+        fields = _resolved(layout, fields, strings, instance_id, position)
+    end = min(len(fields), len(layout.defaults))
+    defaults = layout.defaults
+    while end and fields[end - 1] == defaults[end - 1]:
+        end -= 1
+    if end < len(fields) and len(fields) > len(defaults):
+        end = len(fields)  # more fields than the type has: hashed as they are (and refused)
+    delta = item[1]
+    if type(delta) is not int:
+        stamps.at(index, delta, position)  # raises, naming the position
+    offsets = stamps.zones
+    offset_us = stamps.offset_us if offsets is None else offsets[index][0]
+    try:
+        canonical = _canonical(
+            layout.type_name,
+            layout.version,
+            instance_id,
+            position,
+            stamps.base_us + delta,
+            offset_us,
+            fields[:end],
+        )
+    except TypeError:  # nested deeper than any writer could have written it: not as written
+        canonical = None
+    at = index * CHAIN_BYTES
+    if (
+        canonical is not None
+        and _link(chain[at : at + CHAIN_BYTES], canonical)
+        == chain[at + CHAIN_BYTES : at + 2 * CHAIN_BYTES]
+    ):
+        return
+    marker = layout.type_name in ("superstep_committed", "superstep_aborted")
+    problem = LogIntegrityError(
+        f"event {instance_id!r}#{position} ({layout.type_name}) does not match its hash: "
+        + (
+            "a superstep marker was rewritten (an abort turned into a commit, or the "
+            "reverse) after it was written"
+            if marker
+            else "it was edited after it was written"
+        ),
+        instance_id=instance_id,
+        position=position,
+        kind="marker rewritten" if marker else "edited",
+    )
+    if report is None:
+        raise problem
+    report(problem)
+
+
+def _resolved(
+    layout: _Layout, values: list[Any], strings: list[str], instance_id: str, position: int
+) -> list[Any]:
+    """``values`` (a fresh copy of a batch row's stored fields) with their interned ids looked up
+    in ``strings``, in place."""
+    for i in layout.interned:
+        if i < len(values):
+            ref = values[i]
+            if ref is not None:
+                if type(ref) is not int or ref < 0 or ref >= len(strings):
+                    raise DecodeError(
+                        f"{_where(instance_id, position, layout)} refers to string "
+                        f"{ref!r:.20}, not in its row"
+                    )
+                values[i] = strings[ref]
+    return values
+
+
+def _error_info(where: str, error: Any) -> ErrorInfo:
+    """A stored ``error`` field as an ``ErrorInfo``, its shape checked."""
+    if (
+        type(error) is not dict
+        or error.keys() != {"type", "message"}
+        or not all(type(v) is str for v in error.values())
+    ):
+        raise DecodeError(
+            f"{where}: field 'error' is {error!r:.80}, not {{'type': str, 'message': str}}"
+        )
+    return trusted_event_info(error)
+
+
+def _place(instance_id: str, last_position: int, topic: str) -> bytes:
+    """What a sealed row is bound to: its instance, last position and count."""
+    return b"\x00".join(
+        (instance_id.encode("utf-8", "surrogatepass"), str(last_position).encode(), topic.encode())
+    )
 
 
 def _where(instance_id: str, position: int, layout: _Layout) -> str:

@@ -16,6 +16,9 @@ The rules it keeps, by construction:
 * A superstep is *closed* the moment its outcome is decided (the first executor failure, a
   cancellation, the commit). From then on ``set_state``, ``send_message`` and ``yield_output``
   raise ``StateWriteRejectedError``; nothing reaches the log for it except its marker.
+* Only the run's own cancellation is a cancellation (its task cancelled, or the runner cancelling
+  a closing superstep's executors). A ``CancelledError`` out of a handler otherwise (a sub-task it
+  awaited was cancelled by someone else) is that executor's failure, raised as ``ExecutionError``.
 * The abort is appended before the caller sees the failure or the cancellation. A superstep's
   closing events (its marker, and the run's end or the next superstep's start) go in one batch; if
   the store cannot encode that batch, the superstep's events are appended one by one (as
@@ -371,6 +374,7 @@ class Run:
             kwargs=wire_kwargs,
             owner=instance.owner,
             durability=instance.durability,
+            sensitive_keys=list(instance.sensitive_keys),
             **fields,
         )
 
@@ -485,8 +489,10 @@ class Run:
             ((executor_id, messages),) = inbox.items()
             step.inline_task = task = asyncio.current_task()
             await self._invoke_all(step, executor_id, messages, inline=True)
-            if task is not None and task.cancelling() and step.failure is None:
-                raise asyncio.CancelledError  # the handler swallowed a cancellation of the run
+            if task is not None and task.cancelling():
+                # The run was cancelled and the handler swallowed it (and then returned, or
+                # failed, say on a refused write): the run is cancelled all the same.
+                raise asyncio.CancelledError
         else:
             loop = asyncio.get_running_loop()
             tasks = {
@@ -542,13 +548,15 @@ class Run:
             try:
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
-                if inline or step.cancelling:
+                if _cancelled_by_runner(step, inline=inline):
                     raise
-                step.fail(executor_id, error)  # the handler cancelled itself: a failure
+                step.fail(executor_id, _stray_cancellation(executor_id, error))
                 return
             except Exception as error:
                 step.fail(executor_id, error)
                 return
+            if _cancelled_by_runner(step, inline=inline):
+                return  # it swallowed the cancellation and returned: recorded as cancelled
             in_flight.discard(executor_id)
             record(ExecutorCompleted, {**step.completed_head, "executor_id": executor_id})
             if streaming:
@@ -708,6 +716,32 @@ def _envelope(cls: type[EventBase]) -> dict[str, Any]:
 def _escaped(done: set[asyncio.Task[None]]) -> BaseException | None:
     """An exception that escaped one of the finished executor tasks ``done``, if any."""
     return next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
+
+
+def _cancelled_by_runner(step: Superstep, *, inline: bool) -> bool:
+    """Whether the task running a handler of ``step`` was cancelled by steplog: inline, the run's
+    own task was cancelled (by its caller, a dropped stream, a lost lease); in an executor task,
+    the runner cancelled it to close the superstep (a sibling failed, the run was cancelled).
+
+    A ``CancelledError`` that comes out of a handler otherwise is the handler's failure: something
+    it awaited was cancelled by someone else, or it cancelled its own executor task.
+    """
+    if inline:
+        task = step.inline_task  # the run's own task
+        return task is not None and task.cancelling() > 0
+    return step.cancelling
+
+
+def _stray_cancellation(executor_id: str, error: asyncio.CancelledError) -> ExecutionError:
+    """The failure recorded (and raised to the caller) for a handler that raised ``CancelledError``
+    although steplog did not cancel it; the ``CancelledError`` is its ``__cause__``."""
+    stray = ExecutionError(
+        f"executor {executor_id!r} raised asyncio.CancelledError although its run was not "
+        "cancelled: a task or future it awaited was cancelled by someone else, or it cancelled "
+        "its own task. It is recorded as a failure of the executor, not as a cancellation"
+    )
+    stray.__cause__ = error
+    return stray
 
 
 async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> None:

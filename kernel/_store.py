@@ -18,13 +18,12 @@ import itertools
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
-from urllib.parse import urlsplit
 
 from eventsourcing.persistence import (
     ApplicationRecorder,
@@ -35,18 +34,24 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 
+from kernel._chain import ChainHead, ChainProblem, ChainReport, link_problem, tail_problem
+from kernel._cipher import KEYS_ENV, Keyring
 from kernel._codec import ValueCodec
 from kernel._errors import (
     ConcurrencyConflictError,
+    DecodeError,
     InvalidBatchError,
+    LogIntegrityError,
     StepLogError,
     StoreConfigError,
     StoreError,
     StoreUnavailableError,
 )
 from kernel._events import EVENT_TYPES, EventBase
+from kernel._ids import check_id
 from kernel._lease import Lease, from_micros, lease_expiry, to_micros
-from kernel._mapper import EventMapper, row_count
+from kernel._mapper import ChainedRow, EventMapper, RowLink, genesis, row_count
+from kernel._urls import hide, mask_url, split_url
 
 if TYPE_CHECKING:
     from kernel._group import GroupCommitter
@@ -64,11 +69,15 @@ __all__ = [
 ]
 
 DEFAULT_STORE_ENV = "STEPLOG_STORE"
-STORE_SCHEMA_VERSION = 2
+ENCRYPTION_MARK = "encryption"
+"""The meta key that marks an encrypted store (its value names the cipher)."""
+STORE_SCHEMA_VERSION = 3
 """Version of the tables steplog writes. A database stamped with a higher one is refused.
 
-1: one row per event. 2: one row per appended batch (``kernel._mapper``); version 1 rows stay
-readable, so a store stamped 1 is read as it is and restamped 2 by its next writer."""
+1: one row per event. 2: one row per appended batch (``kernel._mapper``). 3: batch rows carry
+the hash chain, and the store keeps each chain's head. Older rows stay readable, so an older
+store is read as it is and restamped by its next writer (so that an older steplog, which would
+write rows without hashes after chained ones, no longer opens it)."""
 
 ROW_SHIFT = 20
 """A row's events have global positions ``(row id << ROW_SHIFT) + offset in the row``."""
@@ -113,6 +122,22 @@ def driver_error(error: BaseException, driver: type[BaseException]) -> BaseExcep
     return None
 
 
+class _Scan:
+    """Where a scan of the global log is: the global position its last page ended at (where the
+    next page begins), the newest row it entered (rows after the last event returned may have
+    been passed already: a ``types`` filter keeps none of their events), and the last row it
+    entered of each instance (``from_start``: it began at the log's start, so an instance's
+    first row must begin its stream)."""
+
+    __slots__ = ("end", "entered", "from_start", "links")
+
+    def __init__(self, end: int, links: dict[str, RowLink], *, from_start: bool) -> None:
+        self.end = end
+        self.entered = 0
+        self.links = links
+        self.from_start = from_start
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A batch checked and encoded for ``EventStore.append_prepared``: its one row (None for an
@@ -144,7 +169,11 @@ class EventStore(ABC):
     """How foreign errors become ``StoreError``s: adapters put their driver's classes first."""
 
     url: str
-    """The store's URL, without any password."""
+    """The store's URL, its password (if any) masked as ``***`` (``kernel._urls.mask_url``)."""
+
+    _secrets: tuple[str, ...] = ()
+    """The URL's password, as ``kernel._urls.url_secrets`` gives it: hidden from every message
+    made of a driver's text (``_store_error``)."""
 
     shares_commits: ClassVar[bool] = False
     """Whether concurrent runs should append their commit batches through the store's
@@ -166,6 +195,57 @@ class EventStore(ABC):
         self.url = url
         self._closed = False
         self._insert_lock = threading.Lock()
+        self._heads_cache: dict[str, tuple[int, bytes]] = {}
+        """Each instance's chain head as this store last wrote it: ``(position, hash)``."""
+        self._memory_heads: dict[str, tuple[int, bytes]] = {}
+        """The recorded heads of the memory store (the SQL adapters keep them in a table)."""
+        self._encrypted = False
+        self._memory_meta: dict[str, str] = {}
+        self._scan: _Scan | None = None
+        """The global scan the last ``read_all`` page ended (see ``read_all``)."""
+        self.chain_problems: list[ChainProblem] = []
+        """What reads found wrong with the chain, when opened with ``allow_broken_chain``."""
+
+    def _configure(
+        self, *, keyring: Keyring | None, allow_broken_chain: bool, create: bool
+    ) -> None:
+        """Apply ``open_store``'s trust options: the keyring that seals and opens rows, whether
+        a broken chain is read (and noted in ``chain_problems``) rather than refused, and the
+        store's encryption mark (set by the first writer with a key; a writer without one is
+        refused, so that no plain row follows sealed ones)."""
+        self._mapper.keyring = keyring
+        if allow_broken_chain:
+            self._mapper.on_broken = self._note_broken
+        marked = self._read_meta(ENCRYPTION_MARK) is not None
+        if keyring is not None and create and not marked:
+            self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+            marked = True
+        self._encrypted = marked
+        if marked and keyring is None and create:
+            raise StoreConfigError(
+                f"{self._where()} is encrypted: open it with its keys ({KEYS_ENV}=... or "
+                "open_store(url, keyring=Keyring.from_text(...))), or with create=False to "
+                "only read what is not sealed"
+            )
+
+    def _note_broken(self, error: LogIntegrityError) -> None:
+        problem = ChainProblem.of(error, error.instance_id or "", error.position or 0)
+        if problem not in self.chain_problems:
+            self.chain_problems.append(problem)
+
+    def _read_meta(self, key: str) -> str | None:
+        """A value of the store's meta table (the memory store keeps a dict)."""
+        return self._memory_meta.get(key)
+
+    def _write_meta(self, key: str, value: str) -> None:
+        """Set a meta value that is not set yet (a set one is left as it is)."""
+        self._memory_meta.setdefault(key, value)
+
+    @property
+    def keyring(self) -> Keyring | None:
+        """The keys this store seals and opens rows with (None: rows are plain JSON). Views
+        that keep copies of values in the same database seal them with it too."""
+        return self._mapper.keyring
 
     def _newer_schema(self, stamped: object) -> bool:
         """Whether the schema version stamped in the store's meta table is newer than this
@@ -207,6 +287,7 @@ class EventStore(ABC):
         try:  # not self._translated(): this is the hot path
             row_id = self._insert_row(instance_id, expected_version, row)
         except Exception as error:
+            self._not_landed(instance_id, row)
             translated = self._store_error(error, f"append to {instance_id!r}")
             if translated is error:
                 raise
@@ -243,8 +324,13 @@ class EventStore(ABC):
         if self._closed:
             raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
         rows = [(b.instance_id, b.expected_version, b.row) for b in batches if b.row is not None]
-        with self._translated(f"append {len(rows)} batches"):
-            outcomes = iter(self._insert_rows(rows) if rows else [])
+        try:
+            with self._translated(f"append {len(rows)} batches"):
+                outcomes = iter(self._insert_rows(rows) if rows else [])
+        except BaseException:
+            for instance_id, _, row in rows:
+                self._not_landed(instance_id, row)
+            raise
         results: list[list[int] | ConcurrencyConflictError] = []
         for batch in batches:
             if batch.row is None:
@@ -252,6 +338,7 @@ class EventStore(ABC):
                 continue
             outcome = next(outcomes)
             if isinstance(outcome, ConcurrencyConflictError):
+                self._not_landed(batch.instance_id, batch.row)
                 results.append(outcome)
                 continue
             self._after_append(batch.instance_id)
@@ -268,7 +355,42 @@ class EventStore(ABC):
                 f"a batch holds at most {ROW_EVENTS} events; this one for {instance_id!r} holds "
                 f"{len(events)}"
             )
-        return self._mapper.to_row(events)
+        if self._encrypted and self._mapper.keyring is None:
+            raise StoreConfigError(
+                f"cannot append to {instance_id!r}: {self._where()} is encrypted and this store "
+                f"was opened without its keys ({KEYS_ENV})"
+            )
+        row = self._mapper.to_row(events, self._chain_previous(instance_id, expected_version))
+        # The head this batch will end the chain with, so that the next batch of the same
+        # instance can be prepared before this one lands (a group commit holds both); a batch
+        # that does not land forgets it.
+        self._heads_cache[instance_id] = (row.originator_version, row.head)
+        return row
+
+    def _chain_previous(self, instance_id: str, expected_version: int) -> bytes:
+        """The hash a batch appended at ``expected_version`` chains to: the instance's head as
+        this store last wrote it, else read from the row holding that position."""
+        if expected_version == 0:
+            return genesis(instance_id)
+        cached = self._heads_cache.get(instance_id)
+        if cached is not None and cached[0] == expected_version:
+            return cached[1]
+        with self._translated(f"read the chain head of {instance_id!r}"):
+            rows = self._select_stream(instance_id, expected_version - 1, expected_version, 1)
+        if not rows or rows[0][0] != expected_version:
+            raise ConcurrencyConflictError(
+                instance_id, expected_version, self._version_or_none(instance_id)
+            )
+        last, topic, state = rows[0]
+        link = self._mapper.row_link(instance_id, last, topic, state)
+        return genesis(instance_id) if link.head is None else link.head
+
+    def _not_landed(self, instance_id: str, row: StoredEvent | None) -> None:
+        """Forget the head a batch that was not written would have ended the chain with."""
+        if isinstance(row, ChainedRow):
+            cached = self._heads_cache.get(instance_id)
+            if cached is not None and cached[1] == row.head:
+                del self._heads_cache[instance_id]
 
     def _insert_row(self, instance_id: str, expected_version: int, row: StoredEvent) -> int:
         """Insert ``row`` iff the stream's version is ``expected_version``, atomically; its row
@@ -286,6 +408,8 @@ class EventStore(ABC):
                 raise ConcurrencyConflictError(
                     instance_id, expected_version, self._version_or_none(instance_id)
                 ) from error
+            if isinstance(row, ChainedRow):
+                self._memory_heads[instance_id] = (row.originator_version, row.head)
             return int(ids[0]) if ids else self.last_row_id()
 
     def _insert_rows(
@@ -308,6 +432,7 @@ class EventStore(ABC):
 
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
+        check_id(instance_id, "instance id", InvalidBatchError)
         if expected_version < 0:
             raise InvalidBatchError(f"expected_version must be >= 0, got {expected_version}")
         for offset, event in enumerate(events, start=1):
@@ -343,6 +468,7 @@ class EventStore(ABC):
         events of those ``type`` strings (the others are never built). Stream positions are
         contiguous, so page a filtered read by position windows (``after=k, upto=k + n``).
         """
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
         wanted = self._wanted(types)
         if limit is not None:
             if limit < 1:
@@ -354,11 +480,33 @@ class EventStore(ABC):
                 return []
             decode = self._mapper.decode_row
             events: list[EventBase] = []
+            links: list[RowLink] = []
             for last, topic, state in rows:
                 events += decode(
-                    instance_id, last, topic, state, after=after, upto=upto, types=wanted
+                    instance_id,
+                    last,
+                    topic,
+                    state,
+                    after=after,
+                    upto=upto,
+                    types=wanted,
+                    links=links,
                 )
+            self._check_links(instance_id, links, from_start=not after)
             return events
+
+    def _check_links(self, instance_id: str, links: Sequence[RowLink], *, from_start: bool) -> None:
+        """Check that consecutive rows of a read link up (and, read from the start, that the
+        first one begins the stream): raise, or note the problem when broken chains are read."""
+        before = None
+        for n, link in enumerate(links):
+            if n or from_start:
+                problem = link_problem(instance_id, before, link)
+                if problem is not None:
+                    if self._mapper.on_broken is None:
+                        raise problem.error()
+                    self._mapper.on_broken(problem.error())
+            before = link
 
     def read_ranges(
         self,
@@ -370,6 +518,7 @@ class EventStore(ABC):
         """The events of ``instance_id`` in each window ``(after, upto]`` of ``ranges`` (in order,
         not overlapping), in stream order: ``read`` of many short windows in one query, for
         readers that know where the events they need are (a key index)."""
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
         wanted = self._wanted(types)
         windows = sorted(ranges)
         for (_, upto), (after, _) in itertools.pairwise(windows):
@@ -420,8 +569,156 @@ class EventStore(ABC):
                 raise StoreConfigError(f"unknown event type {name!r}; known: {sorted(EVENT_TYPES)}")
         return frozenset(types)
 
+    # -- the hash chain ---------------------------------------------------------------------
+
+    def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
+        """The recorded chain heads ``{instance: (position, hash)}`` (one instance's, if
+        named); adapters keep them in a table written with each row."""
+        if instance_id is None:
+            return dict(self._memory_heads)
+        found = self._memory_heads.get(instance_id)
+        return {} if found is None else {instance_id: found}
+
+    def chain_head(self, instance_id: str) -> ChainHead | None:
+        """The instance's recorded chain head (None: none recorded), to export: held elsewhere,
+        it lets ``verify_chain(heads=...)`` prove later that nothing up to it changed."""
+        with self._translated(f"read the chain head of {instance_id!r}"):
+            found = self._select_heads(instance_id).get(instance_id)
+        return None if found is None else ChainHead(instance_id, found[0], found[1].hex())
+
+    def verify_chain(
+        self,
+        instance_id: str | None = None,
+        *,
+        heads: Sequence[ChainHead] = (),
+        progress: Callable[[int], None] | None = None,
+    ) -> ChainReport:
+        """Check the hash chain of one instance (or of every one): every event against its
+        hash, every row against the one before it, the end of the log against the recorded
+        head, and each of ``heads`` (exported earlier) against the event at its position.
+
+        Returns a ``ChainReport`` listing every problem with its position and kind; raises only
+        when the store cannot be read. ``progress`` is called with the number of events checked
+        after each batch of rows."""
+        report = ChainReport()
+        with self._translated("verify the hash chain"):
+            recorded = self._select_heads(instance_id)
+            wanted: dict[str, list[ChainHead]] = {}
+            for head in heads:
+                if instance_id is None or head.instance_id == instance_id:
+                    wanted.setdefault(head.instance_id, []).append(head)
+            names = [instance_id] if instance_id is not None else self.instances()
+            if instance_id is None:  # instances whose rows are all gone: heads still name them
+                names += sorted((set(recorded) | set(wanted)) - set(names))
+            for name in names:
+                self._verify_instance(name, wanted.get(name, []), report, progress)
+        return report
+
+    def _verify_instance(
+        self,
+        instance_id: str,
+        heads: list[ChainHead],
+        report: ChainReport,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        report.instances += 1
+        problems: list[LogIntegrityError] = []
+        before: RowLink | None = None
+        lost = False  # the row before could not be read: nothing to link the next one to
+        after = 0
+        by_position = {head.position: head for head in heads}
+        while True:
+            rows = self._select_stream(instance_id, after or None, None, ROWS_PER_READ)
+            for last, topic, state in rows:
+                after = last
+                links: list[RowLink] = []
+                try:
+                    self._mapper.decode_row(
+                        instance_id,
+                        last,
+                        topic,
+                        state,
+                        types=(),
+                        links=links,
+                        on_broken=problems.append,
+                        check_all=True,
+                    )
+                except (LogIntegrityError, DecodeError) as error:
+                    where = before.last + 1 if before is not None else 1
+                    if isinstance(error, LogIntegrityError):
+                        report.problems.append(ChainProblem.of(error, instance_id, where))
+                    else:
+                        report.problems.append(
+                            ChainProblem(instance_id, where, "malformed", str(error))
+                        )
+                    before, lost = None, True
+                    continue
+                link = links[0]
+                report.rows += 1
+                count = link.last - link.first + 1
+                report.events += count
+                if link.head is None:
+                    report.unchained_events += count
+                report.problems += [ChainProblem.of(e, instance_id, link.first) for e in problems]
+                problems.clear()
+                problem = None if lost else link_problem(instance_id, before, link)
+                if problem is not None:
+                    report.problems.append(problem)
+                for position in [p for p in by_position if link.first <= p <= link.last]:
+                    head = by_position.pop(position)
+                    self._check_exported(instance_id, head, link, state, topic, report)
+                before, lost = link, False
+            if progress is not None:
+                progress(report.events)
+            if len(rows) == ROWS_PER_READ:
+                continue
+            # The log is read to its end; its head is read after it, so that a writer appending
+            # meanwhile (a row and its head in one transaction) is seen as having written more,
+            # read next, never as rows past the head or as a truncated tail.
+            recorded = self._select_heads(instance_id).get(instance_id)
+            if recorded is None or recorded[0] <= after:
+                break
+            if not self._select_stream(instance_id, after or None, None, 1):
+                break  # the head is past the last row: the tail was removed
+        problem = tail_problem(instance_id, before, recorded)
+        if problem is not None:
+            report.problems.append(problem)
+        for head in by_position.values():
+            report.problems.append(
+                ChainProblem(
+                    instance_id,
+                    head.position,
+                    "truncated",
+                    f"the exported head of {instance_id!r} at position {head.position} is past the "
+                    "end of its log: events were removed",
+                )
+            )
+
+    def _check_exported(
+        self,
+        instance_id: str,
+        head: ChainHead,
+        link: RowLink,
+        state: bytes,
+        topic: str,
+        report: ChainReport,
+    ) -> None:
+        """Check an exported head against the hash of the event at its position."""
+        found = self._mapper.event_hash(instance_id, link.last, topic, state, head.position)
+        if found is None or found.hex() != head.hash:
+            report.problems.append(
+                ChainProblem(
+                    instance_id,
+                    head.position,
+                    "head mismatch",
+                    f"the event of {instance_id!r} at position {head.position} does not end in "
+                    "the exported head: something up to it was changed since the head was taken",
+                )
+            )
+
     def version(self, instance_id: str) -> int:
         """The position of the stream's last event, 0 when the stream is empty."""
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
         with self._translated(f"read the version of {instance_id!r}"):
             version = self._stream_version(instance_id)
         return version
@@ -450,6 +747,10 @@ class EventStore(ABC):
         ``types`` keeps only events of those ``type`` strings (the others are never built). A
         page holds ``limit`` events unless the log has no more up to ``upto``: a short page means
         the reader has seen everything so far.
+
+        Each event is checked against its hash; a scan (a read from the start, or one that goes
+        on where this store's previous page ended, as a projector's catch-up and ``iter_all``
+        do) also checks that each instance's rows link up, as ``read`` does.
         """
         if limit < 1:
             raise StoreConfigError(f"limit must be >= 1, got {limit}")
@@ -457,23 +758,31 @@ class EventStore(ABC):
         upto_row = None if upto is None else upto >> ROW_SHIFT
         page: list[Recorded] = []
         after_row = (after >> ROW_SHIFT) - 1 if after else 0
-        with self._translated("read the global log"), _bulk():
-            while len(page) < limit:
-                # Rows are read a few at a time (a row usually holds a whole superstep, so a page
-                # needs far fewer rows than events); a short read means the log has no more.
-                wanted_rows = min(limit - len(page), ROWS_PER_READ)
-                rows = self._select_rows(after_row, wanted_rows, upto_row)
-                for row_id, instance_id, last, topic, state in rows:
-                    self._page_row(
-                        page, row_id, instance_id, last, topic, state, after, upto, wanted
-                    )
-                    if len(page) >= limit:
-                        del page[limit:]
+        scan, self._scan = self._scan, None  # taken: a concurrent reader starts its own
+        if scan is None or scan.end != after:
+            scan = _Scan(after, {}, from_start=not after)
+        try:
+            with self._translated("read the global log"), _bulk():
+                while len(page) < limit:
+                    # Rows are read a few at a time (a row usually holds a whole superstep, so a
+                    # page needs far fewer rows than events); a short read means no more.
+                    wanted_rows = min(limit - len(page), ROWS_PER_READ)
+                    rows = self._select_rows(after_row, wanted_rows, upto_row)
+                    for row_id, instance_id, last, topic, state in rows:
+                        self._page_row(
+                            page, row_id, instance_id, last, topic, state, after, upto, wanted, scan
+                        )
+                        if len(page) >= limit:
+                            del page[limit:]
+                            return page
+                    if len(rows) < wanted_rows:
                         return page
-                if len(rows) < wanted_rows:
-                    return page
-                after_row = rows[-1][0]
-        return page
+                    after_row = rows[-1][0]
+            return page
+        finally:
+            if page:
+                scan.end = page[-1].global_position
+            self._scan = scan
 
     def _page_row(
         self,
@@ -486,8 +795,10 @@ class EventStore(ABC):
         after: int,
         upto: int | None,
         wanted: frozenset[str] | None,
+        scan: _Scan,
     ) -> None:
-        """Add the events of one row that fall in ``(after, upto]`` (global) to ``page``."""
+        """Add the events of one row that fall in ``(after, upto]`` (global) to ``page``; check
+        that a row entered from its start links up with the instance's row before it."""
         base = row_id << ROW_SHIFT
         count = row_count(instance_id, last, topic)
         first = last - count + 1
@@ -495,10 +806,22 @@ class EventStore(ABC):
         high = last if upto is None else min(last, first + upto - base)
         if low >= high:
             return
+        links: list[RowLink] = []
         for event in self._mapper.decode_row(
-            instance_id, last, topic, state, after=low, upto=high, types=wanted
+            instance_id, last, topic, state, after=low, upto=high, types=wanted, links=links
         ):
             page.append(Recorded(base + event.position - first, event))
+        if low < first and row_id > scan.entered:  # entered from its start, for the first time
+            scan.entered = row_id
+            link = links[0]
+            before = scan.links.get(instance_id)
+            if before is not None or scan.from_start:
+                problem = link_problem(instance_id, before, link)
+                if problem is not None:
+                    if self._mapper.on_broken is None:
+                        raise problem.error()
+                    self._mapper.on_broken(problem.error())
+            scan.links[instance_id] = link
 
     def _select_rows(
         self, after_row: int, limit: int, upto_row: int | None
@@ -736,7 +1059,7 @@ class EventStore(ABC):
         if kind is None:
             return error
         kind, hint = self._refine(error, kind)
-        text = " ".join(str(error).split()) or type(error).__name__
+        text = hide(" ".join(str(error).split()), self._secrets) or type(error).__name__
         message = f"cannot {action} in {self._where()}: {text}"
         return kind(f"{message}; {hint}" if hint else message)
 
@@ -766,7 +1089,14 @@ def _bulk() -> Iterator[None]:
             gc.enable()
 
 
-def open_store(url: str | None = None, *, create: bool = True, **options: Any) -> EventStore:
+def open_store(
+    url: str | None = None,
+    *,
+    create: bool = True,
+    keyring: Keyring | None = None,
+    allow_broken_chain: bool = False,
+    **options: Any,
+) -> EventStore:
     """Open the event store at ``url``.
 
     ``memory://`` keeps events in this process; ``sqlite:///relative.db`` and
@@ -779,7 +1109,23 @@ def open_store(url: str | None = None, *, create: bool = True, **options: Any) -
     (no file, no schema, no table, no row): a missing store raises ``StoreNotFoundError``. Use it
     for programs that only read. A ``memory://`` store is always new and empty.
 
-    Raises ``StoreConfigError`` for a URL that is wrong, ``StoreUnavailableError`` when the
+    SQLite: a file that holds another application's tables (and no steplog store) is refused with
+    ``StoreConfigError``, leaving it untouched, unless ``adopt=True`` is passed (steplog then adds
+    its tables and switches the file to WAL mode). ``sqlite:///path.db?mode=ro`` opens a store
+    read-only (never creating it); so does ``create=False`` when this user cannot write the file
+    or its directory.
+
+    A password in the URL is never shown: ``store.url``, ``repr(store)`` and every error message
+    show it as ``***`` (the user name is kept).
+
+    With a ``keyring`` (``Keyring``), rows are written encrypted and read back with its keys; a
+    store once written with a key refuses writers without one. Every read checks the hash chain
+    and raises ``LogIntegrityError`` at the first event that does not match its hash or row that
+    does not link up; ``allow_broken_chain=True`` reads such a log anyway, noting each problem in
+    ``store.chain_problems`` for the reader to show.
+
+    Raises ``StoreConfigError`` for a URL that is wrong or malformed (naming what is wrong),
+    ``StoreUnavailableError`` when the
     database cannot be reached or opened, ``StoreNotFoundError`` (one of those) when it does not
     exist and ``create`` is false, and ``SchemaVersionError`` when it was written by a newer
     steplog.
@@ -787,21 +1133,36 @@ def open_store(url: str | None = None, *, create: bool = True, **options: Any) -
     if url is None:
         url = os.environ.get(DEFAULT_STORE_ENV) or "memory://"
     if not isinstance(url, str) or not url.strip():
-        raise StoreConfigError(f"a store URL must be a non-empty string, got {url!r}")
-    scheme = urlsplit(url).scheme.lower()
+        shown = mask_url(url) if isinstance(url, str) else url
+        raise StoreConfigError(f"a store URL must be a non-empty string, got {shown!r}")
+    if keyring is not None and not isinstance(keyring, Keyring):
+        raise StoreConfigError(f"keyring must be a kernel.Keyring, not {type(keyring).__name__}")
+    scheme = split_url(url).scheme.lower()
+    store: EventStore
     if scheme == "memory":
         from kernel._store_memory import MemoryStore
 
-        return MemoryStore(url, create=create, **options)
-    if scheme == "sqlite":
+        store = MemoryStore(url, create=create, **options)
+    elif scheme == "sqlite":
         from kernel._store_sqlite import SQLiteStore
 
-        return SQLiteStore(url, create=create, **options)
-    if scheme in ("postgresql", "postgres"):
+        store = SQLiteStore(url, create=create, **options)
+    elif scheme in ("postgresql", "postgres"):
         from kernel._store_postgres import PostgresStore
 
-        return PostgresStore(url, create=create, **options)
-    raise StoreConfigError(
-        f"unknown store URL {url!r}: use memory://, sqlite:///path/to/file.db or "
+        store = PostgresStore(url, create=create, **options)
+    else:
+        raise _unknown_scheme(scheme, url)
+    try:
+        store._configure(keyring=keyring, allow_broken_chain=allow_broken_chain, create=create)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _unknown_scheme(scheme: str, url: str) -> StoreConfigError:
+    return StoreConfigError(
+        f"unknown store URL {mask_url(url)!r}: use memory://, sqlite:///path/to/file.db or "
         "postgresql://user@host:port/database"
     )

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote
 
 import psycopg
 from eventsourcing.persistence import Notification, StoredEvent
@@ -44,20 +44,26 @@ from kernel._store import (
     driver_error,
     error_class,
 )
+from kernel._urls import hide, mask_url, split_url, url_secrets
 
 __all__ = ["PostgresRecorder", "PostgresStore", "postgres_params"]
 
 EVENTS_TABLE = "steplog_events"
 HEADS_TABLE = "steplog_heads"
-"""One row per stream: ``(instance_id, version, last_row)``, the stream's version and its last
-row's id. Appends compare and set it, so writers of one instance take turns on its row and
-writers of different ones never meet."""
+"""One row per stream: ``(instance_id, version, last_row, chain)``, the stream's version, its last
+row's id and its chain head (the hash of the event at ``version``; NULL before the chain).
+Appends compare and set it, so writers of one instance take turns on its row and writers of
+different ones never meet."""
 APPEND_PROCEDURE = "steplog_append_and_notify"
 WRITE_FUNCTION = "steplog_append"
 INSERT_FUNCTION = "steplog_insert"
 IDS_FUNCTION = "steplog_take_ids"
 _LEGACY_APPEND_SIGNATURE = "(text[], bigint[], text[], bytea[])"
 """The table-locking append function of stores made before issue 10, dropped by the upgrade."""
+_UNCHAINED_SIGNATURE = "(text[], bigint[], bigint[], text[], bytea[])"
+_UNCHAINED_PROCEDURE_SIGNATURE = "(text[], bigint[], bigint[], text[], bytea[], bigint[])"
+"""The append function and procedure of stores made before the hash chain, dropped by the
+upgrade (the new ones also take each row's chain head)."""
 
 # Row ids are handed out in transaction-id order. Inside a short critical section (an advisory
 # lock held for the two calls, not until commit) the transaction takes its id
@@ -103,7 +109,8 @@ $$
 # opposite orders.
 _WRITE_FUNCTION_SQL = """
 CREATE OR REPLACE FUNCTION {function}(
-    ids text[], expected bigint[], versions bigint[], topics text[], states bytea[]
+    ids text[], expected bigint[], versions bigint[], topics text[], states bytea[],
+    chains bytea[]
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
     row_ids bigint[] := {take_ids}(cardinality(ids));
@@ -113,11 +120,11 @@ DECLARE
 BEGIN
     FOR i IN SELECT k FROM generate_subscripts(ids, 1) AS k ORDER BY ids[k], k LOOP
         IF expected[i] = 0 THEN
-            INSERT INTO {heads} (instance_id, version, last_row)
-            VALUES (ids[i], versions[i], row_ids[i])
+            INSERT INTO {heads} (instance_id, version, last_row, chain)
+            VALUES (ids[i], versions[i], row_ids[i], chains[i])
             ON CONFLICT (instance_id) DO NOTHING;
         ELSE
-            UPDATE {heads} SET version = versions[i], last_row = row_ids[i]
+            UPDATE {heads} SET version = versions[i], last_row = row_ids[i], chain = chains[i]
             WHERE instance_id = ids[i] AND version = expected[i] AND last_row < row_ids[i];
         END IF;
         IF FOUND THEN
@@ -140,10 +147,10 @@ $$
 _APPEND_PROCEDURE_SQL = """
 CREATE OR REPLACE PROCEDURE {procedure}(
     ids text[], expected bigint[], versions bigint[], topics text[], states bytea[],
-    INOUT written bigint[] DEFAULT NULL
+    chains bytea[], INOUT written bigint[] DEFAULT NULL
 ) LANGUAGE plpgsql AS $$
 BEGIN
-    written := {write}(ids, expected, versions, topics, states);
+    written := {write}(ids, expected, versions, topics, states, chains);
     COMMIT;
     IF EXISTS (SELECT FROM unnest(written) AS w WHERE w IS NOT NULL) THEN
         SET LOCAL synchronous_commit = off;
@@ -193,6 +200,10 @@ BEGIN
         INSERT INTO {heads} (instance_id, version, last_row)
         SELECT originator_id, max(originator_version), max(notification_id) FROM {table}
         GROUP BY originator_id;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = {heads_name}::regclass
+                   AND attname = 'chain' AND NOT attisdropped) THEN
+        ALTER TABLE {heads} ADD COLUMN chain bytea;  -- NULL: no chained row yet
     END IF;
 END;
 $$
@@ -255,18 +266,14 @@ _TABLES_SQL = (
 
 def postgres_params(url: str) -> dict[str, Any]:
     """Connection parameters from ``postgresql://user[:password]@host[:port]/db[?schema=name]``."""
-    parts = urlsplit(url)
+    parts = split_url(url)  # a malformed URL, or a bad port, is refused here
     dbname = unquote(parts.path.lstrip("/"))
     if not dbname:
         raise StoreConfigError(
-            f"PostgreSQL URL {_redact(url)!r} names no database; use postgresql://user@host:5432/db"
+            f"PostgreSQL URL {mask_url(url)!r} names no database; use "
+            "postgresql://user@host:5432/db"
         )
-    try:
-        port = parts.port or 5432
-    except ValueError as error:
-        raise StoreConfigError(
-            f"PostgreSQL URL {_redact(url)!r} has a bad port: {error}"
-        ) from error
+    port = parts.port or 5432
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     schema = query.pop("schema", "public")
     if not _IDENTIFIER.match(schema):
@@ -281,14 +288,6 @@ def postgres_params(url: str) -> dict[str, Any]:
         "password": unquote(parts.password or ""),
         "schema": schema,
     }
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
 
 
 class PostgresRecorder(PostgresApplicationRecorder):
@@ -328,6 +327,12 @@ class PostgresRecorder(PostgresApplicationRecorder):
             sql.SQL("DROP FUNCTION IF EXISTS {}" + _LEGACY_APPEND_SIGNATURE).format(
                 sql.Identifier(schema, WRITE_FUNCTION)
             ),
+            sql.SQL("DROP PROCEDURE IF EXISTS {}" + _UNCHAINED_PROCEDURE_SIGNATURE).format(
+                sql.Identifier(schema, APPEND_PROCEDURE)
+            ),
+            sql.SQL("DROP FUNCTION IF EXISTS {}" + _UNCHAINED_SIGNATURE).format(
+                sql.Identifier(schema, WRITE_FUNCTION)
+            ),
             sql.SQL(_IDS_FUNCTION_SQL).format(
                 function=take_ids, key=sql.Literal(key), sequence=sql.Literal(sequence)
             ),
@@ -350,11 +355,11 @@ class PostgresRecorder(PostgresApplicationRecorder):
                 channel=channel,
             ),
         ]
-        self.append_sql = sql.SQL("CALL {}(%s, %s, %s, %s, %s, NULL)").format(
+        self.append_sql = sql.SQL("CALL {}(%s, %s, %s, %s, %s, %s, NULL)").format(
             sql.Identifier(schema, APPEND_PROCEDURE)
         )
         """One call of ``steplog_append_and_notify``: ids, expected versions, versions, topics,
-        states; in autocommit mode (the procedure commits)."""
+        states, chain heads; in autocommit mode (the procedure commits)."""
         self._insert_sql = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s)").format(
             sql.Identifier(schema, INSERT_FUNCTION)
         )
@@ -434,15 +439,16 @@ class PostgresRecorder(PostgresApplicationRecorder):
 
 def append_columns(
     rows: Sequence[tuple[str, int, StoredEvent]],
-) -> tuple[list[str], list[int], list[int], list[str], list[bytes]]:
+) -> tuple[list[str], list[int], list[int], list[str], list[bytes], list[bytes | None]]:
     """The parallel arrays the append function takes: instance ids, expected versions, the rows'
-    last positions, topics and states."""
+    last positions, topics, states and chain heads."""
     return (
         [instance_id for instance_id, _, _ in rows],
         [expected for _, expected, _ in rows],
         [row.originator_version for _, _, row in rows],
         [row.topic for _, _, row in rows],
         [row.state for _, _, row in rows],
+        [getattr(row, "head", None) or None for _, _, row in rows],
     )
 
 
@@ -497,7 +503,8 @@ class PostgresStore(EventStore):
         self._listeners: list[psycopg.Connection[Any]] = []
         self._listeners_lock = threading.Lock()
         self.schema: str = params["schema"]
-        self.url = _redact(url)
+        self.url = mask_url(url)
+        self._secrets = url_secrets(url)
         with self._setup_turn(connect_timeout, create=create):
             self._open(pool_size, max_overflow, connect_timeout, create=create)
 
@@ -566,9 +573,9 @@ class PostgresStore(EventStore):
             kind, hint = self._refine(error, kind)
             if self._database_is_missing(connect_timeout):
                 kind, hint = _SQLSTATE_HINTS["3D000"]
+            text = hide(" ".join(str(error).split()), self._secrets)
             raise kind(
-                f"cannot reach PostgreSQL for {self.url}: {' '.join(str(error).split())}; "
-                f"{hint or _SERVER}"
+                f"cannot reach PostgreSQL for {self.url}: {text}; {hint or _SERVER}"
             ) from error
         with conn:
             try:
@@ -590,7 +597,7 @@ class PostgresStore(EventStore):
                     }
             except psycopg.Error as error:
                 kind, hint = self._refine(error, error_class(error, self._errors) or StoreError)
-                text = " ".join(str(error).split())
+                text = hide(" ".join(str(error).split()), self._secrets)
                 raise kind(
                     f"cannot prepare schema {self.schema!r} in {self.url}: {text}"
                     + (f"; {hint}" if hint else "")
@@ -704,6 +711,44 @@ class PostgresStore(EventStore):
         with self._ds.get_connection() as conn:
             row = conn.execute(statement, (instance_id,), prepare=True).fetchone()
         return 0 if row is None or row["version"] is None else int(row["version"])
+
+    # -- meta and chain heads ---------------------------------------------------------------
+
+    def _read_meta(self, key: str) -> str | None:
+        statement = sql.SQL("SELECT value FROM {} WHERE key = %s").format(
+            sql.Identifier(self.schema, META_TABLE)
+        )
+        with self._translated("read the meta table"), self._ds.get_connection() as conn:
+            row = conn.execute(statement, (key,)).fetchone()
+        return None if row is None else str(row["value"])
+
+    def _write_meta(self, key: str, value: str) -> None:
+        statement = sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO NOTHING").format(
+            sql.Identifier(self.schema, META_TABLE)
+        )
+        with self._translated("write the meta table"), self._ds.get_connection() as conn:
+            conn.execute(statement, (key, value))
+
+    def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
+        heads = sql.Identifier(self.schema, HEADS_TABLE)
+        with self._ds.get_connection() as conn:
+            found = conn.execute(
+                "SELECT 1 AS found FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                "AND attname = 'chain' AND NOT attisdropped",
+                (f'"{self.schema}"."{HEADS_TABLE}"',),
+            ).fetchone()
+            if found is None:  # a store made before the chain (read, never changed)
+                return {}
+            statement = sql.SQL(
+                "SELECT instance_id, version, chain FROM {} WHERE chain IS NOT NULL"
+            ).format(heads)
+            if instance_id is None:
+                rows = conn.execute(statement).fetchall()
+            else:
+                rows = conn.execute(
+                    statement + sql.SQL(" AND instance_id = %s"), (instance_id,)
+                ).fetchall()
+        return {str(r["instance_id"]): (int(r["version"]), bytes(r["chain"])) for r in rows}
 
     # -- appends ------------------------------------------------------------------------------
 

@@ -8,12 +8,13 @@ recorder that passes eventsourcing's own recorder test cases.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 from uuid import UUID
 
 from eventsourcing.persistence import Notification, StoredEvent
@@ -36,12 +37,15 @@ from kernel._store import (
     EventStore,
     driver_error,
 )
+from kernel._urls import mask_url, split_url
 
 __all__ = ["SQLiteRecorder", "SQLiteStore", "sqlite_path"]
 
 EVENTS_TABLE = "steplog_events"
 META_TABLE = "steplog_meta"
 LEASES_TABLE = "steplog_leases"
+CHAIN_TABLE = "steplog_chain"
+"""Each instance's chain head ``(instance_id, position, head)``, written with each of its rows."""
 """One row per leased instance: holder, and expires in whole microseconds since the Unix epoch
 (UTC). Added to stores made before leases by their next ``create=True`` open."""
 
@@ -74,15 +78,18 @@ SQLITE_ERRORS: ErrorTable = (
 
 def sqlite_path(url: str) -> str:
     """The file path of a ``sqlite:///...`` URL (three slashes: relative; four: absolute)."""
-    parts = urlsplit(url)
+    parts = split_url(url)
     if parts.netloc:
         raise StoreConfigError(
-            f"SQLite URL {url!r} names a host ({parts.netloc!r}); use sqlite:///relative/path.db "
-            "or sqlite:////absolute/path.db"
+            f"SQLite URL {mask_url(url)!r} names "
+            + (f"a host ({parts.hostname!r})" if parts.hostname else "a user")
+            + "; use sqlite:///relative/path.db or sqlite:////absolute/path.db"
         )
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     if not path or path.endswith("/"):
-        raise StoreConfigError(f"SQLite URL {url!r} names no file; use sqlite:///path/to/file.db")
+        raise StoreConfigError(
+            f"SQLite URL {mask_url(url)!r} names no file; use sqlite:///path/to/file.db"
+        )
     if path == ":memory:":
         raise StoreConfigError("use memory:// for an in-memory store, not sqlite:///:memory:")
     return path
@@ -220,13 +227,23 @@ class SQLiteStore(EventStore):
     shares_commits = True
 
     def __init__(
-        self, url: str, *, create: bool = True, lock_timeout: int = 30, **options: Any
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        lock_timeout: int = 30,
+        adopt: bool = False,
+        **options: Any,
     ) -> None:
         if options:
             raise StoreConfigError(f"unknown SQLite store options: {sorted(options)}")
-        query = parse_qs(urlsplit(url).query)
+        query = parse_qs(split_url(url).query, keep_blank_values=True)
+        if query and query != {"mode": ["ro"]}:
+            raise StoreConfigError(
+                f"SQLite URL {mask_url(url)!r} takes no query parameter but mode=ro (read only)"
+            )
         if query:
-            raise StoreConfigError(f"SQLite URL {url!r} takes no query parameters")
+            create = False  # a store opened read-only is never created
         path = Path(sqlite_path(url))
         self.path = path
         directory = path.parent.resolve()
@@ -238,9 +255,18 @@ class SQLiteStore(EventStore):
             )
         if not create:
             self._check_exists(path)
+        elif not adopt:
+            _refuse_foreign(path)
+        self.read_only: bool = bool(query) or (not create and not _writable(path))
+        """Whether the store was opened read-only: asked with ``?mode=ro``, or opened with
+        ``create=False`` while the file (or, for its WAL files, its directory) is not writable by
+        this user. Reading works; writing raises ``StoreUnavailableError``."""
         # A URI, so that SQLite never creates the file when create is false (mode=rw), and a path
         # holding "?" or "#" is a file name, not URI syntax.
-        uri = f"{path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
+        if self.read_only:
+            uri = _read_only_uri(path)
+        else:
+            uri = f"{path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
         self._ds = SQLiteDatastore(uri, lock_timeout=lock_timeout, originator_id_type="text")
         self._sqlite: SQLiteRecorder = SQLiteRecorder(self._ds, events_table_name=EVENTS_TABLE)
         super().__init__(self._sqlite, url=f"sqlite:///{path}")
@@ -259,6 +285,7 @@ class SQLiteStore(EventStore):
                             self._sqlite.create_table()
                             self._stamp_schema_version()
                         self._create_leases_table()
+                        self._create_chain_table()
                     # The tables exist now, so no process will set them up again: whoever still
                     # waits on (or later takes) a lock file finds them and does nothing. The lock
                     # file can go, rather than sit beside the user's database.
@@ -302,6 +329,13 @@ class SQLiteStore(EventStore):
                 "holder TEXT NOT NULL, expires INTEGER NOT NULL)"
             )
 
+    def _create_chain_table(self) -> None:
+        with self._ds.transaction(commit=True) as cursor:
+            cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {CHAIN_TABLE} (instance_id TEXT PRIMARY KEY, "
+                "position INTEGER NOT NULL, head BLOB NOT NULL)"
+            )
+
     def _stamp_schema_version(self) -> None:
         with self._ds.transaction(commit=True) as cursor:
             cursor.execute(
@@ -335,6 +369,32 @@ class SQLiteStore(EventStore):
                 "upgrade steplog to open it"
             )
         return None if row is None else str(row[0])
+
+    # -- meta and chain heads ---------------------------------------------------------------
+
+    def _read_meta(self, key: str) -> str | None:
+        with self._translated("read the meta table"), self._ds.transaction(commit=False) as cursor:
+            cursor.execute(f"SELECT value FROM {META_TABLE} WHERE key = ?", (key,))
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def _write_meta(self, key: str, value: str) -> None:
+        with self._translated("write the meta table"), self._ds.transaction(commit=True) as cursor:
+            cursor.execute(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)", (key, value))
+
+    def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(_TABLE_SQL, (CHAIN_TABLE,))
+            if cursor.fetchone() is None:  # a store made before the chain (read, never changed)
+                return {}
+            if instance_id is None:
+                cursor.execute(f"SELECT instance_id, position, head FROM {CHAIN_TABLE}")
+            else:
+                cursor.execute(
+                    f"SELECT instance_id, position, head FROM {CHAIN_TABLE} WHERE instance_id = ?",
+                    (instance_id,),
+                )
+            return {str(i): (int(p), bytes(h)) for i, p, h in cursor.fetchall()}
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -411,6 +471,9 @@ class SQLiteStore(EventStore):
         )
         inserted = cursor.fetchone()
         if inserted is not None:
+            head = getattr(row, "head", None)
+            if head:
+                cursor.execute(_HEAD_SQL, (instance_id, row.originator_version, head))
             return int(inserted[0])
         cursor.execute(_VERSION_SQL, (instance_id,))
         actual = _version(instance_id, cursor.fetchone()[0])
@@ -499,6 +562,11 @@ class SQLiteStore(EventStore):
             return StoreError, ""
         if primary in (_NOTADB, _CORRUPT):
             return StoreUnavailableError, f"{self.path} is not a readable SQLite database"
+        if primary == _READONLY and self.read_only:
+            return StoreUnavailableError, (
+                "the store was opened read-only (?mode=ro, or the file or its directory is not "
+                "writable by this user): it can be read, not written"
+            )
         hint = _HINTS.get(primary)
         return (StoreUnavailableError, hint) if hint else (kind, "")
 
@@ -510,6 +578,10 @@ SELECT ?, ?, ?, ? WHERE (
     SELECT coalesce(max(originator_version), 0) FROM {EVENTS_TABLE} WHERE originator_id = ?
 ) = ?
 RETURNING rowid
+"""
+_HEAD_SQL = f"""
+INSERT INTO {CHAIN_TABLE} (instance_id, position, head) VALUES (?, ?, ?)
+ON CONFLICT (instance_id) DO UPDATE SET position = excluded.position, head = excluded.head
 """
 _VERSION_SQL = (
     f"SELECT coalesce(max(originator_version), 0) FROM {EVENTS_TABLE} WHERE originator_id = ?"
@@ -547,8 +619,8 @@ _RELEASE_SQL = f"DELETE FROM {LEASES_TABLE} WHERE instance_id = ? AND holder = ?
 _READ_SQL = f"SELECT holder, expires FROM {LEASES_TABLE} WHERE instance_id = ?"
 _TABLE_SQL = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
-_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
-_TABLE_NAMES = (EVENTS_TABLE, META_TABLE, LEASES_TABLE)
+_TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?, ?)"
+_TABLE_NAMES = (EVENTS_TABLE, META_TABLE, LEASES_TABLE, CHAIN_TABLE)
 _TABLES = frozenset({EVENTS_TABLE, META_TABLE})
 """The tables that make a file a steplog store (a reader needs no more)."""
 _ALL_TABLES = frozenset(_TABLE_NAMES)
@@ -572,9 +644,92 @@ def _steplog_tables(path: Path, *, strict: bool = False) -> frozenset[str]:
     if not path.exists():
         return frozenset()
     try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+        with closing(_connect_read_only(path)) as db:
             return frozenset(row[0] for row in db.execute(_TABLES_SQL, _TABLE_NAMES))
     except sqlite3.Error:
         if strict:
             raise
         return frozenset()
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that reads ``path`` and changes nothing in it (see ``_read_only_uri``)."""
+    return _open_read_only(path)[0]
+
+
+def _read_only_uri(path: Path) -> str:
+    """A URI that opens ``path`` read-only, changing nothing in it.
+
+    ``mode=ro`` when SQLite can read the file so; when it cannot (a WAL-mode file whose directory
+    this user cannot write: SQLite needs a ``-shm`` file beside it to read the write-ahead log),
+    ``mode=ro&immutable=1``, which reads the file alone, as a snapshot: a store can then be read
+    while no process writes it (a backup, an archive, a read-only mount)."""
+    try:
+        db, uri = _open_read_only(path)
+    except sqlite3.Error:
+        return f"{path.resolve().as_uri()}?mode=ro"  # unreadable: the open reports why
+    db.close()
+    return uri
+
+
+def _open_read_only(path: Path) -> tuple[sqlite3.Connection, str]:
+    """A read-only connection to ``path``, and the URI it was opened with."""
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    db = sqlite3.connect(uri, uri=True)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as error:
+        db.close()
+        if (getattr(error, "sqlite_errorcode", 0) & 0xFF) != _READONLY:
+            raise
+        uri += "&immutable=1"
+        return sqlite3.connect(uri, uri=True), uri
+    except BaseException:
+        db.close()
+        raise
+    return db, uri
+
+
+def _writable(path: Path) -> bool:
+    """Whether this user can write the store at ``path``: the file, and its directory unless the
+    WAL files already exist beside it (SQLite creates them there)."""
+    if not os.access(path, os.W_OK):
+        return False
+    wal_files = (path.with_name(f"{path.name}{suffix}") for suffix in ("-wal", "-shm"))
+    return os.access(path.parent, os.W_OK) or all(f.exists() for f in wal_files)
+
+
+_OURS = ("steplog_", "sqlite_")
+"""Name prefixes of the tables a steplog store holds: steplog's own, its materialized views'
+(``steplog_view_*``), and SQLite's internal ones."""
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Refuse to make a store of another application's database: a file that holds tables but
+    not steplog's raises ``StoreConfigError`` naming a few, before anything is written to it (no
+    table, no WAL switch, no lock file). A file SQLite cannot read is left to the open to report.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with closing(_connect_read_only(path)) as db:
+            names = sorted(
+                str(row[0])
+                for row in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+                )
+            )
+    except sqlite3.Error:
+        return
+    if set(names) >= _TABLES:
+        return
+    foreign = [name for name in names if not name.startswith(_OURS)]
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise StoreConfigError(
+            f"{path} is another application's SQLite database (it holds the tables {shown}{more} "
+            "and no steplog store); nothing was written to it. Point the URL at a file of its own, "
+            "or pass adopt=True to open_store to add steplog's tables to this one (which also "
+            "switches it to WAL mode)"
+        )

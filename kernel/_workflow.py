@@ -13,10 +13,11 @@ from kernel._algo import Router
 from kernel._checkpoints import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._clock import Clock, IdFactory
 from kernel._emit import WorkflowEvent
-from kernel._errors import ResumeError, RunInProgressError
+from kernel._errors import DefinitionError, ResumeError, RunInProgressError
 from kernel._events import AbortReason, EventBase
 from kernel._fork import fork_instance
 from kernel._graph import Graph
+from kernel._ids import check_id
 from kernel._instance import Durability, InstanceContext, LeasePolicy, read_ledger
 from kernel._owner import presumed_reason, process_owner
 from kernel._requests import PendingRequest
@@ -47,7 +48,9 @@ class Workflow:
         clock: Clock,
         id_factory: IdFactory,
         lease: LeasePolicy | None = None,
+        sensitive_keys: tuple[str, ...] = (),
     ) -> None:
+        check_id(instance_id, "instance_id", DefinitionError)
         self.graph = graph
         self.store = store
         self._instance = InstanceContext(
@@ -61,6 +64,7 @@ class Workflow:
             id_factory=id_factory,
             owner=process_owner(),
             lease=lease,
+            sensitive_keys=sensitive_keys,
         )
         self._active: Run | None = None
         self._active_stream: weakref.ref[RunStream] | None = None
@@ -76,6 +80,11 @@ class Workflow:
     def name(self) -> str:
         """The workflow's name, recorded in each ``RunStarted``."""
         return self._instance.workflow_name
+
+    @property
+    def sensitive_keys(self) -> tuple[str, ...]:
+        """The patterns of the state keys declared sensitive, recorded in each ``RunStarted``."""
+        return self._instance.sensitive_keys
 
     @property
     def max_supersteps(self) -> int:
@@ -335,6 +344,7 @@ class Workflow:
             clock=self._clock,
             id_factory=self._id_factory,
             lease=self._instance.lease,
+            sensitive_keys=self.sensitive_keys,
         )
 
     def __repr__(self) -> str:

@@ -5,6 +5,7 @@ committed state (the kernel's own fold, re-exported here), run history (with lin
 runs, pending requests, forks; ``history_of`` adds an instance's forks from a store), key
 provenance (of every
 key, or of a few read from a store with ``blame_keys``), time travel, diff and bisect.
+``SensitiveKeys`` shows any of these answers with the values of sensitive keys redacted.
 ``Projector`` keeps views in tables with exactly-once tracking; ``TimeTravel`` answers
 time-travel questions from a store, starting from snapshots.
 See ``docs/projections.md``.
@@ -22,9 +23,18 @@ from projections._blame import (
     fold_blame,
 )
 from projections._diff import Change, StateDiff, diff, diff_points
+from projections._docseal import ResealReport, reseal_views
 from projections._history import RunHistory, fold_history
 from projections._keyblame import BLAME_TYPES, blame_keys, key_index_position
 from projections._lineage import forks_of, history_of
+from projections._redact import (
+    REDACTED,
+    SENSITIVE_TYPES,
+    SensitiveKeys,
+    declared_patterns,
+    is_redacted,
+    sensitive_keys_of,
+)
 from projections._runrecords import (
     ForkRecord,
     HistoryRows,
@@ -57,6 +67,8 @@ from projections._viewspecs import (
 
 __all__ = [
     "BLAME_TYPES",
+    "REDACTED",
+    "SENSITIVE_TYPES",
     "VIEW_NAMES",
     "AtPosition",
     "AtSuperstep",
@@ -79,10 +91,12 @@ __all__ = [
     "PostgresViewBackend",
     "Projector",
     "RequestRecord",
+    "ResealReport",
     "RunHistory",
     "RunRecord",
     "RunStatus",
     "SQLiteViewBackend",
+    "SensitiveKeys",
     "SnapshotView",
     "StateAt",
     "StateDiff",
@@ -100,6 +114,7 @@ __all__ = [
     "backend_for",
     "bisect",
     "blame_keys",
+    "declared_patterns",
     "default_views",
     "diff",
     "diff_points",
@@ -108,7 +123,10 @@ __all__ = [
     "fold_history",
     "forks_of",
     "history_of",
+    "is_redacted",
     "key_index_position",
+    "reseal_views",
     "run_follower",
+    "sensitive_keys_of",
     "state_at",
 ]

@@ -5,6 +5,11 @@ document per instance, or many: one per run, per superstep, per write); the posi
 table (the last global position it has folded in) is a row of ``steplog_view_positions``. A
 ``ViewTx`` changes rows and the position in one database transaction, so a view and its position
 never disagree. ``swap`` replaces a table by another one (a rebuilt shadow) atomically.
+``lock(name, timeout)`` takes a named lock shared by every process using the same database, held
+while a rebuild or a verify uses its scratch table, so that two of them never share one.
+
+Documents are turned into stored text and back by ``encode_doc`` and ``decode_doc`` only, in every
+backend.
 
 The SQLite and PostgreSQL backends, and ``backend_for(store)`` (the backend that lives in the
 store's own database), are in ``projections._sqlbackends``.
@@ -23,12 +28,31 @@ import orjson
 
 from kernel import ProjectionError
 
-__all__ = ["POSITIONS_TABLE", "Json", "MemoryViewBackend", "RowKey", "ViewBackend", "ViewTx"]
+__all__ = [
+    "POSITIONS_TABLE",
+    "Json",
+    "MemoryViewBackend",
+    "RowKey",
+    "ViewBackend",
+    "ViewTx",
+    "decode_doc",
+    "encode_doc",
+]
 
 POSITIONS_TABLE = "steplog_view_positions"
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 Json = Any
 RowKey = tuple[str, str]
+
+
+def encode_doc(doc: Json) -> bytes:
+    """A view document as stored (compact JSON, UTF-8). The one place documents are encoded."""
+    return orjson.dumps(doc)
+
+
+def decode_doc(stored: bytes | str) -> Json:
+    """A stored view document back as JSON data. The one place documents are decoded."""
+    return orjson.loads(stored)
 
 
 def check_table(table: str) -> str:
@@ -109,6 +133,13 @@ class ViewBackend(ABC):
         """Whether ``table`` has been created."""
         return True
 
+    @abstractmethod
+    def lock(self, name: str, timeout: float) -> AbstractContextManager[bool]:
+        """Hold the lock ``name`` (shared by every process on this database) for the ``with``
+        block, waiting up to ``timeout`` seconds for it; the block gets True if it holds the
+        lock, False if the wait ran out (it then holds nothing). Released when the block ends,
+        and by the database or the OS if the process dies."""
+
 
 # -- memory -----------------------------------------------------------------------------------
 
@@ -126,12 +157,12 @@ class _MemoryTx(ViewTx):
         row = (instance_id, key)
         staged = self.writes.get(table, {})
         if row in staged:
-            return orjson.loads(staged[row])
+            return decode_doc(staged[row])
         stored = self._backend.tables.get(table, {}).get(row)
-        return None if stored is None else orjson.loads(stored)
+        return None if stored is None else decode_doc(stored)
 
     def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
-        self.writes.setdefault(table, {})[(instance_id, key)] = orjson.dumps(doc)
+        self.writes.setdefault(table, {})[(instance_id, key)] = encode_doc(doc)
 
     def set_position(self, table: str, position: int) -> None:
         self.positions[table] = position
@@ -144,6 +175,7 @@ class MemoryViewBackend(ViewBackend):
         self.tables: dict[str, dict[RowKey, bytes]] = {}
         self.positions: dict[str, int] = {}
         self._lock = threading.RLock()
+        self._named: dict[str, threading.Lock] = {}
 
     def ensure(self, table: str) -> None:
         with self._lock:
@@ -151,6 +183,17 @@ class MemoryViewBackend(ViewBackend):
 
     def exists(self, table: str) -> bool:
         return table in self.tables
+
+    @contextmanager
+    def lock(self, name: str, timeout: float) -> Iterator[bool]:
+        with self._lock:
+            named = self._named.setdefault(name, threading.Lock())
+        acquired = named.acquire(timeout=max(timeout, 0))
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                named.release()
 
     def drop(self, table: str) -> None:
         with self._lock:
@@ -176,7 +219,7 @@ class MemoryViewBackend(ViewBackend):
 
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
         stored = self.tables.get(table, {}).get((instance_id, key))
-        return None if stored is None else orjson.loads(stored)
+        return None if stored is None else decode_doc(stored)
 
     def floor(self, table: str, instance_id: str, low: str, high: str) -> tuple[str, Json] | None:
         with self._lock:
@@ -186,14 +229,14 @@ class MemoryViewBackend(ViewBackend):
             if not keys:
                 return None
             key = max(keys)
-            return key, orjson.loads(self.tables[table][(instance_id, key)])
+            return key, decode_doc(self.tables[table][(instance_id, key)])
 
     def documents(self, table: str, instance_id: str) -> dict[str, Json]:
         with self._lock:
             stored = self.tables.get(table, {})
-            return {k: orjson.loads(doc) for (i, k), doc in stored.items() if i == instance_id}
+            return {k: decode_doc(doc) for (i, k), doc in stored.items() if i == instance_id}
 
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         with self._lock:
-            found = {row: orjson.loads(doc) for row, doc in self.tables.get(table, {}).items()}
+            found = {row: decode_doc(doc) for row, doc in self.tables.get(table, {}).items()}
             return self.positions.get(table, 0), found

@@ -1,9 +1,26 @@
 """View tables in the event store's own database: SQLite and PostgreSQL, and ``backend_for``.
 
 Both keep the layout of ``projections._backends`` (one table of JSON documents per view, and the
-positions table); their statements differ only in quoting and placeholders. Driver errors become
-``ProjectionError``. ``backend_for(store)`` picks the backend that lives in the store's own database
-(the SQLite file, the PostgreSQL schema, or, for ``memory://``, an object tied to that store).
+positions table); their statements differ only in quoting and placeholders. ``backend_for(store)``
+picks the backend that lives in the store's own database (the SQLite file, the PostgreSQL schema,
+or, for ``memory://``, an object tied to that store).
+
+Beside writers. Views share the database with the workflows that append, so every transaction
+that writes view rows is a write transaction from its first statement: on SQLite it starts with
+``BEGIN IMMEDIATE``, which waits for the write lock under the store's busy timeout
+(``lock_timeout``). A deferred transaction that read first could not: SQLite refuses to upgrade
+a reader to a writer while another connection writes, with "database is locked" at once and no
+wait. On PostgreSQL, a swap locks the positions rows before the tables, in the same order as a
+catch-up, so the two never deadlock.
+
+Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
+serialization failure, deadlock, lock not available) and a lost connection become
+``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); any other driver error
+becomes ``ProjectionError``.
+
+Locks (``lock``): on SQLite a lock file beside the database (``<file>.<name>.lock``, taken with
+``filelock``; the OS releases it when the process dies); on PostgreSQL a session advisory lock
+held on a connection of the store's pool (the server releases it when the session ends).
 """
 
 from __future__ import annotations
@@ -14,12 +31,20 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-import orjson
+from filelock import FileLock, Timeout
+from tenacity import (
+    Retrying,
+    retry_if_result,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
 import kernel
-from kernel import EventStore, ProjectionError, StepLogError
+from kernel import EventStore, Keyring, ProjectionError, StepLogError, StoreUnavailableError
 from projections._backends import (
     POSITIONS_TABLE,
     Json,
@@ -28,7 +53,10 @@ from projections._backends import (
     ViewBackend,
     ViewTx,
     check_table,
+    decode_doc,
+    encode_doc,
 )
+from projections._docseal import open_doc, seal_doc
 
 __all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
 
@@ -40,6 +68,15 @@ POSITIONS_FORMAT_ROW = "#positions"
 """The positions table's marker row: its position says what the others count (``_migrate``)."""
 POSITIONS_FORMAT = 2
 """2: global positions of batch rows, ``(row id << kernel.ROW_SHIFT) + offset``."""
+
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+"""SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
+_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
+"""PostgreSQL SQLSTATEs of contention: serialization failure, deadlock, lock not available."""
+_CONTENTION_HINT = (
+    "another process held a lock on the database for longer than this process waits; "
+    "retry (a follower retries by itself), or raise the store's lock_timeout"
+)
 
 # -- SQL (shared by SQLite and PostgreSQL) ----------------------------------------------------
 
@@ -57,7 +94,8 @@ class _SQLTx(ViewTx):
         b = self._b
         self._cursor.execute(b.sql_claim_insert.format(p=b.positions), (table,))
         row = self._one(b.sql_claim_select.format(p=b.positions), (table,))
-        return int(b.column(row, "position")) == expected
+        # No row: a concurrent swap replaced it while this claim waited for its lock.
+        return row is not None and int(b.column(row, "position")) == expected
 
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
         b = self._b
@@ -65,14 +103,14 @@ class _SQLTx(ViewTx):
             f"SELECT doc FROM {b.name(table)} WHERE instance_id={b.mark} AND key={b.mark}",
             (instance_id, key),
         )
-        return None if row is None else orjson.loads(b.column(row, "doc"))
+        return None if row is None else b.decode(b.column(row, "doc"), table, instance_id, key)
 
     def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
         b = self._b
         self._cursor.execute(
             f"INSERT INTO {b.name(table)} (instance_id, key, doc) VALUES ({b.mark}, {b.mark}, "
             f"{b.mark}) ON CONFLICT (instance_id, key) DO UPDATE SET doc=excluded.doc",
-            (instance_id, key, orjson.dumps(doc).decode()),
+            (instance_id, key, b.encode(doc, table, instance_id, key)),
         )
 
     def set_position(self, table: str, position: int) -> None:
@@ -90,8 +128,10 @@ class _SQLBackend(ViewBackend):
     sql_claim_select = ""
     sql_exists = ""
 
-    def __init__(self, datastore: Any, url: str) -> None:
+    def __init__(self, datastore: Any, url: str, *, keyring: Keyring | None = None) -> None:
         self._datastore = datastore
+        self.keyring = keyring
+        """The store's keys: documents are sealed with them (None: plain JSON text)."""
         self._url = url
         self._ready: set[str] = set()
         self._seen: set[str] = set()  # tables ``exists`` found: read as they are, never ensured
@@ -108,22 +148,59 @@ class _SQLBackend(ViewBackend):
     def column(row: Any, name: str) -> Any:
         return row[name]
 
+    def encode(self, doc: Json, table: str, instance_id: str, key: str) -> str:
+        """A document as the ``doc`` column stores it (``encode_doc``, as text), sealed with
+        the store's keyring when it has one (``projections._docseal``)."""
+        if self.keyring is None:
+            return encode_doc(doc).decode()
+        return seal_doc(self.keyring, encode_doc(doc), table, instance_id, key)
+
+    def decode(self, stored: str, table: str, instance_id: str, key: str) -> Json:
+        """A ``doc`` column's value as a document (``decode_doc``), opened if it is sealed."""
+        return decode_doc(open_doc(self.keyring, stored, table, instance_id, key))
+
     @contextmanager
     def _cursor(self, action: str, *, commit: bool = True) -> Iterator[Any]:
+        with self._errors(action), self._transaction(commit=commit) as cursor:
+            yield cursor
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """Driver errors raised in the block, translated (module docstring)."""
         try:
-            with self._datastore.transaction(commit=commit) as cursor:
-                yield cursor
+            yield
         except StepLogError:
             raise
         except Exception as error:
             if not self._is_driver_error(error):
                 raise
-            raise ProjectionError(f"cannot {action} in {self._url}: {error}") from error
+            text = " ".join(str(error).split())
+            if self._is_contention(error):
+                raise StoreUnavailableError(
+                    f"cannot {action} in {self._url}: {text}; {_CONTENTION_HINT}"
+                ) from error
+            raise ProjectionError(f"cannot {action} in {self._url}: {text}") from error
+
+    def _transaction(self, *, commit: bool) -> Any:
+        """A transaction of the datastore (a context manager yielding a cursor)."""
+        return self._datastore.transaction(commit=commit)
 
     def _is_driver_error(self, error: Exception) -> bool:
         from eventsourcing.persistence import PersistenceError
 
         return isinstance(error, PersistenceError | sqlite3.Error)
+
+    def _is_contention(self, error: BaseException) -> bool:
+        """Whether ``error`` (or the driver error it wraps) is contention or a lost connection."""
+        from eventsourcing.persistence import ConnectionUnavailableError
+
+        return isinstance(error, ConnectionUnavailableError) or any(
+            self._contended(cause) for cause in _causes(error)
+        )
+
+    def _contended(self, cause: BaseException) -> bool:
+        code = getattr(cause, "sqlite_errorcode", None)
+        return isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
     def ensure(self, table: str) -> None:
         if table in self._ready:
@@ -248,6 +325,7 @@ class _SQLBackend(ViewBackend):
         self.ensure(table)
         self.ensure(shadow)
         with self._cursor(f"swap {shadow} in as {table}") as cursor:
+            self._lock_positions(cursor, (shadow, table))
             cursor.execute(f"DROP TABLE {self.name(table)}")
             cursor.execute(f"ALTER TABLE {self.name(shadow)} RENAME TO {table}")
             self._rename_constraint(cursor, table, shadow)
@@ -261,6 +339,10 @@ class _SQLBackend(ViewBackend):
     def _rename_constraint(self, cursor: Any, table: str, shadow: str) -> None:
         """SQLite names constraints per table; PostgreSQL needs the index renamed too."""
 
+    def _lock_positions(self, cursor: Any, tables: Sequence[str]) -> None:
+        """Lock the positions rows of ``tables`` before their tables, as a catch-up's claim does
+        (SQLite: the transaction already holds the write lock)."""
+
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
         self._readable(table)
         with self._cursor(f"read {table}", commit=False) as cursor:
@@ -270,7 +352,9 @@ class _SQLBackend(ViewBackend):
                 (instance_id, key),
             )
             row = cursor.fetchone()
-        return None if row is None else orjson.loads(self.column(row, "doc"))
+        if row is None:
+            return None
+        return self.decode(self.column(row, "doc"), table, instance_id, key)
 
     def get_many(self, table: str, instance_id: str, keys: Sequence[str]) -> dict[str, Json]:
         self._readable(table)
@@ -285,7 +369,8 @@ class _SQLBackend(ViewBackend):
                     (instance_id, *some),
                 )
                 for row in cursor.fetchall():
-                    found[self.column(row, "key")] = orjson.loads(self.column(row, "doc"))
+                    key = self.column(row, "key")
+                    found[key] = self.decode(self.column(row, "doc"), table, instance_id, key)
         return found
 
     def floor(self, table: str, instance_id: str, low: str, high: str) -> tuple[str, Json] | None:
@@ -300,7 +385,8 @@ class _SQLBackend(ViewBackend):
             row = cursor.fetchone()
         if row is None:
             return None
-        return self.column(row, "key"), orjson.loads(self.column(row, "doc"))
+        key = self.column(row, "key")
+        return key, self.decode(self.column(row, "doc"), table, instance_id, key)
 
     def documents(self, table: str, instance_id: str) -> dict[str, Json]:
         self.ensure(table)
@@ -310,7 +396,11 @@ class _SQLBackend(ViewBackend):
                 (instance_id,),
             )
             found = cursor.fetchall()
-        return {self.column(r, "key"): orjson.loads(self.column(r, "doc")) for r in found}
+        column = self.column
+        return {
+            column(r, "key"): self.decode(column(r, "doc"), table, instance_id, column(r, "key"))
+            for r in found
+        }
 
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         self.ensure(table)
@@ -324,8 +414,8 @@ class _SQLBackend(ViewBackend):
             found = cursor.fetchall()
         position = self._stored(row)
         return position, {
-            (self.column(r, "instance_id"), self.column(r, "key")): orjson.loads(
-                self.column(r, "doc")
+            (self.column(r, "instance_id"), self.column(r, "key")): self.decode(
+                self.column(r, "doc"), table, self.column(r, "instance_id"), self.column(r, "key")
             )
             for r in found
         }
@@ -335,7 +425,7 @@ class _SQLBackend(ViewBackend):
 
 
 class SQLiteViewBackend(_SQLBackend):
-    """View tables in the store's SQLite file."""
+    """View tables in the store's SQLite file (at ``path``, where lock files go beside it)."""
 
     # A write opens every claim, so the transaction holds SQLite's write lock from its start.
     sql_claim_insert = (
@@ -344,6 +434,49 @@ class SQLiteViewBackend(_SQLBackend):
     )
     sql_claim_select = "SELECT position FROM {p} WHERE name=?"
     sql_exists = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
+
+    def __init__(
+        self, datastore: Any, url: str, path: Path, *, keyring: Keyring | None = None
+    ) -> None:
+        super().__init__(datastore, url, keyring=keyring)
+        self._path = path
+
+    @contextmanager
+    def _transaction(self, *, commit: bool) -> Iterator[Any]:
+        """Reads: a deferred transaction, rolled back. Writes: ``BEGIN IMMEDIATE``, which takes
+        the write lock first, waiting for it under the busy timeout (module docstring)."""
+        if not commit:
+            with self._datastore.transaction(commit=False) as cursor:
+                yield cursor
+            return
+        with self._datastore.get_connection(commit=True) as connection:
+            cursor = connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+            except BaseException:
+                connection.rollback()
+                raise
+            connection.commit()
+
+    @contextmanager
+    def lock(self, name: str, timeout: float) -> Iterator[bool]:
+        path = self._path.with_name(f"{self._path.name}.{check_table(name)}.lock")
+        held = FileLock(path, timeout=max(timeout, 0))
+        try:
+            held.acquire()
+        except Timeout:
+            yield False
+            return
+        except OSError as error:
+            raise ProjectionError(
+                f"cannot take the lock {name!r} of {self._url}: cannot create {path}: "
+                f"{error.strerror or error}"
+            ) from error
+        try:
+            yield True
+        finally:
+            held.release()
 
 
 class PostgresViewBackend(_SQLBackend):
@@ -354,8 +487,10 @@ class PostgresViewBackend(_SQLBackend):
     sql_claim_select = "SELECT position FROM {p} WHERE name=%s FOR UPDATE"
     sql_exists = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname=%s AND tablename=%s"
 
-    def __init__(self, datastore: Any, url: str, schema: str) -> None:
-        super().__init__(datastore, url)
+    def __init__(
+        self, datastore: Any, url: str, schema: str, *, keyring: Keyring | None = None
+    ) -> None:
+        super().__init__(datastore, url, keyring=keyring)
         self._schema = schema
 
     def name(self, table: str) -> str:
@@ -368,6 +503,42 @@ class PostgresViewBackend(_SQLBackend):
         import psycopg
 
         return super()._is_driver_error(error) or isinstance(error, psycopg.Error)
+
+    def _contended(self, cause: BaseException) -> bool:
+        import psycopg
+
+        if not isinstance(cause, psycopg.Error):
+            return False
+        state = cause.sqlstate
+        if state is None:  # no answer from the server: the connection was lost
+            return isinstance(cause, psycopg.OperationalError)
+        return state in _PG_CONTENTION or state.startswith("08")
+
+    def _lock_positions(self, cursor: Any, tables: Sequence[str]) -> None:
+        cursor.execute(
+            f"SELECT name FROM {self.positions} WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
+            (list(tables),),
+        )
+
+    @contextmanager
+    def lock(self, name: str, timeout: float) -> Iterator[bool]:
+        # A session lock on a connection of its own, taken outside any transaction (the pool's
+        # connections are in autocommit), polled until ``timeout``; a lost session frees it.
+        key = f"steplog view lock {self._schema}.{check_table(name)}"
+        take = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS held"
+        attempts = Retrying(
+            retry=retry_if_result(lambda held: not held),
+            wait=wait_exponential(multiplier=0.02, max=0.5) + wait_random(0, 0.02),
+            stop=stop_after_delay(max(timeout, 0)),
+            retry_error_callback=lambda _: False,
+        )
+        with self._errors(f"hold the lock {name!r}"), self._datastore.get_connection() as conn:
+            held = bool(attempts(lambda: conn.execute(take, (key,)).fetchone()["held"]))
+            try:
+                yield held
+            finally:
+                if held:
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
     def _consistent_reads(self, cursor: Any) -> None:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -396,7 +567,17 @@ def backend_for(store: EventStore) -> ViewBackend:
                 backend = _memory_backends[store] = MemoryViewBackend()
             return backend
     if isinstance(store, kernel.SQLiteStore):
-        return SQLiteViewBackend(store.datastore, store.url)
+        return SQLiteViewBackend(store.datastore, store.url, store.path, keyring=store.keyring)
     if isinstance(store, kernel.PostgresStore):
-        return PostgresViewBackend(store.datastore, store.url, store.schema)
+        return PostgresViewBackend(store.datastore, store.url, store.schema, keyring=store.keyring)
     raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from (eventsourcing wraps the driver's)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__

@@ -13,6 +13,15 @@ processes). ``rebuild(name)`` refolds a view into a shadow table and swaps it in
 transaction; until then readers see the old view, and an interrupted rebuild leaves it intact.
 ``verify(name)`` refolds into a scratch table and reports every row that differs.
 
+Beside writers and each other. A rebuild holds a lock on its shadow table (a verify, on its
+scratch table) for as long as it uses it, shared by every process on the database
+(``ViewBackend.lock``): a second rebuild of the same view waits for the first to finish, up to
+``lock_wait`` seconds, then fails with ``ProjectionError`` saying that another rebuild is running.
+Catch-ups need no such lock (their claims keep them exactly-once). A follower never stops for
+contention: when the database stays locked past its busy timeout, or the server cannot be reached
+(``StoreUnavailableError``), ``follow`` waits, with exponential backoff and jitter (tenacity), and
+tries again until it is stopped; any other error stops it.
+
 Example::
 
     projector = Projector(store)
@@ -25,11 +34,27 @@ Example::
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel import EventBase, EventStore, ProjectionError, Recorded, open_store
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    wait_exponential,
+    wait_random,
+)
+
+from kernel import (
+    EventBase,
+    EventStore,
+    ProjectionError,
+    Recorded,
+    StoreNotFoundError,
+    StoreUnavailableError,
+    open_store,
+)
 from projections._backends import RowKey, ViewBackend
 from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
@@ -47,6 +72,9 @@ from projections._viewspecs import (
 __all__ = ["VIEW_NAMES", "Projector", "VerifyReport", "default_views", "run_follower"]
 
 VIEW_NAMES = ("state", "history", "blame", "snapshots", "keyindex")
+
+RetryReport = Callable[[StoreUnavailableError, float], None]
+"""Told by ``follow`` of each retry: the error, and the seconds it waits before the next try."""
 
 
 def default_views(names: Iterable[str] = VIEW_NAMES, *, snapshot_every: int = 50) -> list[ViewSpec]:
@@ -88,7 +116,8 @@ class Projector:
 
     ``views`` are ``ViewSpec`` objects or names of built-in views (all of them by default);
     ``backend`` is where the tables live (by default the store's own database); each page holds
-    at most ``page_size`` events.
+    at most ``page_size`` events. ``rebuild`` and ``verify`` wait up to ``lock_wait`` seconds for
+    another rebuild (or verify) of the same view to finish.
     """
 
     def __init__(
@@ -99,9 +128,13 @@ class Projector:
         page_size: int = 500,
         backend: ViewBackend | None = None,
         snapshot_every: int = 50,
+        lock_wait: float = 60.0,
     ) -> None:
         if page_size < 1:
             raise ProjectionError(f"page_size must be >= 1, got {page_size}")
+        if lock_wait < 0:
+            raise ProjectionError(f"lock_wait must be >= 0 seconds, got {lock_wait}")
+        self.lock_wait = lock_wait
         self.store = store
         self.backend = backend or backend_for(store)
         self.page_size = page_size
@@ -169,10 +202,47 @@ class Projector:
                 state = spec.apply(state, event)
             spec.save(tx, table, instance_id, state)
 
-    def follow(self, stop: threading.Event, *, poll_interval: float = 0.2) -> None:
-        """Catch up, then keep catching up with new events until ``stop`` is set."""
+    def follow(
+        self,
+        stop: threading.Event,
+        *,
+        poll_interval: float = 0.2,
+        max_backoff: float = 5.0,
+        on_retry: RetryReport | None = None,
+    ) -> None:
+        """Catch up, then keep catching up with new events until ``stop`` is set.
+
+        Contention and a lost server (``StoreUnavailableError``) never stop it: it waits, from
+        ``poll_interval`` doubling up to ``max_backoff`` seconds (with jitter), telling
+        ``on_retry`` each time, and tries again; a page is folded exactly once whatever failed.
+        Any other error is raised."""
+
+        def report(attempt: RetryCallState) -> None:
+            error = attempt.outcome.exception() if attempt.outcome else None
+            delay = attempt.next_action.sleep if attempt.next_action else 0.0
+            if on_retry is not None and isinstance(error, StoreUnavailableError):
+                on_retry(error, delay)
+
+        def pause(seconds: float) -> None:
+            stop.wait(seconds)  # a stop ends the wait at once
+
+        retrying = Retrying(
+            retry=retry_if_exception(_transient),
+            wait=wait_exponential(multiplier=poll_interval, max=max_backoff)
+            + wait_random(0, poll_interval),
+            stop=lambda _: stop.is_set(),
+            sleep=pause,
+            before_sleep=report,
+            reraise=True,
+        )
         while not stop.is_set():
-            if self.catch_up() == 0:
+            try:
+                folded = retrying(self.catch_up)
+            except StoreUnavailableError as error:
+                if stop.is_set() and _transient(error):
+                    return  # stopped while waiting out contention
+                raise
+            if folded == 0:
                 stop.wait(poll_interval)
 
     # -- rebuild and verify -------------------------------------------------------------------
@@ -185,17 +255,32 @@ class Projector:
         """
         spec = self._spec(name)
         shadow = f"{spec.table}__shadow"
-        if not resume:
-            self.backend.drop(shadow)
-        self.backend.ensure(shadow)
-        done = self._catch_up(spec, shadow, None)
-        self.backend.swap(shadow, spec.table)
+        with self.backend.lock(shadow, self.lock_wait) as held:
+            if not held:
+                raise self._busy("rebuild", name)
+            if not resume:
+                self.backend.drop(shadow)
+            self.backend.ensure(shadow)
+            done = self._catch_up(spec, shadow, None)
+            self.backend.swap(shadow, spec.table)
         return done
+
+    def _busy(self, what: str, name: str) -> ProjectionError:
+        return ProjectionError(
+            f"another {what} of view {name!r} is running on {self.store.url} (waited "
+            f"{self.lock_wait:g} s for it to finish); try again when it is done"
+        )
 
     def verify(self, name: str) -> VerifyReport:
         """Refold view ``name`` into a scratch table up to the live view's position and compare."""
         spec = self._spec(name)
         scratch = f"{spec.table}__verify"
+        with self.backend.lock(scratch, self.lock_wait) as held:
+            if not held:
+                raise self._busy("verify", name)
+            return self._verify(name, spec, scratch)
+
+    def _verify(self, name: str, spec: ViewSpec, scratch: str) -> VerifyReport:
         self.backend.drop(scratch)
         self.backend.ensure(scratch)
         try:
@@ -262,14 +347,21 @@ def run_follower(
     page_size: int = 500,
     poll_interval: float = 0.2,
     snapshot_every: int = 50,
+    on_retry: RetryReport | None = None,
 ) -> None:
     """Open the store at ``store_url`` and keep the named views caught up until ``stop_event``.
 
     Meant for a process of its own (``steplog project --follow``): any number of workflow
-    processes append while this one folds.
+    processes append while this one folds. It waits out contention (``Projector.follow``,
+    which tells ``on_retry``) and stops only on another error.
     """
     with open_store(store_url) as store:
         projector = Projector(
             store, list(view_names), page_size=page_size, snapshot_every=snapshot_every
         )
-        projector.follow(stop_event, poll_interval=poll_interval)
+        projector.follow(stop_event, poll_interval=poll_interval, on_retry=on_retry)
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error`` is worth waiting out: contention or a lost server, not a missing store."""
+    return isinstance(error, StoreUnavailableError) and not isinstance(error, StoreNotFoundError)

@@ -6,10 +6,19 @@ It uses only their public APIs, like any other program would; see ``docs/cli.md`
 from projections.cli._commands import (
     COMMANDS,
     EXIT_BAD_INPUT,
+    EXIT_BROKEN_CHAIN,
     EXIT_PROBLEM,
     EXIT_STORE,
     WRITING_COMMANDS,
     main,
 )
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_PROBLEM", "EXIT_STORE", "WRITING_COMMANDS", "main"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_CHAIN",
+    "EXIT_PROBLEM",
+    "EXIT_STORE",
+    "WRITING_COMMANDS",
+    "main",
+]

@@ -10,18 +10,29 @@
     steplog diff INSTANCE POINT POINT  keys added, removed and changed between two points
     steplog bisect INSTANCE --key K    the first superstep after which a key has a value
     steplog project [--follow]         keep the materialized views caught up
-    steplog rebuild VIEW | verify VIEW rebuild a view aside and swap it in; compare with a rebuild
+    steplog rebuild VIEW               rebuild a view aside and swap it in
+    steplog verify [VIEW...]           check the hash chain, then compare views with a rebuild
+    steplog head INSTANCE              print its chain head as JSON (signed with a key), to keep
     steplog recover [INSTANCE]         close runs left open by dead processes; say what was closed
+    steplog keygen                     print a new key for encryption at rest
+    steplog rekey                      re-seal every row and view document with the first key
 
 A POINT is ``pos:N``, ``step:SUPERSTEP``, ``run:RUN:INDEX``, ``time:ISO-8601`` or
 ``inside:SUPERSTEP`` (ids may be shortened to a unique prefix).
 
-Every command takes ``--store URL`` (default ``$STEPLOG_STORE``, else ``sqlite:///steplog.db``).
+Every command takes ``--store URL`` (default ``$STEPLOG_STORE``, else ``sqlite:///steplog.db``)
+and opens it with the keys of ``--keys-file FILE``, else ``$STEPLOG_KEYS`` (``_keys``).
+The commands that show state values (``log``, ``state``, ``blame``, ``diff``, ``bisect``) show
+the values of sensitive keys redacted (``{"$t": "redacted"}``): the keys any run of the instance
+declared sensitive, and those matching ``--sensitive PATTERN`` (repeatable). ``--reveal`` shows
+them; ``bisect --equals`` on a sensitive key needs it.
+
 Only ``demo``, ``project`` and ``rebuild`` may create a store; the others (``recover`` too, though
 it writes) refuse a store that does not exist, and create nothing.
 
 Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
-input (unknown instance, bad URL), 3 when the store is missing or cannot be reached.
+input (unknown instance, bad URL), 3 when the store is missing or cannot be reached, 4 when the
+log's hash chain is broken (``--allow-broken-chain`` reads it anyway, labelled on stderr).
 """
 
 from __future__ import annotations
@@ -32,19 +43,28 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from kernel import (
     DEFAULT_STORE_ENV,
+    ChainHead,
+    ChainProblem,
+    ChainReport,
     DecodeError,
     EventBase,
     EventStore,
+    LogIntegrityError,
+    MissingKeyError,
+    SchemaVersionError,
     StepLogError,
     StoreUnavailableError,
     ValueCodec,
@@ -56,15 +76,27 @@ from projections import (
     VIEW_NAMES,
     AtPosition,
     Projector,
+    SensitiveKeys,
+    VerifyReport,
+    backend_for,
     bisect,
     blame_keys,
+    default_views,
     diff_points,
     fold_blame,
     history_of,
+    sensitive_keys_of,
     state_at,
 )
 from projections.cli._demo import run_demo
 from projections.cli._demo_recovery import run_recovery_act
+from projections.cli._keys import (
+    add_key_commands,
+    add_keys_option,
+    keygen,
+    keyring_of,
+    rekey_command,
+)
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import (
     blame_table,
@@ -73,12 +105,20 @@ from projections.cli._render import (
     history_tables,
     recovered_json,
     recovered_table,
-    show_json,
     show_time,
+    show_value,
     verdicts,
 )
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_PROBLEM", "EXIT_STORE", "WRITING_COMMANDS", "main"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_CHAIN",
+    "EXIT_PROBLEM",
+    "EXIT_STORE",
+    "WRITING_COMMANDS",
+    "main",
+]
 
 CLI_DEFAULT_STORE = "sqlite:///steplog.db"
 EXIT_PROBLEM = 1
@@ -87,6 +127,9 @@ EXIT_BAD_INPUT = 2
 """Bad input: an unknown instance, key, view or point, a bad store URL, a log it cannot read."""
 EXIT_STORE = 3
 """The store does not exist (a reading command never creates one) or cannot be reached."""
+EXIT_BROKEN_CHAIN = 4
+"""The log's hash chain is broken: ``verify`` found a problem (or a saved head's signature does
+not match), or a command met one while reading without ``--allow-broken-chain``."""
 WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
 """The commands that may create the store (they write to it). ``recover`` writes too, but only to
 a store that exists: a missing one is ``EXIT_STORE``, and nothing is created."""
@@ -101,7 +144,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"store URL (default: ${DEFAULT_STORE_ENV}, else {CLI_DEFAULT_STORE})",
     )
+    parser.add_argument(
+        "--allow-broken-chain",
+        action="store_true",
+        help="read a log whose hash chain is broken anyway (labelled on standard error)",
+    )
+    add_keys_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_key_commands(commands)
     demo = commands.add_parser("demo", help="run the stale-write bug scenario; show nothing leaked")
     demo.add_argument("--instance", default=None, help="instance id (default: a fresh one)")
     commands.add_parser("instances", help="list workflow instances in the store")
@@ -111,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     state = commands.add_parser("state", help="committed state, now or at a POINT")
     state.add_argument("instance")
     state.add_argument("point", nargs="?", help="pos:N, step:ID, run:RUN:K, time:ISO, inside:ID")
+    state.add_argument("--json", action="store_true", help="one JSON object of every whole value")
     history = commands.add_parser("history", help="runs of an instance and their supersteps")
     history.add_argument("instance")
     blame = commands.add_parser("blame", help="every write of a key and whether it counted")
@@ -124,15 +175,40 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("instance")
     search.add_argument("--key", required=True)
     search.add_argument("--equals", default=None, help="a JSON value the key must equal")
+    for command in (log, state, blame, changes, search):
+        _sensitivity_options(command)
     project = commands.add_parser("project", help="catch the materialized views up with the log")
     project.add_argument("--views", default=",".join(VIEW_NAMES), help="comma-separated views")
     project.add_argument("--follow", action="store_true", help="keep following until interrupted")
-    for name, text in (
-        ("rebuild", "rebuild a view aside and swap it in"),
-        ("verify", "compare a view with a rebuild"),
-    ):
-        command = commands.add_parser(name, help=text)
-        command.add_argument("view", choices=VIEW_NAMES)
+    rebuild = commands.add_parser("rebuild", help="rebuild a view aside and swap it in")
+    rebuild.add_argument("view", choices=VIEW_NAMES)
+    check = commands.add_parser(
+        "verify", help="check the log's hash chain, then compare views with a rebuild"
+    )
+    check.add_argument(
+        "views",
+        nargs="*",
+        metavar="VIEW",
+        help=f"views to compare ({', '.join(VIEW_NAMES)}; default: every view built)",
+    )
+    check.add_argument("--instance", default=None, help="check one instance's chain only")
+    check.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a chain head saved by 'steplog head', checked against the log (repeatable)",
+    )
+    check.add_argument(
+        "--sign-key-file", default=None, metavar="FILE", help="check each head's signature"
+    )
+    check.add_argument("--json", action="store_true", help="one JSON document")
+    head = commands.add_parser("head", help="print an instance's chain head as JSON, to keep")
+    head.add_argument("instance")
+    head.add_argument(
+        "--sign-key-file", default=None, metavar="FILE", help="sign it (HMAC-SHA256) with this key"
+    )
+    head.add_argument("--json", action="store_true", help="on one line")
     recovery = commands.add_parser(
         "recover", help="close runs left open by dead processes (aborted as crashed)"
     )
@@ -141,19 +217,59 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sensitivity_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--reveal", action="store_true", help="show the values of sensitive keys (not redacted)"
+    )
+    command.add_argument(
+        "--sensitive",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also redact the keys matching PATTERN (a key or an fnmatch glob; repeatable)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found (``EXIT_PROBLEM``),
-    2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``)."""
+    2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``),
+    4 the log's hash chain is broken (``EXIT_BROKEN_CHAIN``)."""
     args = _parser().parse_args(argv)
     console = Console(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     args.store_url = url  # for the demo's child process, which opens the same store
+    if args.command == "keygen":  # needs no store
+        return keygen(console)
     try:
-        with open_store(url, create=args.command in WRITING_COMMANDS) as store:
-            return COMMANDS[args.command](store, args, console)
+        with open_store(
+            url,
+            create=args.command in WRITING_COMMANDS,
+            allow_broken_chain=args.allow_broken_chain,
+            keyring=keyring_of(args),
+        ) as store:
+            code = COMMANDS[args.command](store, args, console)
+            _label_broken(store.chain_problems)
+            return code
+    except LogIntegrityError as error:
+        _complain_broken(error)
+        return EXIT_BROKEN_CHAIN
     except StoreUnavailableError as error:
         _complain(error)
         return EXIT_STORE
+    except SchemaVersionError as error:
+        _complain(error)  # (its message says to upgrade steplog)
+        return EXIT_BAD_INPUT
+    except MissingKeyError as error:
+        _complain(error)  # (its message says which key to give, and how)
+        return EXIT_BAD_INPUT
+    except DecodeError as error:
+        _complain(
+            DecodeError(
+                f"{error}; the row is damaged or was written by another program: nothing was "
+                "changed; 'steplog verify' lists every unreadable row, and a backup restores it"
+            )
+        )
+        return EXIT_BAD_INPUT
     except StepLogError as error:
         _complain(error)
         return EXIT_BAD_INPUT
@@ -164,6 +280,38 @@ def _complain(error: StepLogError) -> None:
     text = " ".join(str(error).split())
     Console(stderr=True, highlight=False).print(
         f"[bold red]steplog:[/] {escape(text)}", soft_wrap=True
+    )
+
+
+def _complain_broken(error: LogIntegrityError) -> None:
+    """The one line a command that met a broken chain prints (no traceback)."""
+    where = (
+        f"the hash chain is broken at {error.instance_id!r}#{error.position} "
+        f"({error.kind or 'malformed'})"
+        if error.instance_id
+        else "the log was altered"
+    )
+    _complain(
+        LogIntegrityError(
+            f"{where}: {error}; 'steplog verify' lists every problem, --allow-broken-chain "
+            "reads the log anyway"
+        )
+    )
+
+
+def _label_broken(problems: Sequence[ChainProblem]) -> None:
+    """After a command run with ``--allow-broken-chain``: say on standard error (never on
+    standard output, which may be one JSON document) that what it showed may have been altered."""
+    if not problems:
+        return
+    first = problems[0]
+    more = f" and {len(problems) - 1} more place(s)" if len(problems) > 1 else ""
+    Console(stderr=True, highlight=False).print(
+        f"WARNING: this log's hash chain is broken at {first.instance_id!r}#{first.position} "
+        f"({first.kind}){more}; what was shown may have been altered ('steplog verify' lists "
+        "every problem)",
+        markup=False,
+        soft_wrap=True,
     )
 
 
@@ -250,15 +398,27 @@ def _require_events(store: EventStore, instance: str) -> list[EventBase]:
     return events
 
 
+def _redactor(
+    store: EventStore, args: argparse.Namespace, events: list[EventBase] | None = None
+) -> SensitiveKeys:
+    """What a reading command redacts: nothing with ``--reveal``, else the instance's sensitive
+    keys and the ``--sensitive`` patterns (``events``: the instance's, when read already)."""
+    extra = SensitiveKeys(args.sensitive)  # a bad pattern is bad input, --reveal or not
+    if args.reveal:
+        return SensitiveKeys()
+    return sensitive_keys_of(store, args.instance, extra=extra.patterns, events=events)
+
+
 def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    blame = fold_blame(events)
+    blame = fold_blame(events)  # verdicts only: the values shown are the redacted events'
+    shown = _redactor(store, args, events).events(events)
     if args.json:
         fates = verdicts(blame)
-        for event in events:
+        for event in shown:
             sys.stdout.write(event_line(event, fates.get(event.position)) + "\n")
         return 0
-    console.print(events_table(events, blame, title=escape(f"the log of {args.instance}")))
+    console.print(events_table(shown, blame, title=escape(f"the log of {args.instance}")))
     return 0
 
 
@@ -268,12 +428,15 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
     point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
-    at = state_at(events, point)
+    at = _redactor(store, args, events).state(state_at(events, point))
+    if args.json:
+        sys.stdout.write(orjson.dumps(at.values, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        return 0
     table = Table(title=escape(f"{args.instance}: {at.label}"))
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
     for key in sorted(at.values):
-        table.add_row(escape(key), escape(show_json(at.values[key])))
+        table.add_row(escape(key), escape(show_value(at.values[key], hint="--json shows it whole")))
     console.print(table)
     return 0
 
@@ -288,7 +451,7 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
 def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     if store.version(args.instance) == 0:
         raise UsageError(f"no instance {args.instance!r} in {store.url}")
-    blame = blame_keys(store, args.instance, [args.key])
+    blame = _redactor(store, args).blame(blame_keys(store, args.instance, [args.key]))
     if not blame.writes(args.key):
         raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
     console.print(blame_table(blame, args.key, args.instance))
@@ -297,16 +460,17 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    changes = diff_points(events, parse_point(args.before, events), parse_point(args.after, events))
+    before, after = parse_point(args.before, events), parse_point(args.after, events)
+    changes = _redactor(store, args, events).diff(diff_points(events, before, after))
     table = Table(title=escape(f"{args.instance}: {args.before} -> {args.after}"))
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
     for key, value in sorted(changes.added.items()):
-        table.add_row(escape(key), "[green]added[/]", "", escape(show_json(value)))
+        table.add_row(escape(key), "[green]added[/]", "", escape(show_value(value)))
     for key, value in sorted(changes.removed.items()):
-        table.add_row(escape(key), "[red]removed[/]", escape(show_json(value)), "")
+        table.add_row(escape(key), "[red]removed[/]", escape(show_value(value)), "")
     for key, change in sorted(changes.changed.items()):
-        old, new = escape(show_json(change.old)), escape(show_json(change.new))
+        old, new = escape(show_value(change.old)), escape(show_value(change.new))
         table.add_row(escape(key), "[yellow]changed[/]", old, new)
     console.print(table if changes else "no difference")
     return 0
@@ -315,9 +479,15 @@ def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
     key = args.key
+    hidden = key in _redactor(store, args, events)
     if args.equals is None:
         predicate: Callable[[Mapping[str, Any]], bool] = lambda state: key in state  # noqa: E731
         wanted = f"{key!r} has a value"
+    elif hidden:
+        raise UsageError(
+            f"key {key!r} of {args.instance!r} is sensitive: --equals would reveal its value by "
+            "probing; add --reveal to compare it"
+        )
     else:
         try:
             expected = ValueCodec().decode(orjson.loads(args.equals), what="--equals")
@@ -365,7 +535,13 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)", markup=False)
-    projector.follow(stop)
+    errors = Console(stderr=True, highlight=False)
+
+    def waiting(error: StepLogError, delay: float) -> None:
+        text = " ".join(str(error).split())
+        errors.print(f"steplog: retrying in {delay:.1f} s: {text}", markup=False, soft_wrap=True)
+
+    projector.follow(stop, on_retry=waiting)
     return 0
 
 
@@ -380,13 +556,238 @@ def _rebuild(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 
 def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    report = Projector(store, [args.view]).verify(args.view)
+    """The hash chain of every instance (or ``--instance``), with any saved heads; then the
+    views, unless the chain is broken (``--allow-broken-chain`` compares them anyway)."""
+    names = _views_to_verify(store, args.views)
+    key = _signing_key(args.sign_key_file)
+    heads = [_saved_head(path) for path in args.head]
+    if args.instance is not None:
+        if store.version(args.instance) == 0 and store.chain_head(args.instance) is None:
+            raise UsageError(f"no instance {args.instance!r} in {store.url}")
+        for path, head in zip(args.head, heads, strict=True):
+            if head.instance_id != args.instance:
+                raise UsageError(
+                    f"{path} is the chain head of {head.instance_id!r}, not of --instance "
+                    f"{args.instance!r}"
+                )
+    if key is not None:
+        for path, head in zip(args.head, heads, strict=True):
+            if not head.signed_by(key):
+                why = (
+                    "carries no signature"
+                    if not head.signature
+                    else f"has a signature that does not match the key in {args.sign_key_file}: "
+                    "the head was altered, or signed with another key"
+                )
+                _complain(
+                    LogIntegrityError(
+                        f"the chain head in {path} ({head.instance_id!r}#{head.position}) {why}"
+                    )
+                )
+                return EXIT_BROKEN_CHAIN
+    with _progress() as progress:
+        report = store.verify_chain(args.instance, heads=heads, progress=progress)
+    views: dict[str, VerifyReport] | None = None
+    if report.ok or args.allow_broken_chain:
+        views = {name: Projector(store, [name]).verify(name) for name in names}
+    if args.json:
+        document = {
+            "chain": _chain_json(report, args.head, heads, signed=key is not None),
+            "views": None if views is None else {n: _view_json(r) for n, r in views.items()},
+        }
+        sys.stdout.write(orjson.dumps(document).decode() + "\n")
+    else:
+        _print_chain(console, report, args.head, heads, signed=key is not None)
+        _print_views(console, views, names)
+    if not report.ok:
+        return EXIT_BROKEN_CHAIN
+    return 0 if views is None or all(r.ok for r in views.values()) else EXIT_PROBLEM
+
+
+def _views_to_verify(store: EventStore, named: Sequence[str]) -> list[str]:
+    """The views named (checked), or every built-in view whose table exists."""
+    unknown = sorted(set(named) - set(VIEW_NAMES))
+    if unknown:
+        raise UsageError(f"unknown views {unknown}; choose from {', '.join(VIEW_NAMES)}")
+    if named:
+        return list(dict.fromkeys(named))
+    backend = backend_for(store)
+    return [spec.name for spec in default_views() if backend.exists(spec.table)]
+
+
+def _signing_key(path: str | None) -> bytes | None:
+    """The key in the file at ``path`` (its bytes, trailing line ends removed), never shown."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_bytes().rstrip(b"\r\n")
+    except OSError as error:
+        raise UsageError(f"cannot read the signing key file {path}: {error.strerror}") from None
+    if not key:
+        raise UsageError(f"the signing key file {path} is empty")
+    return key
+
+
+def _saved_head(path: str) -> ChainHead:
+    """The chain head saved in the file at ``path`` (as ``steplog head`` prints it)."""
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except OSError as error:
+        raise UsageError(f"cannot read the chain head file {path}: {error.strerror}") from None
+    except orjson.JSONDecodeError as error:
+        raise UsageError(f"the chain head file {path} is not JSON: {error}") from None
+    try:
+        return ChainHead.from_json(data)
+    except StepLogError as error:
+        raise UsageError(f"the chain head file {path}: {error}") from None
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[int], None] | None]:
+    """A progress callback showing the events checked on standard error, when it is a terminal
+    (else None: nothing is shown)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("checking the hash chain: {task.completed} events"),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("chain", total=None)
+        yield lambda events: bar.update(task, completed=events)
+
+
+def _chain_json(
+    report: ChainReport, paths: Sequence[str], heads: Sequence[ChainHead], *, signed: bool
+) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "instances": report.instances,
+        "rows": report.rows,
+        "events": report.events,
+        "unchained_events": report.unchained_events,
+        "problems": [
+            {
+                "instance_id": p.instance_id,
+                "position": p.position,
+                "kind": p.kind,
+                "detail": p.detail,
+            }
+            for p in report.problems
+        ],
+        "heads": [
+            {
+                "file": path,
+                "instance_id": head.instance_id,
+                "position": head.position,
+                "signature": "checked" if signed else ("unchecked" if head.signature else "none"),
+            }
+            for path, head in zip(paths, heads, strict=True)
+        ],
+    }
+
+
+def _view_json(report: VerifyReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "position": report.position,
+        "only_live": [list(row) for row in report.only_live],
+        "only_rebuilt": [list(row) for row in report.only_rebuilt],
+        "different": [list(row) for row in report.different],
+    }
+
+
+def _print_chain(
+    console: Console,
+    report: ChainReport,
+    paths: Sequence[str],
+    heads: Sequence[ChainHead],
+    *,
+    signed: bool,
+) -> None:
+    for path, head in zip(paths, heads, strict=True):
+        signature = (
+            "signature checked"
+            if signed
+            else ("signature not checked: no --sign-key-file" if head.signature else "unsigned")
+        )
+        console.print(
+            f"saved head {head.instance_id!r}#{head.position} from {path} ({signature})",
+            markup=False,
+            soft_wrap=True,
+        )
+    before = f" ({report.unchained_events} before the chain)"
     if report.ok:
-        console.print(f"{args.view}: the live view equals a rebuild from the log")
-        return 0
-    console.print(f"[bold red]{args.view}: the live view differs from a rebuild[/]")
-    console.print(report, markup=False)
-    return EXIT_PROBLEM
+        console.print(
+            f"chain ok: {report.instances} instances, {report.events} events{before}",
+            markup=False,
+            soft_wrap=True,
+        )
+        return
+    broken = len({p.instance_id for p in report.problems})
+    table = Table(
+        title=escape(
+            f"hash chain broken: {len(report.problems)} problem(s) in {broken} of "
+            f"{report.instances} instances"
+        )
+    )
+    for column in ("instance", "position", "kind"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    for problem in sorted(report.problems, key=lambda p: (p.instance_id, p.position)):
+        table.add_row(
+            escape(problem.instance_id),
+            str(problem.position),
+            f"[bold red]{escape(problem.kind)}[/]",
+            escape(problem.detail),
+        )
+    console.print(table)
+
+
+def _print_views(
+    console: Console, views: dict[str, VerifyReport] | None, names: Sequence[str]
+) -> None:
+    if views is None:
+        if names:
+            console.print(
+                f"views not compared ({', '.join(names)}): the chain is broken "
+                "(--allow-broken-chain compares them anyway)",
+                markup=False,
+                soft_wrap=True,
+            )
+        return
+    if not views:
+        console.print("no materialized views to compare ('steplog project' builds them)")
+    for name, report in views.items():
+        if report.ok:
+            console.print(f"{name}: the live view equals a rebuild from the log")
+        else:
+            console.print(f"[bold red]{name}: the live view differs from a rebuild[/]")
+            console.print(report, markup=False)
+
+
+def _head(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """The instance's chain head as JSON, signed with the key in ``--sign-key-file`` if given;
+    refused when the instance's chain is broken (a head of an altered log vouches for it)."""
+    key = _signing_key(args.sign_key_file)
+    if store.version(args.instance) == 0:
+        raise UsageError(f"no instance {args.instance!r} in {store.url}")
+    problem = store.verify_chain(args.instance).first_problem(args.instance)
+    if problem is not None:
+        raise problem.error()
+    head = store.chain_head(args.instance)
+    if head is None:
+        raise UsageError(
+            f"{args.instance!r} has no chain head: its events were written before the hash chain"
+        )
+    if key is not None:
+        head = head.sign(key)
+    option = 0 if args.json else orjson.OPT_INDENT_2
+    sys.stdout.write(orjson.dumps(head.to_json(), option=option).decode() + "\n")
+    return 0
 
 
 def _recover(store: EventStore, args: argparse.Namespace, console: Console) -> int:
@@ -414,7 +815,10 @@ COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = 
     "project": _project,
     "rebuild": _rebuild,
     "verify": _verify,
+    "head": _head,
     "recover": _recover,
+    "keygen": lambda store, args, console: keygen(console),
+    "rekey": rekey_command,
 }
 
 

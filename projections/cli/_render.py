@@ -27,8 +27,14 @@ __all__ = [
     "recovered_table",
     "show_json",
     "show_time",
+    "show_value",
     "verdicts",
 ]
+
+SHOWN_CHARS = 400
+"""The most characters of a value, an error message or request data a table cell shows: a longer
+one is cut, with its length, so that every command's output is linear in what it shows (rich
+folds a long cell in time quadratic in its length)."""
 
 _SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
 _COUNTED: frozenset[WriteStatus] = frozenset({"committed", "superseded"})
@@ -108,7 +114,7 @@ def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
             f"{escape(write.run_id[:8])}\n{show_time(write.timestamp)}",
             writer,
             write.op,
-            "" if write.op == "delete" else escape(show_json(write.value)),
+            "" if write.op == "delete" else escape(show_value(write.value)),
         )
     return table
 
@@ -125,7 +131,7 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
         runs.add_column(column, no_wrap=column != "lineage")
     runs.add_column("error", overflow="fold", ratio=1)
     for run in history.runs():
-        error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        error = _cut(f"{run.error.type}: {run.error.message}") if run.error else ""
         lineage = []
         if run.continues is not None:
             at = f" after {run.checkpoint[:8]}" if run.checkpoint else " from its start"
@@ -180,7 +186,7 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
                 escape(asker),
                 escape(request.executor_id),
                 escape(request.response_type),
-                escape(show_json(request.data)),
+                escape(show_value(request.data)),
             )
         tables.append(waiting)
     forks = history.forks()
@@ -238,7 +244,7 @@ def _details(data: dict[str, Any]) -> str:
         if key == "superstep_id":
             parts.append(f"step={str(value)[:8]}")
         elif key == "error":
-            parts.append(f"error={value['type']}: {value['message']}")
+            parts.append(_cut(f"error={value['type']}: {value['message']}"))
         else:
             text = show_json(value)
             parts.append(f"{key}={text if len(text) <= 48 else text[:45] + '...'}")
@@ -248,6 +254,20 @@ def _details(data: dict[str, Any]) -> str:
 def show_json(value: Any) -> str:
     """A JSON tree as compact JSON text."""
     return orjson.dumps(value).decode()
+
+
+def show_value(value: Any, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
+    """A JSON tree as compact JSON text for a table cell: whole when it has at most ``limit``
+    characters, else its first ``limit`` followed by ``... (N characters in all)`` and ``hint``
+    (say, which option prints it whole)."""
+    return _cut(show_json(value), limit=limit, hint=hint)
+
+
+def _cut(text: str, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
+    if len(text) <= limit:
+        return text
+    extra = f"; {hint}" if hint else ""
+    return f"{text[:limit]}... ({len(text):,} characters in all{extra})"
 
 
 def show_time(moment: datetime | None) -> str:

@@ -2,9 +2,11 @@
 
 A real workflow writes a SQLite log; the test then rewrites the stored JSON of a state write to
 name a class whose module leaves a marker file when imported (on ``sys.path`` under ``tmp_path``),
-or ``subprocess:Popen`` with a command that would leave one. Reading committed state through a
-``Workflow`` and through every reading command of the CLI must give plain data or a clear error,
-never import the module, never call the class.
+or ``subprocess:Popen`` with a command that would leave one. The hash chain refuses the edited
+row (checked once, below); read anyway (``allow_broken_chain``, ``--allow-broken-chain``: the
+path on which an edited value reaches the decoder), committed state through a ``Workflow`` and
+every reading command of the CLI must give plain data or a clear error, never import the module,
+never call the class.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kernel import (
     ErrorInfo,
     EventStore,
     Executor,
+    LogIntegrityError,
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
@@ -71,7 +74,7 @@ def edit_stored_value(url: str, key: str, tree: Any) -> None:
         ).fetchall()
         for rowid, state in rows:
             body = orjson.loads(state)
-            for item in body[4:]:
+            for item in body[5:]:  # after [format, base time, offsets, strings, chain]
                 if item[0] == layout.code and item[key_at] == key:
                     item[value_at] = tree
                     db.execute(  # json, not orjson: orjson refuses to write more than 254 levels
@@ -110,8 +113,11 @@ def test_reading_an_edited_log_through_the_workflow_runs_nothing(
 ) -> None:
     tree, plain = hostile_trees(trap)[name]
     edit_stored_value(logged, "k", tree)
-    with open_store(logged) as store:
+    with open_store(logged) as store, pytest.raises(LogIntegrityError, match="does not match"):
+        workflow(store).committed_state()
+    with open_store(logged, allow_broken_chain=True) as store:
         assert workflow(store).committed_state() == {"k": plain, "n": 1}
+        assert [p.kind for p in store.chain_problems] == ["edited"]
     assert nothing_ran(trap)
 
 
@@ -135,7 +141,7 @@ def test_reading_an_edited_log_through_the_cli_runs_nothing(
 ) -> None:
     tree, _ = hostile_trees(trap)[name]
     edit_stored_value(logged, "k", tree)
-    assert main(["--store", logged, *command]) == 0
+    assert main(["--store", logged, "--allow-broken-chain", *command]) == 0
     assert nothing_ran(trap)
     capsys.readouterr()
 
@@ -151,7 +157,8 @@ def test_a_hostile_bisect_equals_runs_nothing_and_compares_as_plain_data(
     assert "never" in capsys.readouterr().out
     # The same hostile value stored: both sides decode to the same plain data.
     edit_stored_value(logged, "k", tree)
-    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", equals]) == 0
+    command = ["bisect", INSTANCE, "--key", "k", "--equals", equals]
+    assert main(["--store", logged, "--allow-broken-chain", *command]) == 0
     assert "first true after superstep 1" in capsys.readouterr().out
     assert nothing_ran(trap)
 
@@ -178,7 +185,10 @@ def test_a_malformed_stored_value_is_a_decode_error_through_the_workflow(
 ) -> None:
     tree, problem = MALFORMED[name]
     edit_stored_value(logged, "k", tree)
-    with open_store(logged) as store, pytest.raises(DecodeError, match="cannot decode") as caught:
+    with (
+        open_store(logged, allow_broken_chain=True) as store,
+        pytest.raises(DecodeError, match="cannot decode") as caught,
+    ):
         workflow(store).committed_state()
     assert problem in str(caught.value)
     assert nothing_ran(trap)
@@ -190,7 +200,8 @@ def test_a_malformed_stored_value_makes_bisect_exit_2_with_the_problem(
 ) -> None:
     tree, problem = MALFORMED[name]
     edit_stored_value(logged, "k", tree)
-    assert main(["--store", logged, "bisect", INSTANCE, "--key", "k", "--equals", '"x"']) == 2
+    command = ["bisect", INSTANCE, "--key", "k", "--equals", '"x"']
+    assert main(["--store", logged, "--allow-broken-chain", *command]) == 2
     err = capsys.readouterr().err
     assert "cannot decode" in err
     assert problem in " ".join(err.split())

@@ -323,7 +323,7 @@ class MarkerTrap:
         from kernel._store_postgres import WRITE_FUNCTION, append_columns
 
         insert_rows = store._insert_rows  # type: ignore[attr-defined]
-        write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s) AS written").format(
+        write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s) AS written").format(
             sql.Identifier(store.schema, WRITE_FUNCTION)  # type: ignore[attr-defined]
         )
 

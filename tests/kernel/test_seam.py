@@ -12,6 +12,7 @@ from kernel import (
     EventBase,
     InstanceForked,
     OpenRun,
+    RunStarted,
     ValueCodec,
     WorkflowContext,
     counter_ids,
@@ -54,6 +55,7 @@ class ListContext:
         self.durability = "superstep"
         self.codec = ValueCodec()
         self.owner = "nowhere:0"
+        self.sensitive_keys = ("token",)
         self.clock = lambda: T0
         self.new_id = counter_ids("id")
         self.log: list[EventBase] = []
@@ -121,4 +123,6 @@ async def test_a_run_drives_its_supersteps_through_the_context_alone():
     ]
     assert [e.position for e in context.log] == list(range(1, len(context.log) + 1))
     assert {e.timestamp for e in context.log} == {T0}
+    started = [e for e in context.log if isinstance(e, RunStarted)]
+    assert [e.sensitive_keys for e in started] == [["token"], ["token"]]
     assert len(context.batches) == 2 * 1 + 5 + 1  # one batch to start each run, one per superstep

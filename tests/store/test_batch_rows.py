@@ -137,13 +137,16 @@ def good() -> list:
         (lambda b: [b[0], "x", *b[2:]], DecodeError, "base time"),
         (lambda b: [*b[:2], [0], *b[3:]], DecodeError, "malformed UTC offsets"),
         (lambda b: [*b[:2], 10**12, *b[3:]], DecodeError, "UTC offset out of range"),
-        (lambda b: [*b[:4], [500, 0], b[5]], DecodeError, r"'i'#1 has unknown type code 500"),
-        (lambda b: [*b[:5], "x"], DecodeError, r"'i'#2 is not \[code, time"),
-        (lambda b: [*b[:5], [b[5][0], "t", *b[5][2:]]], DecodeError, "time that is not"),
-        (lambda b: [*b[:5], [*b[5], 1, 2, 3, 4]], DecodeError, r"#2 \(superstep_started\) has"),
-        (lambda b: [*b[:5], [b[5][0], 0, 7]], DecodeError, "refers to string 7"),
-        (lambda b: [*b[:5], [b[5][0], 0, 0, 1, "one"]], DecodeError, "field 'index'"),
-        (lambda b: [*b[:5], [b[5][0], 0, 0]], DecodeError, "lacks its required field"),
+        (lambda b: [*b[:5], [500, 0], b[6]], DecodeError, r"'i'#1 has unknown type code 500"),
+        (lambda b: [*b[:6], "x"], DecodeError, r"'i'#2 is not \[code, time"),
+        (lambda b: [*b[:6], [b[6][0], "t", *b[6][2:]]], DecodeError, "time that is not"),
+        (lambda b: [*b[:6], [*b[6], 1, 2, 3, 4]], DecodeError, r"#2 \(superstep_started\) has"),
+        (lambda b: [*b[:6], [b[6][0], 0, 7]], DecodeError, "refers to string 7"),
+        (lambda b: [*b[:6], [b[6][0], 0, 0, 1, "one"]], DecodeError, "field 'index'"),
+        (lambda b: [*b[:6], [b[6][0], 0, 0]], DecodeError, "lacks its required field"),
+        (lambda b: [*b[:4], "not base64!", *b[5:]], DecodeError, "malformed hash chain"),
+        (lambda b: [*b[:4], 7, *b[5:]], DecodeError, "malformed hash chain"),
+        (lambda b: [*b[:4], b[4][:24], *b[5:]], DecodeError, "1 hashes in its chain; 2 events"),
     ],
 )
 def test_a_tampered_batch_row_names_what_and_where(mutate, error, match) -> None:  # type: ignore[no-untyped-def]
@@ -163,7 +166,7 @@ def test_a_row_with_a_bad_count_is_refused(topic: str, last: int) -> None:
 def test_a_tampered_row_in_a_store_is_reported_by_every_reader(store: EventStore) -> None:
     store.append("i", superstep("i", 0), expected_version=0)
     body = good()
-    body[5] = [body[5][0], 0, 0, 1, "one"]
+    body = [1, *body[1:4], body[5], [body[6][0], 0, 0, 1, "one"]]  # a row before the chain
     store.recorder.insert_events([row_of(body, "2", 7)])
     with pytest.raises(DecodeError, match=r"'i'#7"):
         store.read("i")

@@ -89,7 +89,7 @@ def test_public_classes_report_the_package_not_a_private_module() -> None:
         ("sqlite:///", "names no file"),
         ("sqlite:////tmp/", "names no file"),
         ("sqlite:///:memory:", "use memory://"),
-        ("sqlite:////tmp/x.db?mode=ro", "takes no query parameters"),
+        ("sqlite:////tmp/x.db?cache=shared", "takes no query parameter but mode=ro"),
         ("postgresql://postgres@127.0.0.1:5432", "names no database"),
         ("postgresql://postgres@127.0.0.1:5432/", "names no database"),
         ("postgresql://postgres@127.0.0.1:5432/test?schema=bad-name", "'bad-name' is not a plain"),

@@ -1,7 +1,11 @@
-"""Logs written in the first storage format (one row per event) stay readable.
+"""Logs written in older storage formats and event schemas stay readable, exactly.
 
-``tests/data/format1.db`` was written by steplog before the compact format (see
-``tests/data/make_format1_log.py``); ``format1.json`` holds its events as they were then.
+``tests/data/format1.db`` was written by steplog before the compact format (one row per event;
+see ``tests/data/make_format1_log.py``, run at f4eb7de); ``batch1.db`` by the same script at
+75b6c66, in batch rows of format 1, before the hash chain. Both hold ``run_started`` events of
+schema version 1, from before sensitive keys: read today, they are upcast to version 2 (by
+``KERNEL_UPCASTERS``, from the frozen field list of their batch code in ``batch1.db``). Each
+``.json`` holds the events as they were written (``model_dump(mode="json")`` then).
 """
 
 from __future__ import annotations
@@ -26,16 +30,24 @@ from projections import fold_committed
 DATA = Path(__file__).parent.parent / "data"
 
 
-@pytest.fixture
-def old_log(tmp_path: Path) -> Path:
-    """A private copy of the format-1 log (tests that write must not touch the committed file)."""
-    copy = tmp_path / "format1.db"
-    shutil.copyfile(DATA / "format1.db", copy)
+@pytest.fixture(params=["format1", "batch1"])
+def old_log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A private copy of an old log (tests that write must not touch the committed file)."""
+    copy = tmp_path / f"{request.param}.db"
+    shutil.copyfile(DATA / f"{request.param}.db", copy)
     return copy
 
 
-def expected() -> list[dict[str, object]]:
-    loaded: list[dict[str, object]] = orjson.loads((DATA / "format1.json").read_bytes())
+def expected(old_log: Path) -> list[dict[str, object]]:
+    """The events of ``old_log`` as written, upcast as today's steplog reads them."""
+    loaded: list[dict[str, object]] = orjson.loads(
+        (DATA / old_log.name).with_suffix(".json").read_bytes()
+    )
+    for event in loaded:
+        if event["type"] == "run_started":
+            assert event["schema_version"] == 1
+            event["schema_version"] = 2
+            event["sensitive_keys"] = []
     return loaded
 
 
@@ -50,10 +62,10 @@ def stamp(path: Path) -> str:
 
 def test_a_format1_log_reads_exactly_as_it_was_written(old_log: Path) -> None:
     with open_store(f"sqlite:///{old_log}", create=False) as store:
-        assert dumped(store) == expected()
+        assert dumped(store) == expected(old_log)
         page = store.read_all(limit=1000)
         assert [r.event.model_dump(mode="json") for r in page] != []
-        assert len(page) == len(expected())
+        assert len(page) == len(expected(old_log))
         assert [r.global_position for r in page] == sorted({r.global_position for r in page})
         assert store.last_position() == page[-1].global_position
         windows = [e.position for e in store.read("counting", after=3, upto=7)]
@@ -61,7 +73,7 @@ def test_a_format1_log_reads_exactly_as_it_was_written(old_log: Path) -> None:
         typed = store.read("counting", types=["state_staged"])
         assert typed
         assert all(isinstance(e, StateStaged) for e in typed)
-    assert stamp(old_log) == "1"  # a reader never restamps
+    assert stamp(old_log) == ("1" if old_log.stem == "format1" else "2")  # readers never restamp
 
 
 def test_a_writer_restamps_and_appends_batch_rows_after_the_old_ones(old_log: Path) -> None:
@@ -84,17 +96,25 @@ def test_a_writer_restamps_and_appends_batch_rows_after_the_old_ones(old_log: Pa
         page = store.read_all(limit=10_000)
         assert [r.event for r in page if r.event.instance_id == "counting"] == after
         assert page[-1].global_position == store.last_position()
-    assert stamp(old_log) == "2"
+    assert stamp(old_log) == "3"
     with sqlite3.connect(old_log) as db:
         rows = db.execute(
             "SELECT topic FROM steplog_events WHERE originator_id = 'counting' ORDER BY rowid"
         ).fetchall()
     assert rows[-1] == ("5",)  # the new batch: one row of five events
-    assert all("@" in topic for (topic,) in rows[:-1])
+    if old_log.stem == "format1":
+        assert all("@" in topic for (topic,) in rows[:-1])
+    with open_store(f"sqlite:///{old_log}", create=False) as store:
+        report = store.verify_chain("counting")
+        assert report.ok, report.problems
+        assert report.unchained_events == version  # the old rows predate the chain
+        head = store.chain_head("counting")
+        assert head is not None
+        assert head.position == version + 5
 
 
 def test_a_store_stamped_by_a_newer_steplog_is_refused(old_log: Path) -> None:
     with sqlite3.connect(old_log) as db:
-        db.execute("UPDATE steplog_meta SET value = '3'")
+        db.execute("UPDATE steplog_meta SET value = '4'")
     with pytest.raises(SchemaVersionError, match="newer steplog"):
         open_store(f"sqlite:///{old_log}", create=False)

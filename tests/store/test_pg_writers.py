@@ -285,8 +285,17 @@ def test_readers_do_not_pass_a_row_while_an_older_transaction_is_open(
     stored = store._mapper.to_row(row)  # the row the store would write
     with psycopg.connect(server) as u:
         u.execute(
-            sql.SQL("SELECT {}(%s, %s, %s, %s, %s)").format(sql.Identifier(schema, WRITE_FUNCTION)),
-            (["u"], [0], [stored.originator_version], [stored.topic], [stored.state]),
+            sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(
+                sql.Identifier(schema, WRITE_FUNCTION)
+            ),
+            (
+                ["u"],
+                [0],
+                [stored.originator_version],
+                [stored.topic],
+                [stored.state],
+                [stored.head],
+            ),
         )  # not committed yet
         store.append("t", _batch("t", 0, 2), expected_version=0)
         assert store.read_all() == []
@@ -330,10 +339,17 @@ def test_row_ids_are_refused_to_a_transaction_that_already_wrote(
         conn.execute("SELECT pg_current_xact_id()")
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
             conn.execute(
-                sql.SQL("SELECT {}(%s, %s, %s, %s, %s)").format(
+                sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s)").format(
                     sql.Identifier(schema, WRITE_FUNCTION)
                 ),
-                (["x"], [0], [stored.originator_version], [stored.topic], [stored.state]),
+                (
+                    ["x"],
+                    [0],
+                    [stored.originator_version],
+                    [stored.topic],
+                    [stored.state],
+                    [stored.head],
+                ),
             )
         conn.rollback()
         held = conn.execute(

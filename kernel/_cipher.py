@@ -1,0 +1,147 @@
+"""Encryption at rest: AES-256-GCM with keys the user holds (``Keyring``).
+
+A sealed value is ``MAGIC + key id (8 bytes) + nonce (12 bytes) + ciphertext and tag``. The key
+id is a fingerprint of the key (never the key), so that a value sealed with a key that is not
+configured is told apart from one that was altered: the first is "wrong or missing key", the
+second a ``LogIntegrityError``. Every seal binds its place with associated data (for an event
+row: its instance, last position and count), so a sealed value moved to another place does not
+open. AES-GCM comes from ``cryptography`` (its ``AESGCM``), never from hand-written code.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from kernel._errors import LogIntegrityError, MissingKeyError, StoreConfigError
+
+__all__ = ["KEYS_ENV", "MAGIC", "Keyring", "is_sealed"]
+
+KEYS_ENV = "STEPLOG_KEYS"
+"""The environment variable the CLI reads keys from: base64 keys separated by commas, the first
+the one that encrypts (``Keyring.from_text``)."""
+
+MAGIC = b"\x00SL1"
+"""How a sealed value begins; no JSON document begins with a NUL byte."""
+_KEY_ID = 8
+_NONCE = 12
+_HEADER = len(MAGIC) + _KEY_ID + _NONCE
+_TAG = 16
+
+
+def is_sealed(data: bytes) -> bool:
+    """Whether ``data`` was sealed by a ``Keyring`` (rather than being plain JSON)."""
+    return data[:4] == MAGIC
+
+
+def key_id(key: bytes) -> bytes:
+    """The fingerprint a sealed value names its key by: 8 bytes, from which the key cannot be
+    recovered."""
+    return hashlib.blake2b(key, digest_size=_KEY_ID, person=b"steplog-key-id").digest()
+
+
+class Keyring:
+    """The keys of an encrypted store: the first encrypts, all of them decrypt.
+
+    Each key is 32 random bytes (``Keyring.generate()`` makes one, as text). To rotate, put the
+    new key first and keep the old ones after it: new rows are sealed with the new key, old rows
+    still open with theirs (``docs/security.md``). The keys themselves are never written anywhere,
+    and ``repr`` shows only their fingerprints.
+
+    >>> ring = Keyring.from_text(Keyring.generate())
+    >>> ring.open(ring.seal(b"secret", b"here"), b"here", "example")
+    b'secret'
+    """
+
+    def __init__(self, keys: Sequence[bytes], *, nonces: Callable[[int], bytes] = os.urandom):
+        if not keys:
+            raise StoreConfigError("a keyring needs at least one key")
+        self._ciphers: dict[bytes, AESGCM] = {}
+        for n, key in enumerate(keys, start=1):
+            if not isinstance(key, bytes) or len(key) != 32:
+                size = len(key) if isinstance(key, bytes) else type(key).__name__
+                raise StoreConfigError(
+                    f"key {n} of the keyring is not 32 bytes ({size}); make one with "
+                    "Keyring.generate()"
+                )
+            self._ciphers.setdefault(key_id(key), AESGCM(key))
+        self.current = key_id(keys[0])
+        """The fingerprint of the key that seals."""
+        self._nonces = nonces
+
+    @staticmethod
+    def generate() -> str:
+        """A new random key, as the URL-safe base64 text that ``from_text`` reads."""
+        return base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
+
+    @classmethod
+    def from_text(cls, text: str) -> Keyring:
+        """The keyring of ``text``: base64 keys separated by commas, the first one sealing. A
+        malformed key is a ``StoreConfigError`` that names its place, never its value."""
+        keys = []
+        for n, part in enumerate(text.split(","), start=1):
+            part = part.strip()
+            try:
+                keys.append(base64.urlsafe_b64decode(part.encode("ascii")))
+            except (binascii.Error, ValueError, UnicodeEncodeError):
+                raise StoreConfigError(
+                    f"key {n} of the keyring is not base64 text; make one with Keyring.generate()"
+                ) from None
+        return cls(keys)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Keyring | None:
+        """The keyring in ``environ[KEYS_ENV]``, None when it is unset or empty."""
+        text = environ.get(KEYS_ENV, "").strip()
+        return cls.from_text(text) if text else None
+
+    @property
+    def fingerprints(self) -> list[str]:
+        """The keys' fingerprints in hex, the sealing one first."""
+        return [self.current.hex()] + [k.hex() for k in self._ciphers if k != self.current]
+
+    def seal(self, plain: bytes, place: bytes) -> bytes:
+        """``plain`` encrypted and authenticated with the current key, bound to ``place``."""
+        nonce = self._nonces(_NONCE)
+        sealed = self._ciphers[self.current].encrypt(nonce, plain, place)
+        return b"".join((MAGIC, self.current, nonce, sealed))
+
+    def open(self, sealed: bytes, place: bytes, where: str) -> bytes:
+        """The plain bytes of a value sealed at ``place``. Raises ``MissingKeyError`` (a
+        ``DecodeError``) when its key is not in this keyring (wrong or missing key), and
+        ``LogIntegrityError`` when the value was altered or moved; ``where`` names it."""
+        if len(sealed) < _HEADER + _TAG or not is_sealed(sealed):
+            raise LogIntegrityError(f"{where} is not a whole encrypted value (cut short?)")
+        found = sealed[4 : 4 + _KEY_ID]
+        cipher = self._ciphers.get(found)
+        if cipher is None:
+            raise MissingKeyError(
+                f"{where} is encrypted with key {found.hex()}, which is not in the keyring "
+                f"({', '.join(self.fingerprints)}): give that key (in {KEYS_ENV} or "
+                "open_store(keyring=...))"
+            )
+        try:
+            return cipher.decrypt(sealed[4 + _KEY_ID : _HEADER], sealed[_HEADER:], place)
+        except InvalidTag:
+            raise LogIntegrityError(
+                f"{where} does not decrypt with its key {found.hex()}: it was altered or moved "
+                "since it was written"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"Keyring({', '.join(self.fingerprints)})"
+
+
+def sealed_without_key(where: str, sealed: bytes) -> MissingKeyError:
+    """The error for an encrypted value read by a store opened without keys."""
+    found = sealed[4 : 4 + _KEY_ID].hex()
+    return MissingKeyError(
+        f"{where} is encrypted (key {found}); open the store with its key: {KEYS_ENV}=... or "
+        "open_store(url, keyring=Keyring.from_text(...))"
+    )

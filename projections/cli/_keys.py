@@ -1,0 +1,112 @@
+"""The CLI's keys: where commands find them, ``steplog keygen`` and ``steplog rekey``.
+
+Every command opens the store with the keys in ``--keys-file FILE`` (a file holding the same
+text as ``STEPLOG_KEYS``: base64 keys separated by commas or lines, the sealing one first), else
+in ``$STEPLOG_KEYS``, else none. There is no option that takes a key itself: a command line is
+visible to every user of the machine (``ps``), a file readable only by its owner is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kernel import KEYS_ENV, EventStore, Keyring, StoreConfigError, compact_store, rekey
+from projections._docseal import reseal_views
+from projections._sqlbackends import backend_for
+
+__all__ = ["add_key_commands", "add_keys_option", "keygen", "keyring_of", "rekey_command"]
+
+
+def add_keys_option(parser: argparse.ArgumentParser) -> None:
+    """The global ``--keys-file`` option."""
+    parser.add_argument(
+        "--keys-file",
+        default=None,
+        metavar="FILE",
+        help=f"a file holding the store's keys, as ${KEYS_ENV} does (default: ${KEYS_ENV})",
+    )
+
+
+def add_key_commands(commands: Any) -> None:
+    """The ``keygen`` and ``rekey`` subcommands."""
+    commands.add_parser("keygen", help="print a new random key (base64) for encryption at rest")
+    rekeying = commands.add_parser(
+        "rekey", help="re-seal every row and view document with the first key"
+    )
+    rekeying.add_argument(
+        "--rows-per-transaction",
+        type=int,
+        default=500,
+        metavar="N",
+        help="rows (and documents) read per page, rewritten in one transaction (default 500)",
+    )
+    rekeying.add_argument(
+        "--no-compact",
+        action="store_true",
+        help="do not VACUUM afterwards (old row versions stay in the files until then)",
+    )
+
+
+def keyring_of(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Keyring | None:
+    """The keys ``--keys-file`` or ``$STEPLOG_KEYS`` give; None when neither does. A file that
+    cannot be read, or text that is not keys, is a ``StoreConfigError`` that shows neither the
+    text nor the file's name (which could be a key typed in its place)."""
+    environ = dict(os.environ) if environ is None else environ
+    path = getattr(args, "keys_file", None)
+    if path is None:
+        return Keyring.from_env(environ)
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "it is not ASCII text"
+        raise StoreConfigError(
+            f"cannot read the keys file given with --keys-file: {reason or error}"
+        ) from None
+    keys = ",".join(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
+    if not keys:
+        raise StoreConfigError("the keys file given with --keys-file holds no key")
+    return Keyring.from_text(keys)
+
+
+def keygen(console: Console) -> int:
+    """Print a new key."""
+    console.print(Keyring.generate(), markup=False, highlight=False)
+    return 0
+
+
+def rekey_command(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """Re-seal every event row, then every view document, with the first key; then compact."""
+    if store.keyring is None:
+        raise StoreConfigError(
+            f"rekey needs the keys: the new key first, then the old ones, in --keys-file or "
+            f"${KEYS_ENV}"
+        )
+    rows = rekey(store, rows_per_transaction=args.rows_per_transaction)
+    console.print(
+        f"event rows: {rows.rows} read, {rows.resealed} re-sealed from an older key, "
+        f"{rows.sealed} plain rows sealed ({rows.converted} of them one-event rows of the first "
+        f"format), {rows.current} already sealed with key {rows.key}, "
+        f"{rows.changed_meanwhile} changed by another process meanwhile; "
+        f"{rows.transactions} write transactions",
+        markup=False,
+    )
+    if rows.marked:
+        console.print("the store is now marked encrypted: writers without keys are refused")
+    docs = reseal_views(
+        backend_for(store), store.keyring, rows_per_transaction=args.rows_per_transaction
+    )
+    console.print(
+        f"view documents: {docs.documents} read in {docs.tables} tables, {docs.rewritten} "
+        f"sealed with key {rows.key}, {docs.changed_meanwhile} changed by another process "
+        f"meanwhile; {docs.transactions} write transactions",
+        markup=False,
+    )
+    if (rows.written or docs.rewritten) and not args.no_compact:
+        compact_store(store, tables=docs.table_names)
+        console.print("compacted: the old rows' bytes are gone from the store's files")
+    return 0

@@ -1,0 +1,153 @@
+"""The CLI on an encrypted store: keys from ``$STEPLOG_KEYS`` or ``--keys-file``, never from the
+command line; ``steplog keygen``; ``steplog project`` seals view documents; ``steplog rekey``
+rotates keys; a missing or wrong key is a clear error on one line (exit 2), never garbage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernel import KEYS_ENV, Keyring, open_store
+from projections.cli import EXIT_BAD_INPUT, main
+from tests.store.test_encryption import SECRET, fp, leaks, ring, run_workflows
+
+
+@pytest.fixture
+def no_keys(monkeypatch):
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def test_keygen_prints_a_new_key_each_time(no_keys, capsys):
+    assert main(["keygen"]) == 0
+    assert main(["keygen"]) == 0
+    first, second = capsys.readouterr().out.split()
+    assert first != second
+    assert Keyring.from_text(f"{first},{second}").fingerprints == [fp(first), fp(second)]
+
+
+def test_commands_read_the_keys_from_the_environment(
+    durable_store_url, no_keys, monkeypatch, capsys
+):
+    key = Keyring.generate()
+    with open_store(durable_store_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, key)
+    assert main(["--store", durable_store_url, "project"]) == 0
+    assert main(["--store", durable_store_url, "state", "orders-1", "--json", "--reveal"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.splitlines()[-1])["card"] == SECRET
+    assert main(["--store", durable_store_url, "history", "orders-1"]) == 0
+    assert SECRET in capsys.readouterr().out  # the run's error, from the sealed history view
+    assert leaks(durable_store_url) == []
+
+
+def test_a_keys_file_gives_the_keys(sqlite_url, tmp_path, no_keys, capsys):
+    old, new = Keyring.generate(), Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(old)) as store:
+        run_workflows(store)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{new}\n{old}\n")
+    keys.chmod(0o600)
+    args = ["--store", sqlite_url, "--keys-file", str(keys)]
+    assert main([*args, "state", "orders-1", "--json", "--reveal"]) == 0
+    assert json.loads(capsys.readouterr().out)["card"] == SECRET
+
+
+def test_without_the_key_a_command_fails_on_one_line_naming_the_position(
+    sqlite_url, no_keys, capsys
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    assert (
+        main(["--store", sqlite_url, "state", "orders-1", "--json", "--reveal"]) == EXIT_BAD_INPUT
+    )
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "'orders-1'#1.." in captured.err
+    assert "is encrypted" in captured.err
+    assert KEYS_ENV in captured.err
+    assert SECRET not in captured.err
+
+
+def test_with_a_wrong_key_a_command_fails_naming_both_keys(
+    sqlite_url, no_keys, monkeypatch, capsys
+):
+    key, wrong = Keyring.generate(), Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, wrong)
+    assert main(["--store", sqlite_url, "log", "orders-1", "--json"]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"encrypted with key {fp(key)}" in captured.err
+    assert fp(wrong) in captured.err
+    assert key not in captured.err
+    assert wrong not in captured.err
+
+
+def test_a_writing_command_without_keys_is_refused(sqlite_url, no_keys, capsys):
+    with open_store(sqlite_url, keyring=ring(Keyring.generate())) as store:
+        run_workflows(store)
+    assert main(["--store", sqlite_url, "project"]) == EXIT_BAD_INPUT
+    assert "is encrypted: open it with its keys" in capsys.readouterr().err
+
+
+def test_a_key_is_never_taken_from_the_command_line_nor_echoed(sqlite_url, no_keys, capsys):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    # argparse would take --key as short for --keys-file: a file that is not there
+    assert main(["--store", sqlite_url, "--key", key, "instances"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "cannot read the keys file given with --keys-file" in err
+    assert key not in err
+
+
+def test_a_malformed_keys_file_is_refused_without_showing_it(sqlite_url, tmp_path, no_keys, capsys):
+    keys = tmp_path / "keys"
+    keys.write_text("not-a-key-at-all\n")
+    assert main(["--store", sqlite_url, "--keys-file", str(keys), "instances"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "key 1 of the keyring" in err
+    assert "not-a-key-at-all" not in err
+
+
+def test_rekey_rotates_the_keys_of_rows_and_views(durable_store_url, tmp_path, no_keys, capsys):
+    old, new = Keyring.generate(), Keyring.generate()
+    with open_store(durable_store_url, keyring=ring(old)) as store:
+        run_workflows(store)
+    only_old, both, only_new = (tmp_path / n for n in ("old", "both", "new"))
+    only_old.write_text(old)
+    both.write_text(f"{new},{old}")
+    only_new.write_text(new)
+    store = ["--store", durable_store_url]
+    assert main([*store, "--keys-file", str(only_old), "project"]) == 0
+    capsys.readouterr()
+
+    assert main([*store, "--keys-file", str(both), "rekey", "--rows-per-transaction", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "re-sealed from an older key, 0 plain rows sealed" in out
+    assert "0 already sealed" in out
+    assert f"key {fp(new)}" in out
+    assert "compacted" in out
+
+    assert main([*store, "--keys-file", str(only_old), "state", "orders-1"]) == EXIT_BAD_INPUT
+    assert f"encrypted with key {fp(new)}" in capsys.readouterr().err
+    assert (
+        main([*store, "--keys-file", str(only_new), "state", "orders-1", "--json", "--reveal"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["card"] == SECRET
+    assert main([*store, "--keys-file", str(only_new), "verify"]) == 0
+    assert main([*store, "--keys-file", str(only_new), "rekey"]) == 0
+    assert "0 re-sealed from an older key, 0 plain rows sealed" in capsys.readouterr().out
+    assert leaks(durable_store_url) == []
+
+
+def test_rekey_without_keys_is_refused(sqlite_url, no_keys, capsys):
+    with open_store(sqlite_url) as store:
+        run_workflows(store)
+    assert main(["--store", sqlite_url, "rekey"]) == EXIT_BAD_INPUT
+    assert "rekey needs the keys" in capsys.readouterr().err

@@ -1,0 +1,282 @@
+"""Hostile and broken input to the ``steplog`` command: one line on standard error, no traceback,
+the usual exit status, and nothing overwritten.
+
+- No output of the command ever holds a store URL's password.
+- A malformed URL, a bad instance id, another application's SQLite file, a database or a row
+  written by a newer steplog, a corrupted row: exit 2 with one line naming the problem (and,
+  for a row, its position); the file's bytes are unchanged.
+- Every reading command works on a read-only SQLite store (file, or file and directory).
+- Every command is linear in what it shows: a 5 MB value is shown cut, with its size, in the
+  ``state`` table, and whole with ``state --json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import sqlite3
+import sys
+from contextlib import closing, redirect_stdout
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import orjson
+import pytest
+
+from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
+from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
+from tests.store.test_hostile_store import (
+    REFUSED_URLS,
+    SECRET,
+    foreign_file,
+    in_a_child_without_write_permission,
+)
+
+INSTANCE = "orders-1"
+BIG = 5_000_000
+
+
+class Writer(Executor):
+    """Commits ``n`` (the message) and ``big`` (``size`` characters) in one superstep."""
+
+    def __init__(self, id: str, size: int = 10) -> None:
+        super().__init__(id)
+        self.size = size
+
+    @handler
+    async def run(self, message: int, ctx: WorkflowContext[int, int]) -> None:
+        ctx.set_state("n", message)
+        ctx.set_state("big", "x" * (self.size - 1) + "y")
+
+
+def logged(path: Path, size: int = 10) -> str:
+    """A SQLite store at ``path`` holding one committed run of ``Writer`` on ``INSTANCE``."""
+    url = f"sqlite:///{path}"
+
+    async def run() -> None:
+        with open_store(url) as store:
+            builder = WorkflowBuilder(
+                start_executor=Writer("w", size), store=store, instance_id=INSTANCE
+            )
+            await builder.build().run(1)
+
+    asyncio.run(run())
+    return url
+
+
+def one_line_complaint(err: str) -> str:
+    """The complaint, checked to be one line and no traceback."""
+    assert err.count("\n") == 1, err
+    assert err.startswith("steplog: ")
+    assert "Traceback" not in err
+    return err
+
+
+# -- URLs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "url", [*REFUSED_URLS, f"postgresql://postgres:{SECRET}@127.0.0.1:1/test"]
+)
+def test_no_output_shows_the_password_of_the_store_url(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["--store", url, "instances"])
+    out, err = capsys.readouterr()
+    assert status in (EXIT_BAD_INPUT, EXIT_STORE)
+    assert SECRET not in out + err
+    assert "Se/cr3t" not in out + err
+    one_line_complaint(err)
+
+
+def test_a_malformed_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--store", "sqlite://[::1/x.db", "instances"]) == EXIT_BAD_INPUT
+    err = one_line_complaint(capsys.readouterr().err)
+    assert "store URL 'sqlite://[::1/x.db' is malformed: Invalid IPv6 URL" in err
+
+
+# -- ids --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("instance", "why"),
+    [
+        ("a\udc80", "must be valid Unicode text"),  # what a non-UTF-8 argument decodes to
+        ("", "must be a non-empty str"),
+        ("x" * 10_000, "no instance 'xxxx"),  # read at any length: an older id stays readable
+    ],
+    ids=["lone-surrogate", "empty", "ten-kilobytes"],
+)
+@pytest.mark.parametrize("command", [["state"], ["log"], ["history"], ["blame", "@", "n"]])
+def test_a_bad_instance_id_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], instance: str, why: str, command: list[str]
+) -> None:
+    url = logged(tmp_path / "s.db")
+    argv = [instance if part == "@" else part for part in command]
+    if "@" not in command:
+        argv.append(instance)
+    assert main(["--store", url, *argv]) == EXIT_BAD_INPUT
+    err = " ".join(one_line_complaint(capsys.readouterr().err).split())
+    assert why in err if why.startswith("no instance") else f"instance id {why}" in err
+
+
+# -- files that are not ours, or newer than us, or damaged ------------------------------------
+
+
+def test_another_applications_file_is_refused_by_a_writing_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = foreign_file(tmp_path / "app.db")
+    before = path.read_bytes()
+    assert main(["--store", f"sqlite:///{path}", "project"]) == EXIT_BAD_INPUT
+    assert "another application's SQLite database" in one_line_complaint(capsys.readouterr().err)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def rewrite_row(path: Path, change: Any) -> None:
+    """Replace the stored body of the instance's first row by ``change(body bytes)``."""
+    with closing(sqlite3.connect(path)) as db, db:
+        first = "SELECT rowid, state FROM steplog_events ORDER BY rowid"
+        rowid, state = db.execute(first).fetchone()
+        db.execute("UPDATE steplog_events SET state = ? WHERE rowid = ?", (change(state), rowid))
+
+
+def newer_batch_format(state: bytes) -> bytes:
+    return orjson.dumps([99, *orjson.loads(state)[1:]])
+
+
+def unknown_event_type(state: bytes) -> bytes:
+    body = orjson.loads(state)
+    body[-1][0] = 500  # the type code of the row's last event
+    return orjson.dumps(body)
+
+
+DAMAGE = {
+    "corrupted-row": (lambda state: b"\xff\x00 not a row", r"row 'orders-1'#1..\d+ is not valid"),
+    "newer-batch-format": (newer_batch_format, "in batch format 99, newer than this steplog's"),
+    "unknown-event-type": (unknown_event_type, "has unknown type code 500"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize(
+    "command", [["log", INSTANCE], ["log", INSTANCE, "--json"], ["state", INSTANCE],
+                ["history", INSTANCE], ["blame", INSTANCE, "n"],
+                ["diff", INSTANCE, "pos:1", "pos:2"], ["bisect", INSTANCE, "--key", "n"]],
+    ids=lambda c: " ".join(c),
+)  # fmt: skip
+def test_a_damaged_or_newer_row_is_one_line_naming_it_and_nothing_is_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, command: list[str]
+) -> None:
+    change, problem = DAMAGE[damage]
+    url = logged(tmp_path / "s.db")
+    rewrite_row(tmp_path / "s.db", change)
+    before = (tmp_path / "s.db").read_bytes()
+    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    err = " ".join(one_line_complaint(capsys.readouterr().err).split())
+    assert re.search(problem, err), err
+    assert "'orders-1'#" in err
+    assert (tmp_path / "s.db").read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["instances"], ["log", INSTANCE], ["project"], ["recover"]])
+def test_a_database_written_by_a_newer_steplog_is_one_line_and_left_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    url = logged(tmp_path / "s.db")
+    with closing(sqlite3.connect(tmp_path / "s.db")) as db, db:
+        db.execute("UPDATE steplog_meta SET value = '99' WHERE key = 'schema_version'")
+    before = (tmp_path / "s.db").read_bytes()
+    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    err = one_line_complaint(capsys.readouterr().err)
+    assert "was written by a newer steplog (store schema version 99" in err
+    assert "upgrade steplog" in err
+    assert (tmp_path / "s.db").read_bytes() == before
+
+
+# -- read-only stores -------------------------------------------------------------------------
+
+READING = [
+    ["instances"],
+    ["log", INSTANCE],
+    ["log", INSTANCE, "--json"],
+    ["state", INSTANCE],
+    ["state", INSTANCE, "pos:1"],
+    ["history", INSTANCE],
+    ["blame", INSTANCE, "n"],
+    ["diff", INSTANCE, "pos:1", "pos:8"],
+    ["bisect", INSTANCE, "--key", "n"],
+]
+_RUN_ALL = """
+import contextlib, io, json, sys
+from projections.cli import main
+results = []
+for command in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(command)
+    results.append([status, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run_all(commands: list[list[str]], *, child: bool) -> list[list[Any]]:
+    """``[status, stdout, stderr]`` of each command, run here or in one child process that, even
+    as root, cannot write read-only files."""
+    argv = orjson.dumps(commands).decode()
+    if not child:
+        with patch.object(sys, "argv", ["-c", argv]), redirect_stdout(io.StringIO()) as out:
+            exec(_RUN_ALL, {"__name__": "run_all"})
+        return list(orjson.loads(out.getvalue()))
+    done = in_a_child_without_write_permission(["-c", _RUN_ALL, argv])
+    assert done.returncode == 0, done.stderr
+    return list(orjson.loads(done.stdout))
+
+
+@pytest.mark.parametrize("locked", ["file", "file-and-directory"])
+def test_every_reading_command_works_on_a_read_only_store(tmp_path: Path, locked: str) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    url = logged(directory / "s.db")
+    commands = [["--store", url, *command] for command in READING]
+    expected = run_all(commands, child=False)  # what each prints while the store is writable
+    assert [status for status, _, _ in expected] == [0] * len(READING)
+    before = (directory / "s.db").read_bytes()
+    (directory / "s.db").chmod(0o444)
+    if locked == "file-and-directory":
+        directory.chmod(0o555)
+    try:
+        assert run_all(commands, child=True) == expected
+        ((status, _, err),) = run_all([["--store", url, "project"]], child=True)
+    finally:
+        directory.chmod(0o755)
+    assert status in (EXIT_BAD_INPUT, EXIT_STORE)
+    assert "readonly" in one_line_complaint(err) or "read-only" in err
+    assert (directory / "s.db").read_bytes() == before
+
+
+# -- big values -------------------------------------------------------------------------------
+
+
+def test_a_5_mb_value_is_shown_cut_with_its_size_and_whole_with_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = logged(tmp_path / "s.db", size=BIG)
+    assert main(["--store", url, "state", INSTANCE]) == 0
+    shown = capsys.readouterr().out
+    squeezed = re.sub(r"[\s│]", "", shown)  # the cell is folded over several lines
+    assert f"({BIG + 2:,}charactersinall;--jsonshowsitwhole)" in squeezed
+    assert '"xxxxxxxx' in shown
+    assert len(shown) < 10_000
+    assert main(["--store", url, "state", INSTANCE, "--json"]) == 0
+    whole = orjson.loads(capsys.readouterr().out)
+    assert whole == {"big": "x" * (BIG - 1) + "y", "n": 1}
+    others = (["log", INSTANCE], ["blame", INSTANCE, "big"], ["diff", INSTANCE, "pos:1", "pos:8"])
+    for command in others:
+        assert main(["--store", url, *command]) == 0, command
+        assert len(capsys.readouterr().out) < 20_000, command
+

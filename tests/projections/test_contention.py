@@ -1,0 +1,214 @@
+"""Views beside writers and beside each other: busy waits, retries, rebuild locks, a load run.
+
+SQLite: a view transaction that writes takes the write lock first (``BEGIN IMMEDIATE``) and so
+waits under the store's busy timeout; past it, the error is ``StoreUnavailableError``, which a
+follower waits out. Every backend: rebuilds (and verifies) of one view take turns; one that waits
+too long says that another rebuild is running. The load test runs writer processes, a
+``steplog project --follow`` process and a verify loop, then checks that nothing was lost or
+duplicated and that every view equals a rebuild (``bench.load``).
+
+The load test runs ``STEPLOG_LOAD_SECONDS`` seconds per backend (default 2); the long version,
+with its figures, is ``python -m bench.load --seconds 60``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from bench.load import run_load
+from kernel import ProjectionError, StoreUnavailableError, open_store
+from projections import Projector
+from tests.projections.helpers import populate
+from tests.projections.logs import fixed_plans
+from tests.projections.reference import Reference
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = "import sys; from projections.cli import main; sys.exit(main(sys.argv[1:]))"
+SHADOW = "steplog_view_state__shadow"
+
+
+@contextmanager
+def write_lock(url: str) -> Iterator[threading.Event]:
+    """Hold the SQLite file's write lock from a connection of its own until the yielded event is
+    set (or the block ends), as a writer in another process would."""
+    path = url.removeprefix("sqlite:///")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("CREATE TABLE IF NOT EXISTS contention_probe (n INTEGER)")
+    release = threading.Event()
+    released = threading.Event()
+
+    def hold() -> None:
+        release.wait()
+        holder.execute("ROLLBACK")
+        holder.close()
+        released.set()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join()
+
+
+def _cli(url: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, "--store", url, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+# -- SQLite: view writes wait for the write lock ------------------------------------------------
+
+
+def test_view_maintenance_waits_for_a_writer_instead_of_failing_at_once(sqlite_url):
+    with open_store(sqlite_url) as store:
+        logs = populate(store, fixed_plans())
+        projector = Projector(store, ["state"])
+        projector.catch_up()
+        with write_lock(sqlite_url) as release:
+            # Released from another thread while the rebuild waits in SQLite's busy handler:
+            # a transaction that read first would have failed at once ("database is locked").
+            threading.Timer(0.3, release.set).start()
+            projector.rebuild("state")
+        with write_lock(sqlite_url) as release:
+            threading.Timer(0.3, release.set).start()
+            assert projector.verify("state").ok
+        for instance_id, events in logs.items():
+            assert projector.state(instance_id) == Reference(events).state()
+
+
+def test_a_lock_held_past_the_busy_timeout_is_store_unavailable_and_says_so(sqlite_url):
+    with open_store(sqlite_url, lock_timeout=1) as store:
+        populate(store, fixed_plans())
+        projector = Projector(store, ["state"])
+        with write_lock(sqlite_url), pytest.raises(StoreUnavailableError) as caught:
+            projector.catch_up()
+        assert "database is locked" in str(caught.value)
+        assert "another process held a lock" in str(caught.value)
+        assert projector.position("state") == 0  # nothing half-done
+        projector.catch_up()  # and the view goes on once the lock is gone
+        assert projector.position("state") == store.last_position()
+
+
+def test_a_follower_waits_out_contention_and_catches_up(sqlite_url):
+    with open_store(sqlite_url, lock_timeout=1) as store:
+        logs = populate(store, fixed_plans())
+        projector = Projector(store, ["state", "history"], page_size=4)
+        retries: list[tuple[StoreUnavailableError, float]] = []
+        retried = threading.Event()
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def told(error: StoreUnavailableError, delay: float) -> None:
+            retries.append((error, delay))
+            retried.set()
+
+        def follow() -> None:
+            try:
+                projector.follow(stop, poll_interval=0.02, on_retry=told)
+            except BaseException as error:  # the test fails on any
+                failures.append(error)
+
+        with write_lock(sqlite_url):
+            follower = threading.Thread(target=follow)
+            follower.start()
+            assert retried.wait(60), "the follower never met the lock"
+        try:
+            assert follower.is_alive()
+            for _ in range(3000):
+                if projector.position("history") == store.last_position():
+                    break
+                stop.wait(0.02)
+        finally:
+            stop.set()
+            follower.join(30)
+        assert not follower.is_alive()
+        assert failures == []
+        assert all("database is locked" in str(error) for error, _ in retries)
+        for instance_id, events in logs.items():
+            assert projector.state(instance_id) == Reference(events).state()
+        assert projector.verify("history").ok
+
+
+# -- rebuilds take turns ------------------------------------------------------------------------
+
+
+def test_a_rebuild_waits_for_another_then_says_that_one_is_running(store_url):
+    with open_store(store_url) as store, open_store(store_url) as other:
+        if store_url.startswith("memory"):
+            other = store  # a memory store is one process's: the second projector shares it
+        logs = populate(store, fixed_plans())
+        first = Projector(store, ["state"])
+        first.catch_up()
+        second = Projector(other, ["state"], lock_wait=0.2)
+        with first.backend.lock(SHADOW, 5) as held:
+            assert held
+            with pytest.raises(ProjectionError, match="another rebuild of view 'state' is running"):
+                second.rebuild("state")
+        busy = "another verify of view 'state' is running"
+        with (
+            first.backend.lock("steplog_view_state__verify", 5),
+            pytest.raises(ProjectionError, match=busy),
+        ):
+            second.verify("state")
+        second.rebuild("state")  # free again
+        assert second.verify("state").ok
+        for instance_id, events in logs.items():
+            assert second.state(instance_id) == Reference(events).state()
+
+
+def test_four_rebuild_processes_beside_a_writer_all_succeed(durable_store_url):
+    url = durable_store_url
+    with open_store(url) as store:
+        populate(store, fixed_plans(4))
+        Projector(store, ["state"]).catch_up()
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "bench._load_worker", url, "writer", "2", "7"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    commands = [_cli(url, "rebuild", "state") for _ in range(4)] + [_cli(url, "verify", "state")]
+    outcomes = [command.communicate(timeout=240) for command in commands]
+    written, problems = writer.communicate(timeout=240)
+    for command, (out, err) in zip(commands, outcomes, strict=True):
+        assert command.returncode == 0, (out, err)
+        assert err == ""
+    assert sum("rebuilt up to global position" in out for out, _ in outcomes) == 4
+    assert writer.returncode == 0, (written, problems)
+    with open_store(url) as store:
+        projector = Projector(store, ["state"])
+        projector.catch_up()
+        assert projector.verify("state").ok
+        assert not projector.backend.exists(SHADOW)
+        for instance_id in store.instances():
+            assert projector.state(instance_id) == Reference(store.read(instance_id)).state()
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+def test_load_nothing_lost_or_duplicated_views_equal_a_rebuild(durable_store_url):
+    seconds = float(os.environ.get("STEPLOG_LOAD_SECONDS", "2"))
+    report = run_load(durable_store_url, seconds=seconds, workers=2)
+    assert report.errors == []
+    assert report.instances > 0
+    assert report.events > 0
+    assert report.verify_passes >= 5  # at least the final verify of every view
+    assert report.lags  # the follower was seen to reach the log's positions

@@ -1,0 +1,269 @@
+"""The hash chain and the row cipher, unit by unit: what each event's hash covers, how rows link,
+the recorded heads on every backend, exported heads, and sealed rows.
+
+Tampering with real rows written by real workflows, kind by kind, is in ``test_tamper.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+import pytest
+
+from kernel import (
+    ChainHead,
+    DecodeError,
+    EventStore,
+    Keyring,
+    LogIntegrityError,
+    StoreConfigError,
+    open_store,
+)
+from kernel._chain import link_problem, tail_problem
+from kernel._mapper import CHAIN_BYTES, EventMapper, RowLink, genesis
+from kernel.testing import LogBuilder
+
+
+def superstep_log(instance: str = "i", steps: int = 3) -> LogBuilder:
+    log = LogBuilder(instance)
+    log.start_run()
+    for n in range(steps):
+        log.start_superstep()
+        log.invoke("a")
+        log.write("k", {"n": n, "note": "grüße"})
+        log.commit()
+    return log
+
+
+def append_in_rows(store: EventStore, instance: str, size: int = 4) -> int:
+    """Append a log in rows of ``size`` events; the stream's version."""
+    events = superstep_log(instance).events()
+    for start in range(0, len(events), size):
+        store.append(instance, events[start : start + size], expected_version=start)
+    return len(events)
+
+
+def chain_of(state: bytes) -> bytes:
+    return base64.b64decode(orjson.loads(state)[4])
+
+
+def test_each_event_is_checked_against_its_own_hash_and_named_by_position() -> None:
+    mapper = EventMapper()
+    events = superstep_log().events()[:6]
+    row = mapper.to_row(events)
+    body = orjson.loads(row.state)
+    assert len(chain_of(row.state)) == CHAIN_BYTES * 7  # the hash before, and one per event
+    assert row.head == chain_of(row.state)[-CHAIN_BYTES:]
+    assert mapper.decode_row("i", 6, "6", row.state) == events
+    body[5 + 3][-1] = {"n": 99, "note": "grüße"}  # the write at position 4
+    tampered = orjson.dumps(body)
+    with pytest.raises(LogIntegrityError, match=r"'i'#4 \(state_staged\) does not match") as caught:
+        mapper.decode_row("i", 6, "6", tampered)
+    assert (caught.value.instance_id, caught.value.position, caught.value.kind) == (
+        "i",
+        4,
+        "edited",
+    )
+    # A read of the events before it passes: each event is checked against its own hash.
+    assert mapper.decode_row("i", 6, "6", tampered, upto=3) == events[:3]
+    # Events not built (of another type) are checked only when asked (verify_chain does).
+    assert mapper.decode_row("i", 6, "6", tampered, types={"run_started"}) == events[:1]
+    with pytest.raises(LogIntegrityError, match="'i'#4"):
+        mapper.decode_row("i", 6, "6", tampered, types={"run_started"}, check_all=True)
+    seen: list[LogIntegrityError] = []
+    read = mapper.decode_row("i", 6, "6", tampered, on_broken=seen.append)
+    assert [e.position for e in read] == [1, 2, 3, 4, 5, 6]
+    assert [e.position for e in seen] == [4]
+
+
+def test_a_rewritten_marker_is_named_as_one() -> None:
+    mapper = EventMapper()
+    log = LogBuilder("i")
+    log.start_run()
+    log.start_superstep()
+    log.invoke("a")
+    log.write("secret", "s3cret")
+    log.abort("failed")
+    events = log.events()
+    row = mapper.to_row(events)
+    body = orjson.loads(row.state)
+    committed = EventMapper().to_row(
+        [*events[:-1], *_commit_like(events[-1])]
+    )  # the same superstep, committed: its marker's code and fields
+    body[-1] = orjson.loads(committed.state)[-1]
+    with pytest.raises(LogIntegrityError, match="marker was rewritten") as caught:
+        mapper.decode_row("i", len(events), str(len(events)), orjson.dumps(body))
+    assert caught.value.kind == "marker rewritten"
+    assert caught.value.position == len(events)
+
+
+def _commit_like(aborted: object) -> list:  # type: ignore[type-arg]
+    from kernel import SuperstepCommitted
+
+    data = {
+        k: v
+        for k, v in aborted.__dict__.items()  # type: ignore[attr-defined]
+        if k in ("instance_id", "position", "timestamp", "run_id", "superstep_id")
+    }
+    return [SuperstepCommitted(**data)]
+
+
+def test_hashes_cover_the_logical_event_not_its_packing() -> None:
+    """The same events packed in rows of different sizes have the same hashes."""
+    mapper = EventMapper()
+    events = superstep_log().events()
+    whole = mapper.to_row(events)
+    hashes: list[bytes] = []
+    previous = None
+    for start in range(0, len(events), 3):
+        part = mapper.to_row(events[start : start + 3], previous)
+        chain = chain_of(part.state)
+        hashes += [chain[i : i + CHAIN_BYTES] for i in range(CHAIN_BYTES, len(chain), CHAIN_BYTES)]
+        previous = part.head
+    chain = chain_of(whole.state)
+    assert hashes == [
+        chain[i : i + CHAIN_BYTES] for i in range(CHAIN_BYTES, len(chain), CHAIN_BYTES)
+    ]
+    assert whole.head == previous
+
+
+def test_rows_link_up_or_say_how_they_do_not() -> None:
+    g = genesis("i")
+    first = RowLink(1, 3, g, b"a" * 16)
+    assert link_problem("i", None, first) is None
+    assert link_problem("i", first, RowLink(4, 5, b"a" * 16, b"b" * 16)) is None
+    gap = link_problem("i", first, RowLink(6, 7, b"a" * 16, b"b" * 16))
+    assert gap is not None
+    assert (gap.kind, gap.position) == ("gap", 4)
+    overlap = link_problem("i", first, RowLink(3, 5, b"a" * 16, b"b" * 16))
+    assert overlap is not None
+    assert (overlap.kind, overlap.position) == ("reordered", 3)
+    moved = link_problem("i", first, RowLink(4, 5, b"c" * 16, b"b" * 16))
+    assert moved is not None
+    assert (moved.kind, moved.position) == ("reordered", 4)
+    stripped = link_problem("i", first, RowLink(4, 5, None, None))
+    assert stripped is not None
+    assert stripped.kind == "unchained"
+    late_start = link_problem("i", None, RowLink(3, 4, g, b"x" * 16))
+    assert late_start is not None
+    assert late_start.kind == "gap"
+    assert link_problem("i", RowLink(1, 1, None, None), RowLink(2, 2, g, b"x" * 16)) is None
+    truncated = tail_problem("i", first, (7, b"z" * 16))
+    assert truncated is not None
+    assert (truncated.kind, truncated.position) == ("truncated", 4)
+    rewritten = tail_problem("i", first, (3, b"z" * 16))
+    assert rewritten is not None
+    assert rewritten.kind == "head mismatch"
+    assert tail_problem("i", first, (3, b"a" * 16)) is None
+
+
+def test_every_backend_records_heads_and_verifies_a_clean_log(store: EventStore) -> None:
+    version = append_in_rows(store, "x")
+    append_in_rows(store, "y", size=100)
+    report = store.verify_chain()
+    assert report.ok, report.problems
+    assert (report.instances, report.events) == (2, 2 * version)
+    head = store.chain_head("x")
+    assert head is not None
+    assert head.position == version
+    assert head.hash == chain_of_last(store, "x").hex()
+    assert store.verify_chain("x", heads=[head]).ok
+    forged = ChainHead("x", 5, "00" * 16)
+    found = store.verify_chain("x", heads=[forged]).problems
+    assert [(p.kind, p.position) for p in found] == [("head mismatch", 5)]
+    past = store.verify_chain("x", heads=[ChainHead("x", version + 3, head.hash)]).problems
+    assert [p.kind for p in past] == ["truncated"]
+
+
+def chain_of_last(store: EventStore, instance: str) -> bytes:
+    rows = store._select_stream(instance, None, None)  # type: ignore[attr-defined]
+    return chain_of(rows[-1][2])[-CHAIN_BYTES:]
+
+
+def test_batches_of_one_instance_chain_within_one_group_commit(store: EventStore) -> None:
+    events = superstep_log("g").events()
+    results = store.append_many([("g", events[:5], 0), ("g", events[5:], 5)])
+    assert all(isinstance(r, list) for r in results)
+    assert store.read("g") == events
+    assert store.verify_chain("g").ok
+
+
+def test_a_new_store_object_continues_the_chain_from_the_stored_head(
+    durable_store_url: str,
+) -> None:
+    events = superstep_log("c").events()
+    with open_store(durable_store_url) as first:
+        first.append("c", events[:5], expected_version=0)
+    with open_store(durable_store_url) as second:
+        second.append("c", events[5:], expected_version=5)
+        assert second.read("c") == events
+        report = second.verify_chain()
+        assert report.ok, report.problems
+
+
+def test_a_signed_head_proves_itself_and_a_changed_one_does_not() -> None:
+    head = ChainHead("i", 7, "ab" * 16)
+    signed = head.sign(b"auditor key")
+    assert signed.signed_by(b"auditor key")
+    assert not signed.signed_by(b"another key")
+    assert not ChainHead("i", 8, signed.hash, signed.signature).signed_by(b"auditor key")
+    assert ChainHead.from_json(signed.to_json()) == signed
+    for bad in ({}, {"instance_id": "i", "position": 0, "hash": "ab" * 16}, [1]):
+        with pytest.raises(StoreConfigError):
+            ChainHead.from_json(bad)
+
+
+# -- the cipher ----------------------------------------------------------------------------------
+
+
+def test_a_keyring_seals_binds_and_names_its_keys() -> None:
+    old, new = Keyring.generate(), Keyring.generate()
+    ring = Keyring.from_text(f"{new},{old}")
+    sealed = ring.seal(b'{"secret": 1}', b"here")
+    assert b"secret" not in sealed
+    assert ring.open(sealed, b"here", "x") == b'{"secret": 1}'
+    with pytest.raises(LogIntegrityError, match="altered or moved"):
+        ring.open(sealed, b"there", "x")  # moved
+    flipped = sealed[:-1] + bytes([sealed[-1] ^ 1])
+    with pytest.raises(LogIntegrityError, match="altered or moved"):
+        ring.open(flipped, b"here", "x")
+    with pytest.raises(DecodeError, match="not in the keyring"):
+        Keyring.from_text(old).open(sealed, b"here", "x")  # wrong key
+    assert Keyring.from_text(old).open(Keyring.from_text(old).seal(b"a", b"p"), b"p", "x") == b"a"
+    assert new not in repr(ring)
+    with pytest.raises(StoreConfigError, match="key 2 of the keyring is not base64"):
+        Keyring.from_text(f"{new},not base64!")
+    with pytest.raises(StoreConfigError, match="not 32 bytes"):
+        Keyring([b"short"])
+
+
+def test_an_encrypted_store_holds_no_plain_value_and_refuses_keyless_writers(
+    durable_store_url: str,
+) -> None:
+    ring = Keyring.from_text(Keyring.generate())
+    log = LogBuilder("e")
+    log.start_run()
+    log.start_superstep()
+    log.invoke("a")
+    log.write("card", "4111-SECRET")
+    log.commit()
+    with open_store(durable_store_url, keyring=ring) as store:
+        log.append_to(store)
+        rows = store._select_stream("e", None, None)  # type: ignore[attr-defined]
+        assert all(b"SECRET" not in state for _, _, state in rows)
+        assert store.read("e") == log.events()
+        assert store.verify_chain().ok
+    with pytest.raises(StoreConfigError, match="is encrypted"):
+        open_store(durable_store_url)
+    with (
+        open_store(durable_store_url, create=False) as reader,
+        pytest.raises(DecodeError, match=r"'e'#1\.\..*is encrypted.*STEPLOG_KEYS"),
+    ):
+        reader.read("e")
+    other = Keyring.from_text(Keyring.generate())
+    with (
+        open_store(durable_store_url, keyring=other) as wrong,
+        pytest.raises(DecodeError, match="not in the keyring"),
+    ):
+        wrong.read("e")
