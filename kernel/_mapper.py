@@ -484,10 +484,15 @@ class EventMapper:
                     stamp = base + timedelta(0, 0, delta)
                 except OverflowError:
                     stamp = stamps.at(i, delta, position)  # raises, naming the position
-            if layout.version != layout.cls.SCHEMA_VERSION:
-                event = self._build_old(layout, item, strings, stamp, instance_id, position)
-            else:
-                event = _build_stored(layout, item, strings, stamp, instance_id, position)
+            upcast = None
+            if layout.version != layout.cls.SCHEMA_VERSION:  # an old schema version
+                upcast = functools.partial(
+                    self._upcast,
+                    _where(instance_id, position, layout),
+                    layout.type_name,
+                    layout.version,
+                )
+            event = _build_stored(layout, item, strings, stamp, instance_id, position, upcast)
             if chain is not None:  # (after building: a malformed field is named as such)
                 _check_event(layout, item, strings, instance_id, position, stamps, i, chain, report)
             events.append(event)
@@ -571,48 +576,6 @@ class EventMapper:
                 f"need {count + 1}"
             )
         return body, chain
-
-    def _build_old(
-        self,
-        layout: _Layout,
-        item: list[Any],
-        strings: list[str],
-        stamp: datetime,
-        instance_id: str,
-        position: int,
-    ) -> EventBase:
-        """An event of an old schema version in a batch row: its stored fields by their frozen
-        names, upcast to the current version, then checked and built as any other."""
-        values = item[2:]
-        where = _where(instance_id, position, layout)
-        if len(values) > len(layout.names):
-            raise DecodeError(
-                f"{where} has {len(values)} fields; its version has {len(layout.names)}"
-            )
-        values = _resolved(layout, values, strings, instance_id, position)
-        payload = dict(zip(layout.names, values, strict=False))
-        for name, default in zip(
-            layout.names[len(values) :], layout.defaults[len(values) :], strict=True
-        ):
-            if default is _REQUIRED:
-                raise DecodeError(f"{where} lacks its required field {name!r}")
-            payload[name] = _fresh(default)
-        payload = self._upcast(where, layout.type_name, layout.version, payload)
-        cls = layout.cls
-        payload["instance_id"] = instance_id
-        payload["position"] = position
-        payload["schema_version"] = cls.SCHEMA_VERSION
-        problem = _problem(cls, payload)
-        if problem is not None:
-            raise DecodeError(f"{where} does not fit its schema once upcast: {problem}")
-        if layout.has_error and payload.get("error") is not None:
-            payload["error"] = _error_info(where, payload["error"])
-        payload["timestamp"] = stamp
-        payload["type"] = layout.type_name
-        try:
-            return complete_event(cls, payload)
-        except (TypeError, ValueError) as error:
-            raise DecodeError(f"{where} does not fit its schema once upcast: {error}") from error
 
     def _upcast(
         self, where: str, type_name: str, version: int, payload: dict[str, Any]
@@ -754,8 +717,11 @@ def _build_stored(
     stamp: datetime,
     instance_id: str,
     position: int,
+    upcast: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> EventBase:
-    """One event of a batch row, its fields checked as an event row's are."""
+    """One event of a batch row, its fields checked as an event row's are. An event of an old
+    schema version is read by its frozen field names, then ``upcast`` to the current version
+    (which must give exactly the current fields) before the checks."""
     cls = layout.cls
     names = layout.names
     values = item[2:]
@@ -776,6 +742,14 @@ def _build_stored(
                     f"{_where(instance_id, position, layout)} lacks its required field {names[i]!r}"
                 )
             payload[names[i]] = _fresh(default)
+    if upcast is not None:
+        payload = upcast(payload)
+        current = _layouts()[0][layout.type_name].names
+        if payload.keys() != set(current):
+            raise DecodeError(
+                f"{_where(instance_id, position, layout)} once upcast has fields "
+                f"{sorted(payload)}, not {sorted(current)}"
+            )
     payload["instance_id"] = instance_id
     payload["position"] = position
     payload["schema_version"] = cls.SCHEMA_VERSION

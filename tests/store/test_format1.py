@@ -18,12 +18,15 @@ import orjson
 import pytest
 
 from kernel import (
+    DecodeError,
     EventStore,
+    RunStarted,
     SchemaVersionError,
     StateStaged,
     SuperstepCommitted,
     open_store,
 )
+from kernel._mapper import EventMapper
 from kernel.testing import LogBuilder
 from projections import fold_committed
 
@@ -118,3 +121,22 @@ def test_a_store_stamped_by_a_newer_steplog_is_refused(old_log: Path) -> None:
         db.execute("UPDATE steplog_meta SET value = '4'")
     with pytest.raises(SchemaVersionError, match="newer steplog"):
         open_store(f"sqlite:///{old_log}", create=False)
+
+
+def test_an_upcaster_that_gives_other_fields_is_a_decode_error_naming_the_event() -> None:
+    """An old event is read by its frozen field list and upcast; what the upcaster returns must be
+    exactly the current fields, or the event is refused, never built half-filled."""
+    with sqlite3.connect(DATA / "batch1.db") as db:
+        last, topic, state = db.execute(
+            "SELECT originator_version, topic, state FROM steplog_events "
+            "WHERE originator_id = 'counting' ORDER BY originator_version LIMIT 1"
+        ).fetchone()
+    good = EventMapper().decode_row("counting", last, topic, state)[0]
+    assert isinstance(good, RunStarted)
+    assert (good.schema_version, good.sensitive_keys) == (2, [])
+    extra = EventMapper(upcasters={("run_started", 1): lambda p: {**p, "bogus": 1}})
+    with pytest.raises(DecodeError, match=r"'counting'#1 \(run_started\) once upcast has fields"):
+        extra.decode_row("counting", last, topic, state)
+    failing = EventMapper(upcasters={("run_started", 1): lambda p: 1 / 0})
+    with pytest.raises(DecodeError, match="upcaster of run_started from schema version 1 failed"):
+        failing.decode_row("counting", last, topic, state)
