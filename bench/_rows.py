@@ -204,4 +204,4 @@ class RawFold:
                     values[key] = value
             elif code == self.aborted_code:
                 staged.pop(strings[item[3]], None)
-        return len(obj) - 4
+        return int(topic)
