@@ -22,6 +22,7 @@ __all__ = [
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
+    "CustomEventAdded",
     "ErrorInfo",
     "Event",
     "EventBase",
@@ -257,6 +258,20 @@ class OutputYielded(SuperstepEvent):
     value: Json = None
 
 
+class CustomEventAdded(SuperstepEvent):
+    """A custom event an executor added (``ctx.add_event``). Like an output, it reaches the
+    caller only if its superstep commits. ``event_type`` is the event's ``type``; ``data`` its
+    payload as a JSON tree, or ``error`` when the payload was an exception (kept as its type and
+    message, as every error in the log is).
+    """
+
+    type: Literal["custom_event_added"] = "custom_event_added"
+    executor_id: str
+    event_type: str
+    data: Json = None
+    error: ErrorInfo | None = None
+
+
 class InfoRequested(SuperstepEvent):
     """An executor asked for input from outside the workflow (``ctx.request_info``).
 
@@ -323,7 +338,8 @@ Event = Annotated[
     | InfoRequested
     | SuperstepCommitted
     | SuperstepAborted
-    | InstanceForked,
+    | InstanceForked
+    | CustomEventAdded,
     Field(discriminator="type"),
 ]
 
@@ -348,6 +364,7 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         SuperstepCommitted,
         SuperstepAborted,
         InstanceForked,
+        CustomEventAdded,
     )
 }
 

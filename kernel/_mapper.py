@@ -102,6 +102,7 @@ BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("superstep_aborted", 1),
     ("instance_forked", 1),
     ("run_started", 2),
+    ("custom_event_added", 1),
 )
 """Type code -> (event type, schema version) in batch rows. Append-only: a new type or a new
 schema version of a type gets the next code; codes are never renumbered or reused. A row's fields

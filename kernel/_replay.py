@@ -19,16 +19,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from kernel._emit import WorkflowEvent
+from kernel._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, framework_event
 from kernel._errors import ExecutionError, StepLogError
 from kernel._events import (
     RUN_END_TYPES,
+    CustomEventAdded,
     SUPERSTEP_MARKER_TYPES,
     ErrorInfo,
     EventBase,
     ExecutorCompleted,
     ExecutorInvoked,
     InfoRequested,
+    MessageStaged,
     OutputYielded,
     RunAwaitingInput,
     RunCompleted,
@@ -128,7 +130,7 @@ class _Decided(SuperstepFold):
         super().__init__()
         self.decided: list[SuperstepEvent] | None = None
 
-    @folds("output_yielded", "info_requested")
+    @folds("output_yielded", "info_requested", "custom_event_added")
     def _staged(self, event: SuperstepEvent) -> None:
         self._stage(event)
 
@@ -146,9 +148,15 @@ class _Replayer:
         self.index: dict[str, int] = {}  # superstep id -> index
         self.marks = _Decided()  # the kernel's marker rule, over outputs and requests
         self.last_index: int | None = None
+        self.asked = False  # a request_info was emitted (then a status said so)
+        # executor id -> the messages it has sent since its latest ExecutorInvoked
+        self.sending: dict[str, list[Any]] = {}
 
     def emit(self, type: Any, superstep: int | None = None, **fields: Any) -> None:
-        self.out.append(WorkflowEvent(type, self.run_id, superstep, **fields))
+        self.out.append(framework_event(type, self.run_id, superstep, **fields))
+
+    def status(self, state: WorkflowRunState) -> None:
+        self.emit("status", state=state)
 
     def feed(self, events: Sequence[EventBase]) -> list[WorkflowEvent]:
         for event in events:
@@ -163,19 +171,33 @@ class _Replayer:
         kind = event.type
         if isinstance(event, RunStarted):
             self.emit("started")
+            self.status(WorkflowRunState.IN_PROGRESS)
         elif isinstance(event, SuperstepStarted):
             self.index[event.superstep_id] = event.index
             self.last_index = event.index
             self.emit("superstep_started", event.index, superstep_id=event.superstep_id)
-        elif isinstance(event, ExecutorInvoked | ExecutorCompleted):
-            name = "executor_invoked" if kind == "executor_invoked" else "executor_completed"
+        elif isinstance(event, ExecutorInvoked):
+            self.sending[event.executor_id] = []
             self.emit(
-                name,
+                "executor_invoked",
                 self.index.get(event.superstep_id),
                 superstep_id=event.superstep_id,
                 executor_id=event.executor_id,
             )
-        elif isinstance(event, OutputYielded | InfoRequested):
+        elif isinstance(event, ExecutorCompleted):
+            sent = self.sending.pop(event.executor_id, None)
+            self.emit(
+                "executor_completed",
+                self.index.get(event.superstep_id),
+                superstep_id=event.superstep_id,
+                executor_id=event.executor_id,
+                data=sent or None,
+            )
+        elif isinstance(event, MessageStaged):
+            sending = self.sending.get(event.source)
+            if sending is not None:
+                sending.append(self.decode(event.message, what=f"message from {event.source!r}"))
+        elif isinstance(event, OutputYielded | InfoRequested | CustomEventAdded):
             self.marks.apply(event)
         elif kind in SUPERSTEP_MARKER_TYPES and isinstance(event, SuperstepEvent):
             self.marks.decided = None
@@ -183,18 +205,23 @@ class _Replayer:
             if self.marks.decided is not None:
                 self._committed(event.superstep_id, self.marks.decided)
         elif isinstance(event, RunCompleted):
+            self.status(WorkflowRunState.IDLE)
             self.emit("completed", event.supersteps)
         elif isinstance(event, RunAwaitingInput):
+            self.status(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
             self.emit("awaiting_input", event.supersteps)
         elif isinstance(event, RunFailed):
             self._failed(event)
         return kind in RUN_END_TYPES
 
     def _committed(self, superstep_id: str, items: list[SuperstepEvent]) -> None:
-        """A commit's events, in the runner's order: outputs, then requests, then the end."""
+        """A commit's events, in the runner's order: outputs and custom events, then requests,
+        then the end (after the run's first request, a status saying requests are pending)."""
         index = self.index.get(superstep_id)
-        # Outputs first, then requests, each in log order (a stable sort keeps it).
+        # Outputs and custom events first, then requests, each in log order (a stable sort).
         for item in sorted(items, key=lambda item: isinstance(item, InfoRequested)):
+            if isinstance(item, CustomEventAdded):
+                self.out.append(self._custom(item, index))
             if isinstance(item, OutputYielded):
                 self.emit(
                     "output",
@@ -211,8 +238,29 @@ class _Replayer:
                     executor_id=item.executor_id,
                     data=self.decode(item.data, what=f"request of {item.executor_id!r}"),
                     request_id=item.request_id,
+                    response_type=item.response_type or None,
                 )
+        if not self.asked and any(isinstance(item, InfoRequested) for item in items):
+            self.asked = True
+            self.status(WorkflowRunState.IN_PROGRESS_PENDING_REQUESTS)
         self.emit("superstep_completed", index, superstep_id=superstep_id)
+
+    def _custom(self, item: CustomEventAdded, index: int | None) -> WorkflowEvent:
+        """A custom event as its live consumer got it, its data decoded (data only: the event's
+        own class, if it was a subclass, is not rebuilt)."""
+        if item.error is not None:
+            data: Any = RecordedError(item.error)
+        else:
+            data = self.decode(item.data, what=f"the {item.event_type!r} event")
+        return WorkflowEvent(
+            item.event_type,
+            data,
+            origin=WorkflowEventSource.EXECUTOR,
+            executor_id=item.executor_id,
+            run_id=self.run_id,
+            superstep=index,
+            superstep_id=item.superstep_id,
+        )
 
     def _failed(self, event: RunFailed) -> None:
         """The events of a run's failure, as the runner emitted them (see ``_runner``): an
@@ -220,13 +268,20 @@ class _Replayer:
         committed superstep, and a commit batch the store refused; anything else that failed a
         run ended its stream with the exception, not an event."""
         error = RecordedError(event.error)
+        info = event.error
         superstep_id = event.superstep_id
         index = self.index.get(superstep_id) if superstep_id is not None else None
-        if event.executor_id is not None:
-            where: dict[str, Any] = {"superstep_id": superstep_id, "executor_id": event.executor_id}
-            self.emit("executor_failed", index, error=error, **where)
-            self.emit("failed", index, error=error, **where)  # one object, as live
-        elif superstep_id is None and event.error.type == _CONVERGENCE:
-            self.emit("failed", self.last_index, error=error)
-        elif superstep_id is not None and event.error.type == _UNSTORABLE:
-            self.emit("failed", index, superstep_id=superstep_id, error=error)
+        executor_id = event.executor_id
+        convergence = superstep_id is None and info.type == _CONVERGENCE
+        unstorable = superstep_id is not None and info.type == _UNSTORABLE
+        if executor_id is None and not convergence and not unstorable:
+            return
+        self.status(WorkflowRunState.FAILED)
+        if executor_id is not None:
+            where: dict[str, Any] = {"superstep_id": superstep_id, "executor_id": executor_id}
+            self.emit("executor_failed", index, error=error, info=info, **where)
+            self.emit("failed", index, error=error, info=info, **where)  # one object, as live
+        elif convergence:
+            self.emit("failed", self.last_index, error=error, info=info)
+        else:
+            self.emit("failed", index, superstep_id=superstep_id, error=error, info=info)

@@ -436,6 +436,23 @@ class LogBuilder:
         fields["value"] = self._encode(value, "an output")
         return self._emit(ev.OutputYielded, fields)
 
+    def custom_event(
+        self,
+        event_type: str,
+        data: Any = None,
+        *,
+        error: ev.ErrorInfo | None = None,
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.CustomEventAdded:
+        """``CustomEventAdded``."""
+        fields = self._by(executor_id, superstep, run)
+        fields["event_type"] = event_type
+        fields["data"] = self._encode(data, "a custom event")
+        fields["error"] = error
+        return self._emit(ev.CustomEventAdded, fields)
+
     def request(
         self,
         data: Any,
