@@ -82,7 +82,7 @@ FRAMEWORK_EVENT_TYPES: frozenset[str] = frozenset(
 """The event types only the runner emits: ``ctx.add_event`` refuses them."""
 
 
-class WorkflowRunState(str, enum.Enum):
+class WorkflowRunState(enum.StrEnum):
     """Where a run stands, as its ``status`` events say (AF's names and values).
 
     A stream says ``IN_PROGRESS`` right after ``started``, ``IN_PROGRESS_PENDING_REQUESTS`` after
@@ -101,7 +101,7 @@ class WorkflowRunState(str, enum.Enum):
     CANCELLED = "CANCELLED"
 
 
-class WorkflowEventSource(str, enum.Enum):
+class WorkflowEventSource(enum.StrEnum):
     """Who made an event: the runner (``FRAMEWORK``) or an executor's code (``EXECUTOR``)."""
 
     FRAMEWORK = "FRAMEWORK"
@@ -168,9 +168,9 @@ class WorkflowEvent(Generic[DataT]):
     """
 
     __slots__ = (
+        "_error",
         "_request_type",
         "_response_type",
-        "_error",
         "data",
         "details",
         "executor_id",

@@ -23,8 +23,8 @@ from kernel._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, f
 from kernel._errors import ExecutionError, StepLogError
 from kernel._events import (
     RUN_END_TYPES,
-    CustomEventAdded,
     SUPERSTEP_MARKER_TYPES,
+    CustomEventAdded,
     ErrorInfo,
     EventBase,
     ExecutorCompleted,

@@ -131,9 +131,7 @@ class RunResult:
 
     def _shown(self) -> list[WorkflowEvent]:
         keep = self.include_status_events
-        return [
-            e for e in self.events() if e.type != "started" and (keep or e.type != "status")
-        ]
+        return [e for e in self.events() if e.type != "started" and (keep or e.type != "status")]
 
     def __iter__(self) -> Iterator[WorkflowEvent]:
         return iter(self._shown())
