@@ -216,6 +216,10 @@ class Run:
         self.outputs: list[Any] = []  # of committed supersteps, in order
         self.result: RunResult | None = None
         self.first_position = 0  # the stream's length before the run's first event
+        self.last_position = 0  # the position of its last event, once it returned
+        self.include_status_events = False
+        # Set by the workflow: lets a result read the run's events back from the log.
+        self.bind_log: Callable[[Run, RunResult], None] | None = None
         self._asked = False  # a request_info was emitted: the stream said so in a status
         self._emit: Emit = silent
         self._clock = instance.clock
@@ -354,8 +358,12 @@ class Run:
             await keeper.release()
             raise
         try:
-            self.result = await self._supersteps(position)
-            return self.result
+            result = await self._supersteps(position)
+            self.last_position = self._version
+            if self.bind_log is not None:
+                self.bind_log(self, result)
+            self.result = result
+            return result
         except asyncio.CancelledError:
             lost = self._lost_lease
             if lost is not None:  # the run is not ours to close any more: its taker closes it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import replace
@@ -13,13 +14,14 @@ from kernel._algo import Router
 from kernel._checkpoints import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._clock import Clock, IdFactory
 from kernel._emit import WorkflowEvent
-from kernel._errors import DefinitionError, ResumeError, RunInProgressError
+from kernel._errors import DefinitionError, ExecutionError, ResumeError, RunInProgressError
 from kernel._events import AbortReason, EventBase
 from kernel._fork import fork_instance
 from kernel._graph import Graph
 from kernel._ids import check_id
 from kernel._instance import Durability, InstanceContext, LeasePolicy, read_ledger
 from kernel._owner import presumed_reason, process_owner
+from kernel._replay import replay_events
 from kernel._requests import PendingRequest
 from kernel._runner import Continuation, Run, RunResult
 from kernel._store import EventStore
@@ -104,6 +106,7 @@ class Workflow:
         stream: Literal[False] = False,
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult]: ...
     @overload
@@ -114,6 +117,7 @@ class Workflow:
         stream: Literal[True],
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> RunStream: ...
 
@@ -124,6 +128,7 @@ class Workflow:
         stream: bool = False,
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         """Run the workflow on ``message``, or continue it from the log.
@@ -134,6 +139,8 @@ class Workflow:
         ``wf.run(msg, stream=True)`` returns an async iterator of ``WorkflowEvent``; if the run
         fails, the iterator yields ``executor_failed`` and ``failed`` and then raises.
         ``kwargs`` are recorded in ``RunStarted`` and offered to handlers as ``ctx.run_kwargs``.
+        ``include_status_events=True`` keeps the ``status`` events among the ``RunResult``'s
+        events (as AF's; ``status_timeline()`` has them either way).
 
         Instead of a message: ``checkpoint_id=`` continues the run from that checkpoint (one of
         ``checkpoints()``; it must be the instance's latest, else ``ResumeError``: fork it), and
@@ -153,7 +160,9 @@ class Workflow:
             raise ResumeError(
                 "run() needs a message, or checkpoint_id= or responses= to continue a run"
             )
-        return self._launch(message, kwargs, continuation, stream=stream)
+        return self._launch(
+            message, kwargs, continuation, stream=stream, statuses=include_status_events
+        )
 
     @overload
     def resume(
@@ -200,9 +209,12 @@ class Workflow:
         continuation: Continuation | None,
         *,
         stream: bool,
+        statuses: bool = False,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         self._check_idle()
         run = Run(self._instance, message, kwargs, continuation)
+        run.include_status_events = statuses
+        run.bind_log = functools.partial(_bind_log, self.store, self.instance_id)
         if stream:
             handle = RunStream(run)
             self._replace_active(run, handle)
@@ -403,6 +415,20 @@ class RunStream:
             raise item.error
         return item
 
+    async def get_final_response(self) -> RunResult:
+        """The run's ``RunResult`` (AF's ``ResponseStream.get_final_response``): reads the rest
+        of the stream first, if it was not read to the end, and raises what the run raised."""
+        if not self._done:
+            async for _ in self:
+                pass
+        result = self._run.result
+        if result is None:
+            raise ExecutionError(
+                f"run {self._run.run_id} ended without a result: it was closed, cancelled or "
+                "failed before its end"
+            )
+        return result
+
     async def aclose(self) -> None:
         """Stop the run if it is still going (recorded as ``cancelled``) and wait for it."""
         self._done = True
@@ -445,6 +471,17 @@ async def _stop(run: Run, reason: AbortReason) -> None:
         task.exception()  # retrieved: the consumer already has it or does not want it
     if interrupted:
         raise asyncio.CancelledError
+
+
+def _bind_log(store: EventStore, instance_id: str, run: Run, result: RunResult) -> None:
+    """Let ``result`` read its run's events back from the log (``replay``) when asked for."""
+    after, upto = run.first_position, run.last_position
+
+    def events() -> list[WorkflowEvent]:
+        return replay_events(store, store.read(instance_id, after=after, upto=upto), run.run_id)
+
+    result.include_status_events = run.include_status_events
+    result._source = events
 
 
 def _abandon(run: Run) -> None:
