@@ -106,7 +106,7 @@ def test_workflow_event_has_afs_constructor_factories_and_accessors() -> None:
     output: WorkflowEvent[int] = WorkflowEvent("output", 3, executor_id="a")
     assert (output.type, output.data, output.executor_id) == ("output", 3, "a")
     assert output.origin is WorkflowEventSource.EXECUTOR
-    assert output.run_id is None and output.request_id is None and output.error is None
+    assert (output.run_id, output.request_id, output.error) == (None, None, None)
 
     status = WorkflowEvent.status(WorkflowRunState.IDLE)
     assert (status.type, status.state) == ("status", WorkflowRunState.IDLE)
@@ -181,9 +181,13 @@ async def test_requests_make_the_status_pending_then_idle_with_pending_requests(
 async def test_a_failure_streams_a_failed_status_with_details(store: EventStore) -> None:
     wf = WorkflowBuilder(start_executor=Failing("f"), store=store).build()
     seen: list[WorkflowEvent] = []
-    with pytest.raises(RuntimeError, match="boom at 2"):
+
+    async def consume() -> None:
         async for event in wf.run(2, stream=True):
             seen.append(event)
+
+    with pytest.raises(RuntimeError, match="boom at 2"):
+        await consume()
 
     assert states(seen) == [WorkflowRunState.IN_PROGRESS, WorkflowRunState.FAILED]
     assert kinds(seen)[-3:] == ["status", "executor_failed", "failed"]
