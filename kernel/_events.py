@@ -241,6 +241,9 @@ class MessageStaged(SuperstepEvent):
     """A message sent in a superstep, for delivery in the next one (only if this one commits).
 
     ``target`` is the target the sender named, if any; ``targets`` the executors it is routed to.
+    ``gathered`` names, for each of those targets that is a fan-in group's (it receives the list
+    of its sources' messages once all have sent), the group's sources in order: what a reader
+    without the graph needs to tell what each executor received (``replay``).
     """
 
     type: Literal["message_staged"] = "message_staged"
@@ -248,6 +251,7 @@ class MessageStaged(SuperstepEvent):
     target: str | None = None
     targets: list[str] = Field(default_factory=list)
     message: Json = None
+    gathered: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class OutputYielded(SuperstepEvent):

@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from kernel._algo import Delivery
+from kernel._checkpoints import Ledger, Standing, _Rebuild
 from kernel._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, framework_event
-from kernel._errors import ExecutionError, StepLogError
+from kernel._errors import ExecutionError, ResumeError, StepLogError
 from kernel._events import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
@@ -41,6 +43,9 @@ from kernel._events import (
     SuperstepStarted,
 )
 from kernel._fold import SuperstepFold, folds
+from kernel._graph import FanIn
+from kernel._instance import read_ledger
+from kernel._requests import Response
 from kernel._store import EventStore
 
 __all__ = ["RecordedError", "find_run", "replay", "replay_events"]
@@ -138,6 +143,111 @@ class _Decided(SuperstepFold):
         self.decided = items if committed else None
 
 
+class _LoggedGraph:
+    """The one thing of a graph the rebuild of a fresh run's start asks: its start executor,
+    unknown to the log (the executor invoked first takes the run's input)."""
+
+    start = ""
+
+
+class _LoggedRoutes:
+    """A stand-in for the workflow's ``Router`` where only the log is at hand: a message went to
+    each of its recorded ``targets`` directly, but to those ``gathered`` names through a fan-in
+    group of the sources named there (``MessageStaged.gathered``)."""
+
+    graph = _LoggedGraph()
+
+    def __init__(self) -> None:
+        self.fan_ins: dict[tuple[str, str], FanIn] = {}
+        self.sound = True  # False once a ``gathered`` was not what the runner writes
+
+    def learn(self, ledger: Ledger) -> Ledger:
+        for step in ledger.checkpoints:
+            for item in step.items:
+                if isinstance(item, MessageStaged):
+                    for target, sources in item.gathered.items():
+                        if not isinstance(sources, list) or not all(
+                            isinstance(source, str) for source in sources
+                        ):
+                            self.sound = False
+                            continue
+                        self.fan_ins[item.source, target] = FanIn(tuple(sources), target)
+        return ledger
+
+    def delivery_of(self, source: str, logged: Sequence[str]) -> Delivery:
+        targets: list[str] = []
+        fan_ins: list[FanIn] = []
+        for target in logged:
+            group = self.fan_ins.get((source, target))
+            if group is None:
+                targets.append(target)
+            else:
+                fan_ins.append(group)
+        return Delivery(tuple(targets), tuple(fan_ins))
+
+
+class _Inputs:
+    """What each invocation of a run received, rebuilt as a resume rebuilds a run's standing
+    (``Ledger.standing`` and the step algebra), over the routes the log recorded.
+
+    ``take(executor_id)`` gives the next message the executor received in the open superstep
+    (a response handler's: the response), or None when the log does not say."""
+
+    def __init__(self, store: EventStore, instance_id: str, run_id: str) -> None:
+        routes = _LoggedRoutes()
+        self._standing: Standing | None = None
+        self._inbox: dict[str, list[Any]] = {}
+        try:
+            ledger = routes.learn(read_ledger(store, instance_id))
+            line = ledger.runs.get(run_id)
+            if line is None:
+                return
+
+            def origin(forked: Any) -> Ledger:
+                upto = forked.origin_position
+                return routes.learn(read_ledger(store, forked.origin_instance, upto=upto))
+
+            router: Any = routes
+            standing = ledger.standing(
+                run_id, None, router=router, codec=store.codec, origin=origin
+            )
+        except ResumeError:
+            return
+        if not routes.sound:
+            return
+        self._rebuild = _Rebuild(router, store.codec, instance_id)
+        self._steps = {step.superstep_id: step for step in line.steps}
+        self._standing = standing
+
+    def open(self) -> None:
+        """A superstep opened: its inbox is where the run stands."""
+        standing = self._standing
+        inbox = {} if standing is None else standing.position.inbox
+        self._inbox = {target: list(messages) for target, messages in inbox.items()}
+
+    def take(self, executor_id: str) -> Any:
+        inbox = self._inbox
+        queue = inbox.get(executor_id) or inbox.get(_LoggedGraph.start)
+        if not queue:
+            return None
+        message = queue.pop(0)
+        return message.value if isinstance(message, Response) else message
+
+    def committed(self, superstep_id: str) -> None:
+        """Superstep ``superstep_id`` committed: the run moves on past it."""
+        standing = self._standing
+        if standing is None:
+            return
+        step = self._steps.get(superstep_id)
+        if step is None:
+            self._standing = None  # the log and its ledger disagree: say nothing more
+            return
+        try:
+            self._standing = self._rebuild.after(standing, step)
+        except ResumeError:
+            self._standing = None
+
+
 class _Replayer:
     """Turns one run's log into the events its stream emitted (see the module's docstring)."""
 
@@ -151,6 +261,8 @@ class _Replayer:
         self.asked = False  # a request_info was emitted (then a status said so)
         # executor id -> the messages it has sent since its latest ExecutorInvoked
         self.sending: dict[str, list[Any]] = {}
+        self.store = store
+        self.inputs: _Inputs | None = None
 
     def emit(self, type: Any, superstep: int | None = None, **fields: Any) -> None:
         self.out.append(framework_event(type, self.run_id, superstep, **fields))
@@ -170,19 +282,24 @@ class _Replayer:
         """Emit what ``event`` made the run emit; True once the run has ended."""
         kind = event.type
         if isinstance(event, RunStarted):
+            self.inputs = _Inputs(self.store, event.instance_id, self.run_id)
             self.emit("started")
             self.status(WorkflowRunState.IN_PROGRESS)
         elif isinstance(event, SuperstepStarted):
             self.index[event.superstep_id] = event.index
             self.last_index = event.index
+            if self.inputs is not None:
+                self.inputs.open()
             self.emit("superstep_started", event.index, superstep_id=event.superstep_id)
         elif isinstance(event, ExecutorInvoked):
             self.sending[event.executor_id] = []
+            given = None if self.inputs is None else self.inputs.take(event.executor_id)
             self.emit(
                 "executor_invoked",
                 self.index.get(event.superstep_id),
                 superstep_id=event.superstep_id,
                 executor_id=event.executor_id,
+                data=given,
             )
         elif isinstance(event, ExecutorCompleted):
             sent = self.sending.pop(event.executor_id, None)
@@ -203,6 +320,8 @@ class _Replayer:
             self.marks.decided = None
             self.marks.apply(event)
             if self.marks.decided is not None:
+                if self.inputs is not None:
+                    self.inputs.committed(event.superstep_id)
                 self._committed(event.superstep_id, self.marks.decided)
         elif isinstance(event, RunCompleted):
             self.status(WorkflowRunState.IDLE)

@@ -137,6 +137,11 @@ class Superstep:
                 "target": target_id,
                 "targets": list(delivery.logged),
                 "message": wire,
+                "gathered": (
+                    {g.target: list(g.sources) for g in delivery.fan_ins}
+                    if delivery.fan_ins
+                    else {}
+                ),
             },
         )
         self.sent.append(Sent(source, message, delivery))

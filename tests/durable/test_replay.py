@@ -82,9 +82,7 @@ def counter(store: Any, *, fail_at: int | None = None, instance_id: str = "count
 
 
 def fields(event: WorkflowEvent) -> tuple[Any, ...]:
-    """Every field of an event; an exception as its recorded type and message. The data of an
-    ``executor_invoked`` event (the message it received) is left out: replay does not rebuild
-    it yet (docs/porting.md, "Run status, events and results")."""
+    """Every field of an event; an exception as its recorded type and message."""
     error = event.error
     if isinstance(error, RecordedError):
         shown: Any = error.info
@@ -98,7 +96,7 @@ def fields(event: WorkflowEvent) -> tuple[Any, ...]:
         event.superstep,
         event.superstep_id,
         event.executor_id,
-        None if event.type == "executor_invoked" else event.data,
+        event.data,
         shown,
         event.request_id,
         event.state,

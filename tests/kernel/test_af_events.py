@@ -361,3 +361,120 @@ async def test_a_result_not_made_by_a_run_says_where_its_events_are() -> None:
     assert result.get_final_state() is WorkflowRunState.IDLE
     with pytest.raises(ExecutionError, match="replay"):
         list(result)
+
+
+# -- what each executor received, live and replayed ------------------------------------------------
+
+
+def facts(events: Any) -> list[tuple[Any, ...]]:
+    """What a consumer can compare between a live stream and its replay."""
+    return [
+        (e.type, e.superstep, e.superstep_id, e.executor_id, e.data, e.state, e.request_id)
+        for e in events
+        if e.type not in ("failed", "executor_failed")
+    ]
+
+
+class Echo(Executor):
+    """Sends what it gets on, ``repeat`` times."""
+
+    def __init__(self, id: str, repeat: int = 1) -> None:
+        super().__init__(id)
+        self.repeat = repeat
+
+    @handler
+    async def echo(self, n: int, ctx: WorkflowContext[int]) -> None:
+        for i in range(self.repeat):
+            await ctx.send_message(n * 10 + i)
+
+
+class Late(Executor):
+    """Sends on only the second time it is invoked (a fan-in source that is late)."""
+
+    @handler
+    async def late(self, n: int, ctx: WorkflowContext[int]) -> None:
+        if ctx.get_state("seen"):
+            await ctx.send_message(n, target_id="g")
+        else:
+            ctx.set_state("seen", True)
+            await ctx.send_message(n, target_id=self.id)
+
+
+class Gather(Executor):
+    @handler
+    async def gather(self, got: list[int], ctx: WorkflowContext[Never, list[int]]) -> None:
+        await ctx.yield_output(got)
+
+
+async def test_a_fan_in_receives_its_sources_messages_live_and_in_replay(
+    store: EventStore,
+) -> None:
+    start, fast, late, gather = Echo("start"), Echo("fast", repeat=2), Late("late"), Gather("g")
+    wf = (
+        WorkflowBuilder(start_executor=start, store=store)
+        .add_fan_out_edges(start, [late, fast])
+        .add_edge(late, late)
+        .add_fan_in_edges([late, fast], gather)
+        .build()
+    )
+    events = [e async for e in wf.run(1, stream=True)]
+    invoked = [(e.superstep, e.executor_id, e.data) for e in events if e.type == "executor_invoked"]
+
+    # late holds the group back a superstep; the list is in the group's source order.
+    assert invoked == [
+        (1, "start", 1),
+        (2, "late", 10),
+        (2, "fast", 10),
+        (3, "late", 10),
+        (4, "g", [10, 100, 101]),
+    ]
+    assert (await wf.run(1)).get_outputs() == [[10, 100, 101]]
+    events_2 = [e async for e in wf.run(2, stream=True)]  # late has "seen": no wait now
+    assert [e.data for e in events_2 if e.executor_id == "g" and e.type == "executor_invoked"] == [
+        [20, 200, 201]
+    ]
+    (logged,) = [e for e in wf.events() if e.type == "message_staged" and e.source == "late"][:1]
+    assert logged.gathered == {}  # its first message went back to itself, not to the group
+    assert [e.gathered for e in wf.events() if e.type == "message_staged" and e.source == "fast"][
+        :1
+    ] == [{"g": ["late", "fast"]}]
+
+    for run in (events, events_2):
+        replayed = [e async for e in replay(store, run[0].run_id)]
+        assert facts(replayed) == facts(run)
+
+
+async def test_a_response_handler_receives_the_response_live_and_in_replay(
+    store: EventStore,
+) -> None:
+    wf = WorkflowBuilder(start_executor=Asker("asker"), store=store).build()
+    (request,) = (await wf.run("color?")).pending_requests
+    events = [e async for e in wf.run(responses={request.request_id: "blue"}, stream=True)]
+
+    (invoked,) = [e for e in events if e.type == "executor_invoked"]
+    assert (invoked.executor_id, invoked.data) == ("asker", "blue")
+    replayed = [e async for e in replay(store, events[0].run_id)]
+    assert facts(replayed) == facts(events)
+
+
+async def test_a_fork_resumed_replays_what_its_executors_received(store: EventStore) -> None:
+    class Counter(Executor):
+        @handler
+        async def count(self, n: int, ctx: WorkflowContext[int, int]) -> None:
+            if n < 3:
+                await ctx.send_message(n + 1)
+            else:
+                await ctx.yield_output(n)
+
+    step = Counter("c")
+    wf = WorkflowBuilder(start_executor=step, store=store, instance_id="o").add_edge(step, step)
+    origin = wf.build()
+    await origin.run(1)
+    fork = origin.fork(at=origin.checkpoints()[0].checkpoint_id, instance_id="o-fork")
+    events = [e async for e in fork.resume(stream=True)]
+
+    assert [e.data for e in events if e.type == "executor_invoked"] == [2, 3]
+    replayed = [e async for e in replay(store, events[0].run_id, instance_id="o-fork")]
+    assert facts(replayed) == facts(events)
+    result = await origin.run(1)
+    assert [e.data for e in result if e.type == "executor_invoked"] == [1, 2, 3]

@@ -118,6 +118,7 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.write("category", ("billing", 0.93))
     log.delete("draft")
     log.send({1: "one", "$t": "x"}, target="route", targets=["route", "audit"])
+    log.send("both", targets=["audit"], gathered={"audit": ["classify", "route"]})
     log.output({"answer": "refund", "score": float("nan")})
     log.custom_event("progress", {"done": 3, "of": 4})
     log.request({"question": "refund?"}, request_id="req-1", response_type="bool")
