@@ -1,16 +1,17 @@
 """Replay: the ``WorkflowEvent`` stream of a past run, rebuilt from the log without running it.
 
 A streaming consumer of a run sees ``started`` and a ``status`` (in progress); per superstep
-``superstep_started``, then ``executor_invoked`` (with the message received) / ``executor_completed``
-(with the messages sent) as executors run; for a committed superstep its ``output`` and custom
-events (in the order made), its ``request_info`` events (after the run's first, a ``status``) and
-``superstep_completed``; and at the end the final ``status`` and ``completed`` or
-``awaiting_input``, or (a failure) a ``status``, ``executor_failed`` and ``failed``. The runner
-appends each event's fact to the log (``self.log``) right before it hands the event over, and
-decides every other event from facts it has just logged, so the log says what the consumer got.
-``replay`` reads it back in that order, decoding values with the store's codec. What each
-invocation received is rebuilt as a resume rebuilds a run's standing (``Ledger.standing``), over
-the routes the log recorded (``MessageStaged.targets`` and ``gathered``).
+``superstep_started``, then ``executor_invoked`` (with the message received) and
+``executor_completed`` (with the messages sent) as executors run; for a committed superstep
+its ``output`` and custom events (in the order made), its ``request_info`` events (after the
+run's first, a ``status``) and ``superstep_completed``; and at the end the final ``status``
+and ``completed`` or ``awaiting_input``, or (a failure) a ``status``, ``executor_failed`` and
+``failed``. The runner appends each event's fact to the log (``self.log``) right before it
+hands the event over, and decides every other event from facts it has just logged, so the log
+says what the consumer got. ``replay`` reads it back in that order, decoding values with the
+store's codec. What each invocation received is rebuilt as a resume rebuilds a run's standing
+(``Ledger.standing``), over the routes the log recorded (``MessageStaged.targets`` and
+``gathered``).
 
 What the log cannot say: when a run was cancelled, abandoned or crashed, its consumer saw no end
 event (a cancelled consumer may also have stopped reading one or two events before the last one
