@@ -200,6 +200,7 @@ class WorkflowViz:
                 f"Unsupported format: {format!r}; give one of {', '.join(_FORMATS)}"
             )
         text = self.to_digraph(include_internal_executors=include_internal_executors)
+        path = _target(filename, format)
         program = None
         if format != "dot":
             program = shutil.which("dot")
@@ -210,7 +211,9 @@ class WorkflowViz:
                     "install graphviz; others: https://graphviz.org/download/), or export "
                     "format='dot' (or to_mermaid()), which needs nothing"
                 )
-        path = _target(filename, format)
+        if path is None:
+            with tempfile.NamedTemporaryFile(suffix=f".{format}", delete=False) as handle:
+                path = Path(handle.name)
         if program is None:
             path.write_text(text, encoding="utf-8")
             return str(path)
@@ -291,10 +294,10 @@ def _sub_workflows(graph: Graph) -> Iterator[tuple[str, Graph]]:
             yield executor_id, inner.graph
 
 
-def _target(filename: str | None, format: str) -> Path:
+def _target(filename: str | None, format: str) -> Path | None:
+    """The file ``filename`` names for ``format`` (None: a temporary file, made when written)."""
     if filename is None:
-        with tempfile.NamedTemporaryFile(suffix=f".{format}", delete=False) as handle:
-            return Path(handle.name)
+        return None
     path = Path(filename)
     if not path.suffix:
         return path.with_name(f"{path.name}.{format}")
