@@ -1,4 +1,4 @@
-"""Agent Framework's pure-workflow graph samples, ported: ``parallelism/map_reduce_and_visualization``.
+"""Agent Framework's graph sample ``parallelism/map_reduce_and_visualization``, ported.
 
 The test re-tells the AF 1.23 sample in its own words, importing from ``kernel`` instead of
 ``agent_framework``; every line that had to change beyond the import is marked ``# port:``. A
@@ -33,6 +33,19 @@ the dog sleeps and the fox runs
 
 a quick brown dog and a lazy fox
 """
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a small file (the sample reads and writes its files synchronously too)."""
+    return Path(path).read_text().splitlines()
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def remove(path: str) -> None:
+    Path(path).unlink()
 
 
 @dataclass  # port: a plain class is not storable; the sample's marker has no fields either
@@ -86,7 +99,7 @@ class Mapper(Executor):
     async def map(self, _: SplitDone, ctx: WorkflowContext[Mapped]) -> None:
         start, end = ctx.get_state(self.id)
         path = self.tmp / f"map_{self.id}.txt"
-        path.write_text("".join(f"{word}: 1\n" for word in ctx.get_state(WORDS)[start:end]))
+        write(path, "".join(f"{word}: 1\n" for word in ctx.get_state(WORDS)[start:end]))
         await ctx.send_message(Mapped(str(path)))
 
 
@@ -102,7 +115,7 @@ class Shuffler(Executor):
     async def shuffle(self, done: list[Mapped], ctx: WorkflowContext[Shuffled]) -> None:
         grouped: defaultdict[str, list[int]] = defaultdict(list)
         for mapped in done:
-            for line in Path(mapped.path).read_text().splitlines():
+            for line in read_lines(mapped.path):
                 word, count = line.split(": ")
                 grouped[word].append(int(count))
         pairs = sorted(grouped.items())
@@ -110,12 +123,12 @@ class Shuffler(Executor):
         parts = [pairs[i * share : (i + 1) * share] for i in range(len(self.reducers))]
         parts[-1].extend(pairs[len(pairs) - extra :] if extra else [])
 
-        async def write(i: int) -> None:
+        async def partition(i: int) -> None:
             path = self.tmp / f"shuffle_{i}.txt"
-            path.write_text("".join(f"{word}: {counts}\n" for word, counts in parts[i]))
+            write(path, "".join(f"{word}: {counts}\n" for word, counts in parts[i]))
             await ctx.send_message(Shuffled(str(path), self.reducers[i]))
 
-        await asyncio.gather(*(asyncio.create_task(write(i)) for i in range(len(parts))))
+        await asyncio.gather(*(asyncio.create_task(partition(i)) for i in range(len(parts))))
 
 
 class Reducer(Executor):
@@ -128,11 +141,11 @@ class Reducer(Executor):
         if part.reducer != self.id:
             return  # every reducer hears of every partition; this one is another's
         totals = {}
-        for line in Path(part.path).read_text().splitlines():
+        for line in read_lines(part.path):
             word, counts = line.split(": ")
             totals[word] = sum(ast.literal_eval(counts))
         path = self.tmp / f"reduced_{self.id}.txt"
-        path.write_text("".join(f"{word}: {total}\n" for word, total in totals.items()))
+        write(path, "".join(f"{word}: {total}\n" for word, total in totals.items()))
         await ctx.send_message(Reduced(str(path)))
 
 
@@ -165,8 +178,8 @@ async def test_map_reduce_and_visualization(store_url: str, tmp_path: Path) -> N
     assert '"split_data_executor" -> "map_executor_0";' in dot
     try:
         svg = viz.export(format="svg")
-        assert Path(svg).read_text().lstrip().startswith("<?xml")
-        Path(svg).unlink()
+        assert read_lines(svg)[0].startswith("<?xml")
+        remove(svg)  # a temporary file the sample leaves behind
     except ImportError:
         pass  # the sample prints a tip; Graphviz is not installed
 
@@ -177,7 +190,7 @@ async def test_map_reduce_and_visualization(store_url: str, tmp_path: Path) -> N
     (paths,) = outputs
     totals: Counter[str] = Counter()
     for path in paths:
-        for line in Path(path).read_text().splitlines():
+        for line in read_lines(path):
             word, total = line.split(": ")
             totals[word] += int(total)
     assert totals == Counter(TEXT.split())
