@@ -21,6 +21,7 @@ from kernel import (
     open_store,
     replay,
 )
+from kernel.testing import LogBuilder
 from tests.kernel.helpers import FailsAfter, of_type
 
 
@@ -294,3 +295,22 @@ async def test_an_old_log_without_designations_reads_as_outputs(store_url: str) 
     old = OutputYielded.model_validate(yielded[0].model_dump(exclude={"designation"}))
     assert old == yielded[0]
     assert old.designation == "output"
+
+
+async def test_replay_of_a_hand_built_log_follows_the_recorded_designations() -> None:
+    store = open_store("memory://")
+    log = LogBuilder("by-hand")
+    run_id = log.start_run(1, workflow_name="plan").run_id
+    log.start_superstep()
+    log.invoke("plan")
+    log.output("progress", designation="intermediate")
+    log.output("secret", designation="hidden")
+    log.output("answer")
+    log.complete()
+    log.commit()
+    log.complete_run()
+    log.append_to(store)
+    yielded = [(e.value, e.designation) for e in of_type(store.read("by-hand"), "output_yielded")]
+    assert yielded == [("progress", "intermediate"), ("secret", "hidden"), ("answer", "output")]
+    shown = yields([e async for e in replay(store, run_id)])
+    assert shown == [("intermediate", "progress"), ("output", "answer")]
