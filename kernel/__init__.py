@@ -22,6 +22,7 @@ from kernel._errors import (
     DefinitionError,
     EncodingError,
     ExecutionError,
+    GraphvizNotFoundError,
     InvalidBatchError,
     LogIntegrityError,
     MissingKeyError,
@@ -37,6 +38,7 @@ from kernel._errors import (
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
+    VisualizationError,
 )
 from kernel._events import (
     EVENT_TYPES,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
     from kernel._store_postgres import PostgresStore
     from kernel._store_sqlite import SQLiteStore
 from kernel._urls import mask_url
+from kernel._viz import WorkflowViz
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
@@ -132,6 +135,7 @@ __all__ = [
     "ExecutorInvoked",
     "Fold",
     "FunctionExecutor",
+    "GraphvizNotFoundError",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -182,10 +186,12 @@ __all__ = [
     "SuperstepFold",
     "SuperstepStarted",
     "ValueCodec",
+    "VisualizationError",
     "Workflow",
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowViz",
     "apply_committed",
     "compact_store",
     "counter_ids",
