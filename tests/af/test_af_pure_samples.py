@@ -12,7 +12,7 @@ The samples build their workflows without ``store=``, as AF's do: ``default_stor
 sample's code unchanged. The assertions are what each sample prints or promises.
 
 The list of samples, and which ran before this file was written, is in docs/porting.md
-("AF samples, pure workflows").
+("Pure-workflow samples").
 """
 
 import asyncio
@@ -103,7 +103,7 @@ async def test_sequential_chains_with_explicit_handler_types(default_store: str)
             super().__init__(id=id)
 
         @handler(input=str, output=str)
-        async def add_exclamation(self, message, ctx) -> None:  # type: ignore[no-untyped-def]
+        async def add_exclamation(self, message, ctx) -> None:
             await ctx.send_message(f"{message}!!!")
 
     upper_case = UpperCase(id="upper_case_executor")
@@ -384,24 +384,24 @@ async def test_aggregate_results_of_different_types(default_store: str) -> None:
 
     class Dispatcher(Executor):
         @handler
-        async def handle(self, numbers: list[int], ctx: WorkflowContext[list[int]]):  # type: ignore[no-untyped-def]
+        async def handle(self, numbers: list[int], ctx: WorkflowContext[list[int]]):
             if not numbers:
                 raise RuntimeError("Input must be a valid list of integers.")
             await ctx.send_message(numbers)
 
     class Average(Executor):
         @handler
-        async def handle(self, numbers: list[int], ctx: WorkflowContext[float]):  # type: ignore[no-untyped-def]
+        async def handle(self, numbers: list[int], ctx: WorkflowContext[float]):
             await ctx.send_message(sum(numbers) / len(numbers))
 
     class Sum(Executor):
         @handler
-        async def handle(self, numbers: list[int], ctx: WorkflowContext[int]):  # type: ignore[no-untyped-def]
+        async def handle(self, numbers: list[int], ctx: WorkflowContext[int]):
             await ctx.send_message(sum(numbers))
 
     class Aggregator(Executor):
         @handler
-        async def handle(  # type: ignore[no-untyped-def]
+        async def handle(
             self, results: list[int | float], ctx: WorkflowContext[Never, list[int | float]]
         ):
             await ctx.yield_output(results)
@@ -638,7 +638,7 @@ async def test_sub_workflow_basics(default_store: str) -> None:
         char_count: int
 
     class TextProcessor(Executor):
-        def __init__(self):  # type: ignore[no-untyped-def]
+        def __init__(self):
             super().__init__(id="text_processor")
 
         @handler
@@ -654,7 +654,7 @@ async def test_sub_workflow_basics(default_store: str) -> None:
         results: list[TextProcessingResult] = []
         expected_count: int = 0
 
-        def __init__(self):  # type: ignore[no-untyped-def]
+        def __init__(self):
             super().__init__(id="text_orchestrator")
 
         @handler
