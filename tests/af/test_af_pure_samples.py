@@ -17,6 +17,7 @@ The list of samples, and which ran before this file was written, is in docs/port
 
 import asyncio
 import random
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -745,14 +746,14 @@ async def test_sub_workflow_parallel_requests(default_store: str) -> None:
         resource_type: Literal["cpu", "memory", "disk", "gpu"]
         amount: int
         priority: Literal["low", "normal", "high"]
-        id: str = "resource-request"  # port: the sample's default is str(uuid4()), one for all
+        id: str = str(uuid.uuid4())  # one id for every request, as in the sample
 
     @dataclass
     class PolicyRequest:
         policy_type: Literal["quota", "security"]
         resource_type: Literal["cpu", "memory", "disk", "gpu"]
         amount: int
-        id: str = "policy-request"  # port: as above
+        id: str = str(uuid.uuid4())
 
     class RequestDistribution(Executor):
         @handler
