@@ -19,6 +19,7 @@ from kernel._emit import (
     WorkflowErrorDetails,
     WorkflowEvent,
     WorkflowEventSource,
+    WorkflowEventType,
     WorkflowRunState,
 )
 from kernel._errors import (
@@ -28,6 +29,7 @@ from kernel._errors import (
     DefinitionError,
     EncodingError,
     ExecutionError,
+    GraphvizNotFoundError,
     InvalidBatchError,
     LogIntegrityError,
     MissingKeyError,
@@ -43,6 +45,7 @@ from kernel._errors import (
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
+    VisualizationError,
 )
 from kernel._events import (
     EVENT_TYPES,
@@ -100,6 +103,7 @@ if TYPE_CHECKING:
     from kernel._store_postgres import PostgresStore
     from kernel._store_sqlite import SQLiteStore
 from kernel._urls import mask_url
+from kernel._viz import WorkflowViz
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
@@ -141,6 +145,7 @@ __all__ = [
     "ExecutorInvoked",
     "Fold",
     "FunctionExecutor",
+    "GraphvizNotFoundError",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -191,13 +196,16 @@ __all__ = [
     "SuperstepFold",
     "SuperstepStarted",
     "ValueCodec",
+    "VisualizationError",
     "Workflow",
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowErrorDetails",
     "WorkflowEvent",
     "WorkflowEventSource",
+    "WorkflowEventType",
     "WorkflowRunState",
+    "WorkflowViz",
     "apply_committed",
     "compact_store",
     "counter_ids",

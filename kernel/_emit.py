@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import enum
-import functools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -142,8 +141,13 @@ class _ErrorField:
 
     def __get__(self, event: Any, owner: Any) -> Any:
         if event is None:
-            return functools.partial(WorkflowEvent, "error")
+            return _error_event
         return event._error
+
+
+def _error_event(exception: Exception) -> WorkflowEvent[Exception]:
+    """``WorkflowEvent.error(exception)``: an ``error`` event (a non-fatal error of an executor)."""
+    return WorkflowEvent("error", exception)
 
 
 class WorkflowEvent(Generic[DataT]):

@@ -24,6 +24,8 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   │   └── MissingKeyError      a sealed row or view document whose key was not given
     │   └── SchemaVersionError       a database or event written by a newer steplog
     ├── ProjectionError              a view that cannot be built or queried
+    ├── VisualizationError           a picture of a graph that cannot be made (WorkflowViz)
+    │   └── GraphvizNotFoundError    Graphviz's dot program is not installed (an ImportError)
     └── LogIntegrityError            a log that was altered (its hash chain or a seal is broken),
                                      or that breaks the kernel's own invariants; a StoreError
                                      and a ProjectionError both, for readers of either
@@ -47,6 +49,7 @@ __all__ = [
     "DefinitionError",
     "EncodingError",
     "ExecutionError",
+    "GraphvizNotFoundError",
     "InvalidBatchError",
     "LogIntegrityError",
     "MissingKeyError",
@@ -62,6 +65,7 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "VisualizationError",
 ]
 
 
@@ -177,6 +181,17 @@ class SchemaVersionError(StoreError):
 
 class ProjectionError(StepLogError):
     """A projection or materialized view could not be built or queried."""
+
+
+class VisualizationError(StepLogError, ValueError):
+    """``WorkflowViz`` cannot make the picture asked for: an unknown format, a file name of
+    another format, or Graphviz failing on it."""
+
+
+class GraphvizNotFoundError(VisualizationError, ImportError):
+    """Rendering SVG, PNG or PDF needs Graphviz's ``dot`` program, and it is not installed. An
+    ``ImportError`` too, as Agent Framework raises, so ``except ImportError`` in its samples
+    still catches it."""
 
 
 class LogIntegrityError(StoreError, ProjectionError):

@@ -255,11 +255,15 @@ class MessageStaged(SuperstepEvent):
 
 
 class OutputYielded(SuperstepEvent):
-    """A workflow output. It is delivered to the caller only if its superstep commits."""
+    """A value an executor yielded. It is delivered to the caller only if its superstep commits:
+    as a workflow output (``designation`` ``"output"``), an intermediate output
+    (``"intermediate"``), or not at all (``"hidden"``: the workflow's output designation names
+    the executor as neither). Every yield is recorded, whatever its designation."""
 
     type: Literal["output_yielded"] = "output_yielded"
     executor_id: str
     value: Json = None
+    designation: Literal["output", "intermediate", "hidden"] = "output"
 
 
 class CustomEventAdded(SuperstepEvent):

@@ -347,8 +347,10 @@ class _Replayer:
             if isinstance(item, CustomEventAdded):
                 self.out.append(self._custom(item, index))
             if isinstance(item, OutputYielded):
+                if item.designation == "hidden":
+                    continue  # the live stream showed nobody this yield
                 self.emit(
-                    "output",
+                    item.designation,
                     index,
                     superstep_id=superstep_id,
                     executor_id=item.executor_id,

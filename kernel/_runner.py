@@ -112,6 +112,7 @@ class RunResult:
     supersteps: int
     outputs: list[Any] = field(default_factory=list)
     pending_requests: list[PendingRequest] = field(default_factory=list)
+    intermediate_outputs: list[Any] = field(default_factory=list)
     include_status_events: bool = field(default=False, repr=False, compare=False)
     _source: Callable[[], list[WorkflowEvent]] | None = field(
         default=None, repr=False, compare=False
@@ -146,12 +147,14 @@ class RunResult:
         return True
 
     def get_outputs(self) -> list[Any]:
-        """The outputs yielded in committed supersteps, in order (of the whole lineage)."""
+        """The workflow outputs yielded in committed supersteps, in order (of the whole
+        lineage)."""
         return list(self.outputs)
 
     def get_intermediate_outputs(self) -> list[Any]:
-        """The data of the run's ``intermediate`` events, in order."""
-        return [e.data for e in self.events() if e.type == "intermediate"]
+        """The intermediate outputs (``intermediate_output_from=``) of committed supersteps, in
+        order (of the whole lineage)."""
+        return list(self.intermediate_outputs)
 
     def get_final_state(self) -> WorkflowRunState:
         """``IDLE`` for a completed run, ``IDLE_WITH_PENDING_REQUESTS`` for one waiting for
@@ -214,6 +217,7 @@ class Run:
         self.task: asyncio.Task[Any] | None = None
         self.previous: Run | None = None  # a run this one replaced and must let finish first
         self.outputs: list[Any] = []  # of committed supersteps, in order
+        self.intermediate_outputs: list[Any] = []  # likewise
         self.result: RunResult | None = None
         self.first_position = 0  # the stream's length before the run's first event
         self.last_position = 0  # the position of its last event, once it returned
@@ -499,6 +503,7 @@ class Run:
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
         self.outputs = list(standing.outputs)
+        self.intermediate_outputs = list(standing.intermediate_outputs)
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=position.index)
         self.flush()
@@ -547,11 +552,22 @@ class Run:
                     await emit("awaiting_input", step.index)
                     pending = list(position.requests.values())
                     return RunResult(
-                        self.run_id, "awaiting_input", step.index, self.outputs, pending
+                        self.run_id,
+                        "awaiting_input",
+                        step.index,
+                        self.outputs,
+                        pending,
+                        self.intermediate_outputs,
                     )
                 await emit("status", state=WorkflowRunState.IDLE)
                 await emit("completed", step.index)
-                return RunResult(self.run_id, "completed", step.index, self.outputs)
+                return RunResult(
+                    self.run_id,
+                    "completed",
+                    step.index,
+                    self.outputs,
+                    intermediate_outputs=self.intermediate_outputs,
+                )
             if step.index >= self.instance.max_supersteps:
                 error = self._convergence_error(step.index, position)
                 await emit("status", state=WorkflowRunState.FAILED)
@@ -559,16 +575,20 @@ class Run:
                 raise error
 
     async def _emit_committed(self, step: Superstep) -> None:
-        """A committed superstep's outputs and custom events (in the order they were made), then
-        its requests; after the run's first request, the status says requests are pending."""
+        """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
+        ones not at all) and custom events, in the order they were made, then its requests;
+        after the run's first request, the status says requests are pending."""
         emit, index, superstep_id = self._emit, step.index, step.superstep_id
         custom = step.custom
         shown = 0
+        classify = self.router.graph.outputs.classify
         for made, (source, value) in enumerate(step.outputs):
             while shown < len(custom) and custom[shown][0] <= made:
                 await emit(custom[shown][1])
                 shown += 1
-            await emit("output", index, superstep_id, source, value)
+            kind = classify(source)
+            if kind != "hidden":
+                await emit(kind, index, superstep_id, source, value)
         for _, event in custom[shown:]:
             await emit(event)
         for request in step.requested:
@@ -735,7 +755,14 @@ class Run:
         self._open_superstep_id = next_id
         if next_id is None:
             self._ended()
-        self.outputs.extend(value for _, value in step.outputs)
+        if step.outputs:
+            classify = self.router.graph.outputs.classify
+            for source, value in step.outputs:
+                kind = classify(source)
+                if kind == "output":
+                    self.outputs.append(value)
+                elif kind == "intermediate":
+                    self.intermediate_outputs.append(value)
         if cancelled:  # the commit landed while this task was being cancelled
             raise asyncio.CancelledError
         return after

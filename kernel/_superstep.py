@@ -150,7 +150,11 @@ class Superstep:
         self._refuse_if_closed(executor_id, "output")
         wire = self._run.codec.encode(value, what=f"output of {executor_id!r}")
         self._run.log(
-            OutputYielded, superstep_id=self.superstep_id, executor_id=executor_id, value=wire
+            OutputYielded,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            value=wire,
+            designation=self.router.graph.outputs.classify(executor_id),
         )
         self.outputs.append((executor_id, value))
 

@@ -433,10 +433,13 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        designation: Literal["output", "intermediate", "hidden"] = "output",
     ) -> ev.OutputYielded:
-        """``OutputYielded``."""
+        """``OutputYielded`` (``designation``: what the caller got it as; see the event)."""
         fields = self._by(executor_id, superstep, run)
         fields["value"] = self._encode(value, "an output")
+        if designation != "output":
+            fields["designation"] = designation
         return self._emit(ev.OutputYielded, fields)
 
     def custom_event(
