@@ -67,7 +67,16 @@ from kernel._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import Executor, FunctionExecutor, executor, handler, response_handler
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    HandlerSpec,
+    ResponseHandlerSpec,
+    WorkflowMessage,
+    executor,
+    handler,
+    response_handler,
+)
 from kernel._fold import (
     CommittedState,
     Fold,
@@ -132,6 +141,7 @@ __all__ = [
     "ExecutorInvoked",
     "Fold",
     "FunctionExecutor",
+    "HandlerSpec",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -154,6 +164,7 @@ __all__ = [
     "RekeyReport",
     "RerunReport",
     "ResponseError",
+    "ResponseHandlerSpec",
     "ResponseReceived",
     "ResumeError",
     "RoutingError",
@@ -186,6 +197,7 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowMessage",
     "apply_committed",
     "compact_store",
     "counter_ids",
