@@ -11,10 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, Union
+from typing import Any, Generic, Literal, Never, TypeVar, Union
 
 import pytest
-from typing_extensions import Never
 
 from kernel import (
     DefinitionError,
@@ -295,7 +294,9 @@ def test_explicit_types_override_their_own_annotation_only() -> None:
     )
     assert texts.input_types == [Union[str, int]]  # noqa: UP007
     assert texts.workflow_output_types == [Note, Reply]
-    assert texts.can_handle("a") and texts.can_handle(1) and not texts.can_handle(1.5)
+    assert texts.can_handle("a")
+    assert texts.can_handle(1)
+    assert not texts.can_handle(1.5)
     assert (built.id, built.input_types, built.output_types) == ("built", [dict], [list])
     assert built.workflow_output_types == [Note]
 
@@ -329,10 +330,14 @@ def test_can_handle_takes_a_workflow_message_and_checks_items_and_literals() -> 
             pass
 
     picky = Picky("picky")
-    assert picky.can_handle([1, 2]) and picky.can_handle(WorkflowMessage([3], source_id="a"))
-    assert not picky.can_handle(["a"]) and not picky.can_handle([1, "a"])
-    assert picky.can_handle({"k": Note("x")}) and not picky.can_handle({"k": 1})
-    assert picky.can_handle("go") and not picky.can_handle("stop")
+    assert picky.can_handle([1, 2])
+    assert picky.can_handle(WorkflowMessage([3], source_id="a"))
+    assert not picky.can_handle(["a"])
+    assert not picky.can_handle([1, "a"])
+    assert picky.can_handle({"k": Note("x")})
+    assert not picky.can_handle({"k": 1})
+    assert picky.can_handle("go")
+    assert not picky.can_handle("stop")
     assert not picky.can_handle(WorkflowMessage(2.5, source_id="a"))
 
 

@@ -55,7 +55,7 @@ class Point(NamedTuple):
     y: Decimal
 
 
-Pair = collections.namedtuple("Pair", "left right")  # noqa: PYI024 - the untyped kind, on purpose
+Pair = collections.namedtuple("Pair", "left right")  # the untyped kind, on purpose
 
 
 class Inner(BaseModel):
