@@ -473,9 +473,8 @@ def test_a_database_held_by_another_process_is_unavailable(sqlite_url: str) -> N
     open_store(sqlite_url).close()
     with closing(sqlite3.connect(sqlite_path(sqlite_url), isolation_level=None)) as holder:
         holder.execute("BEGIN EXCLUSIVE")
-        with (
-            open_store(sqlite_url, lock_timeout=1) as store,
-            pytest.raises(StoreUnavailableError, match="another process holds the database lock"),
+        with open_store(sqlite_url, lock_timeout=1) as store, pytest.raises(
+            StoreUnavailableError, match="another process holds the database lock"
         ):
             store.append("a", [staged()], expected_version=0)
         holder.execute("ROLLBACK")
