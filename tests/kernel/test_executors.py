@@ -8,6 +8,7 @@ annotation that names a class defined later when the executor is made, and every
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from kernel import (
     OutputYielded,
     RunFailed,
     StateStaged,
+    StateWriteRejectedError,
     SuperstepAborted,
     WorkflowBuilder,
     WorkflowContext,
@@ -465,3 +467,36 @@ def test_an_edge_from_a_function_without_ctx_can_never_deliver() -> None:
 
     with pytest.raises(DefinitionError, match="can never deliver"):
         WorkflowBuilder(start_executor=quiet).add_edge(quiet, after).build()
+
+
+async def test_a_sync_function_still_running_after_its_run_is_cancelled_writes_nothing(
+    store: EventStore,
+) -> None:
+    started, resume, finished = threading.Event(), threading.Event(), threading.Event()
+    refused: list[BaseException] = []
+
+    @executor(id="slow")
+    def slow(n: int, ctx: WorkflowContext[int]) -> None:
+        started.set()
+        resume.wait(timeout=30)
+        try:
+            ctx.set_state("late", n)
+        except StateWriteRejectedError as error:
+            refused.append(error)
+        finally:
+            finished.set()
+
+    wf = WorkflowBuilder(start_executor=slow, store=store).build()
+    task = asyncio.create_task(wf.run(1))
+    await asyncio.to_thread(started.wait, 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    resume.set()
+    await asyncio.to_thread(finished.wait, 30)  # its write ran on the loop, and was refused
+
+    assert len(refused) == 1
+    assert "refused" in str(refused[0])
+    assert not [e for e in wf.events() if isinstance(e, StateStaged)]
+    assert set(markers(wf).values()) == {"aborted:cancelled"}
+    assert kinds(wf.events())[-1] == "run_cancelled"
