@@ -141,22 +141,53 @@ class ResponseHandlerSpec:
         return self.requests is None or isinstance(request, self.requests)
 
 
-def response_handler(func: F, /) -> F:
+@dataclass(frozen=True)
+class _ResponseOptions:
+    request: Any = None
+    response: Any = None
+    output: Any = None
+    workflow_output: Any = None
+
+
+@overload
+def response_handler(func: F, /) -> F: ...
+@overload
+def response_handler(
+    *, request: Any = None, response: Any = None, output: Any = None, workflow_output: Any = None
+) -> Callable[[F], F]: ...
+
+
+def response_handler(
+    func: F | None = None,
+    /,
+    *,
+    request: Any = None,
+    response: Any = None,
+    output: Any = None,
+    workflow_output: Any = None,
+) -> F | Callable[[F], F]:
     """Mark an async method ``(self, original_request: Req, response: Resp, ctx)`` of an
     ``Executor`` as the handler of responses to its ``ctx.request_info`` requests.
 
-    The annotations of ``original_request`` and ``response`` decide which requests and responses
-    it takes; a response of another type is refused when it is given (``ResponseError``). A bad
-    signature raises ``DefinitionError`` here, when the class is defined.
+    The annotations of ``original_request`` and ``response`` (or ``request=`` and
+    ``response=``) decide which requests and responses it takes; a response of another type is
+    refused when it is given (``ResponseError``). ``output=`` and ``workflow_output=`` override
+    what ``ctx``'s annotation says it sends and yields. A bad signature raises
+    ``DefinitionError`` here, when the class is defined.
     """
-    _refuse_descriptor(func, "@response_handler")
-    if not inspect.iscoroutinefunction(cast(Any, func)):
-        raise DefinitionError(
-            f"response handler {func.__qualname__} must be an async function (async def)"
-        )
-    _response_spec(func.__name__, func, strict=False)
-    setattr(func, _RESPONSE_MARK, True)
-    return func
+
+    def mark(fn: F) -> F:
+        _refuse_descriptor(fn, "@response_handler")
+        if not inspect.iscoroutinefunction(cast(Any, fn)):
+            raise DefinitionError(
+                f"response handler {fn.__qualname__} must be an async function (async def)"
+            )
+        options = _ResponseOptions(request, response, output, workflow_output)
+        _response_spec(fn.__name__, fn, options, strict=False)
+        setattr(fn, _RESPONSE_MARK, options)
+        return fn
+
+    return mark(func) if func is not None else mark
 
 
 @overload
@@ -289,10 +320,11 @@ class Executor:
             seen: set[str] = set()
             for cls in self.__class__.__mro__:
                 for name, member in vars(cls).items():
-                    if not getattr(member, _RESPONSE_MARK, False) or name in seen:
+                    options = getattr(member, _RESPONSE_MARK, None)
+                    if options is None or name in seen:
                         continue
                     seen.add(name)
-                    spec = _response_spec(name, member, strict=True)
+                    spec = _response_spec(name, member, options, strict=True)
                     assert spec is not None
                     found.append((spec, getattr(self, name)))
             self._response_handlers = found
@@ -690,7 +722,9 @@ def _is_never(annotation: Any) -> bool:
     )
 
 
-def _response_spec(name: str, func: Any, *, strict: bool) -> ResponseHandlerSpec | None:
+def _response_spec(
+    name: str, func: Any, options: _ResponseOptions, *, strict: bool
+) -> ResponseHandlerSpec | None:
     qualname = getattr(func, "__qualname__", name)
     where = f"response handler {qualname}"
     shape = "(self, original_request, response, ctx)"
@@ -701,17 +735,23 @@ def _response_spec(name: str, func: Any, *, strict: bool) -> ResponseHandlerSpec
             f"{len(params)} parameter(s)"
         )
     hints = _hints(func, where, strict)
-    if hints is None:
+    explicit = [
+        _explicit(value, func, where, strict)
+        for value in (options.request, options.response, options.output, options.workflow_output)
+    ]
+    if hints is None or any(r is _LATER for r in explicit):
         return None
     request, response, ctx = params[1:]
     ctx_args: tuple[Any, ...] | None = None
     if ctx.annotation is not inspect.Parameter.empty:
         ctx_args = _context_args(hints.get(ctx.name, ctx.annotation), ctx.name, where)
-    sends, yields = _declared(None, ctx_args, 0), _declared(None, ctx_args, 1)
+    request_type = explicit[0] if explicit[0] is not None else hints.get(request.name, Any)
+    response_type = explicit[1] if explicit[1] is not None else hints.get(response.name, Any)
+    sends, yields = _declared(explicit[2], ctx_args, 0), _declared(explicit[3], ctx_args, 1)
     return ResponseHandlerSpec(
         name,
-        _types_of(hints.get(request.name, Any)),
-        _types_of(hints.get(response.name, Any)),
+        _types_of(request_type),
+        _types_of(response_type),
         None if sends is None else _types_of(sends),
         None if yields is None else _types_of(yields),
         _members(sends),

@@ -500,3 +500,31 @@ async def test_a_sync_function_still_running_after_its_run_is_cancelled_writes_n
     assert not [e for e in wf.events() if isinstance(e, StateStaged)]
     assert set(markers(wf).values()) == {"aborted:cancelled"}
     assert kinds(wf.events())[-1] == "run_cancelled"
+
+
+async def test_a_response_handler_takes_explicit_types_and_what_it_sends_counts_for_edges(
+    store: EventStore,
+) -> None:
+    class Asker(Executor):
+        @handler
+        async def ask(self, message: str, ctx: WorkflowContext[Never]) -> None:
+            await ctx.request_info(message, int)
+
+        @response_handler(request=str, response=int, output=Note)
+        async def answered(self, original, response, ctx) -> None:  # type: ignore[no-untyped-def]
+            await ctx.send_message(Note(f"{original}={response}"))
+
+    @executor(id="after")
+    async def after(note: Note, ctx: WorkflowContext[Never, str]) -> None:
+        await ctx.yield_output(note.text)
+
+    asker = Asker("asker")
+    assert asker.output_types == [Note]
+    assert asker.response_handlers[0].requests == (str,)
+    assert asker.response_handlers[0].responses == (int,)
+    # Only the response handler sends: the edge is accepted because it declares a Note.
+    wf = WorkflowBuilder(start_executor=asker, store=store).add_edge(asker, after).build()
+    asked = await wf.run("q")
+    (request,) = asked.pending_requests
+    answered = await wf.run(responses={request.request_id: 42})
+    assert answered.outputs == ["q=42"]
