@@ -654,7 +654,8 @@ def _explicit(value: Any, func: Any, where: str, strict: bool) -> Any:
         return value
     holder = types.SimpleNamespace(__annotations__={"value": value})
     try:
-        resolved = typing.get_type_hints(holder, globalns=getattr(func, "__globals__", None))
+        namespace = getattr(_annotated(func), "__globals__", None)
+        resolved = typing.get_type_hints(holder, globalns=namespace)
     except NameError as error:
         if not strict:
             return _LATER
@@ -762,7 +763,10 @@ def _response_spec(
 def _hints(func: Any, where: str, strict: bool) -> dict[str, Any] | None:
     """The resolved annotations; None (not ``strict``) when one names a class not defined yet."""
     try:
-        return typing.get_type_hints(func)
+        return typing.get_type_hints(_annotated(func))
+    except TypeError:  # not a function, class or module: the annotations as written
+        params = inspect.signature(func).parameters.values()
+        return {p.name: p.annotation for p in params if p.annotation is not p.empty}
     except (NameError, AttributeError) as error:
         if not strict:
             return None
@@ -770,6 +774,16 @@ def _hints(func: Any, where: str, strict: bool) -> dict[str, Any] | None:
             f"cannot resolve the annotations of {where}: {error}; define the types at module "
             "level before the executor is made, or name them with input=..., output=..."
         ) from error
+
+
+def _annotated(func: Any) -> Any:
+    """Where a callable's annotations are: the function under a partial, an object's
+    ``__call__``."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.isfunction(func) or inspect.ismethod(func) or isinstance(func, type):
+        return func
+    return getattr(type(func), "__call__", func)  # noqa: B004 - where its annotations are
 
 
 def _refuse_duplicates(executor: Executor, specs: list[HandlerSpec]) -> None:

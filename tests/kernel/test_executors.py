@@ -9,6 +9,7 @@ annotation that names a class defined later when the executor is made, and every
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -528,3 +529,22 @@ async def test_a_response_handler_takes_explicit_types_and_what_it_sends_counts_
     (request,) = asked.pending_requests
     answered = await wf.run(responses={request.request_id: 42})
     assert answered.outputs == ["q=42"]
+
+
+async def test_a_callable_object_and_a_partial_are_executor_functions_too(
+    store: EventStore,
+) -> None:
+    class Doubler:
+        async def __call__(self, n: int, ctx: WorkflowContext[int]) -> None:
+            await ctx.send_message(n * 2)
+
+    def record(key: str, n: int, ctx: WorkflowContext) -> None:
+        ctx.set_state(key, n)
+
+    doubler = FunctionExecutor(Doubler(), "doubler")
+    recorder = FunctionExecutor(functools.partial(record, "got"), "recorder")
+    assert (doubler.input_types, doubler.output_types) == ([int], [int])
+    assert recorder.input_types == [int]
+    wf = WorkflowBuilder(start_executor=doubler, store=store).add_edge(doubler, recorder).build()
+    await wf.run(21)
+    assert wf.committed_state() == {"got": 42}
