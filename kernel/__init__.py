@@ -69,7 +69,16 @@ from kernel._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import Executor, FunctionExecutor, executor, handler, response_handler
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    HandlerSpec,
+    ResponseHandlerSpec,
+    WorkflowMessage,
+    executor,
+    handler,
+    response_handler,
+)
 from kernel._fold import (
     CommittedState,
     Fold,
@@ -136,6 +145,7 @@ __all__ = [
     "Fold",
     "FunctionExecutor",
     "GraphvizNotFoundError",
+    "HandlerSpec",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -158,6 +168,7 @@ __all__ = [
     "RekeyReport",
     "RerunReport",
     "ResponseError",
+    "ResponseHandlerSpec",
     "ResponseReceived",
     "ResumeError",
     "RoutingError",
@@ -191,6 +202,7 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowMessage",
     "WorkflowViz",
     "apply_committed",
     "compact_store",

@@ -300,10 +300,6 @@ def planning_executors() -> tuple[Any, Any, Any]:
     return planner, researcher, answerer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs output_from=/intermediate_output_from= and 'intermediate' events (branch graph)",
-)
 async def test_intermediate_vs_terminal_outputs(default_store: str) -> None:
     from kernel import WorkflowBuilder
 
@@ -448,8 +444,9 @@ def map_reduce_workflow(temp_dir: Path) -> Workflow:
 
     state_data_key = "data_to_be_processed"
 
-    class SplitCompleted:
-        """A marker (a plain class, as in the sample) telling each mapper to start."""
+    @dataclass
+    class SplitCompleted:  # port: a dataclass (a plain class in the sample) to be storable
+        """A marker telling each mapper to start."""
 
         ...
 
@@ -560,12 +557,6 @@ def map_reduce_workflow(temp_dir: Path) -> Workflow:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs plain-class values (SplitCompleted is neither a dataclass nor a model; "
-    "branch executors). If that branch refuses them early instead, the port makes "
-    "SplitCompleted a dataclass (# port:) and drops this mark",
-)
 async def test_map_reduce_counts_words(default_store: str, tmp_path: Path) -> None:
     workflow = map_reduce_workflow(tmp_path)
     outputs: list[list[str]] = []
@@ -588,7 +579,6 @@ def read_counts(files: list[str]) -> Counter[str]:
     return counted
 
 
-@pytest.mark.xfail(strict=True, reason="needs WorkflowViz (branch graph)")
 async def test_map_reduce_visualization(default_store: str, tmp_path: Path) -> None:
     from kernel import WorkflowViz
 
