@@ -62,6 +62,8 @@ from kernel._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    SubworkflowRan,
+    SubworkflowStarted,
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepEvent,
@@ -87,6 +89,12 @@ from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
+from kernel._subworkflow import (
+    SubworkflowLinks,
+    SubWorkflowRequestMessage,
+    SubWorkflowResponseMessage,
+    WorkflowExecutor,
+)
 
 if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
@@ -176,6 +184,11 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "SubWorkflowRequestMessage",
+    "SubWorkflowResponseMessage",
+    "SubworkflowLinks",
+    "SubworkflowRan",
+    "SubworkflowStarted",
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
@@ -186,6 +199,7 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowExecutor",
     "apply_committed",
     "compact_store",
     "counter_ids",

@@ -148,6 +148,8 @@ class Run:
         self.task: asyncio.Task[Any] | None = None
         self.previous: Run | None = None  # a run this one replaced and must let finish first
         self.outputs: list[Any] = []  # of committed supersteps, in order
+        # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
+        self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
         self._emit: Emit = silent
         self._clock = instance.clock
         self._instance_id = instance.instance_id
@@ -377,6 +379,8 @@ class Run:
             sensitive_keys=list(instance.sensitive_keys),
             **fields,
         )
+        for cls, extra in self.preamble:
+            self.log(cls, **extra)
 
     def _continue(self, plan: Continuation) -> Position:
         """Close a run the log shows unfinished, then start a run that continues one from its

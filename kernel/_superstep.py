@@ -146,7 +146,9 @@ class Superstep:
         )
         self.outputs.append((executor_id, value))
 
-    def request(self, executor_id: str, data: Any, response_type: Any) -> str:
+    def request(
+        self, executor_id: str, data: Any, response_type: Any, request_id: str | None = None
+    ) -> str:
         """Stage a request for input; return its id. Refused (``DefinitionError``) unless the
         executor has a response handler for the request's type and ``response_type``."""
         self._refuse_if_closed(executor_id, "request")
@@ -163,7 +165,8 @@ class Superstep:
             )
         run = self._run
         wire = run.codec.encode(data, what=f"request of {executor_id!r}")
-        request_id = run.instance.new_id()
+        if request_id is None:
+            request_id = run.instance.new_id()
         name = _type_name(response_type)
         run.log(
             InfoRequested,
@@ -196,6 +199,8 @@ def _type_name(kind: Any) -> str:
     """How a response type is named in the log: ``module.Qualname``, or its repr."""
     if kind is None:
         return ""
+    if isinstance(kind, str):
+        return kind  # a name already (a sub-workflow's request, passed on)
     if isinstance(kind, type):
         module = kind.__module__
         return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
