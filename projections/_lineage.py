@@ -61,7 +61,8 @@ ended without a marker), ``open`` (the superstep has no marker yet)."""
 class SubworkflowLink:
     """One sub-workflow run, as the parent's log records it.
 
-    ``position`` is the ``SubworkflowRan`` event's position in the parent's stream; ``requests``
+    ``position`` is the ``SubworkflowRan`` event's position in the parent's stream (0 when the
+    parent's log does not record the run: its process died while the child ran); ``requests``
     the child's requests still waiting when its run ended; ``continues`` the child instance this
     one was forked from to take a response (None for a fresh child).
     """
@@ -102,10 +103,18 @@ class _Links(SuperstepFold):
     def verdict(self, link: SubworkflowRan) -> LinkVerdict:
         if link.position in self.late:
             return "aborted"
-        committed = self.decided.get(link.superstep_id)
+        return self.verdict_of(link.run_id, link.superstep_id)
+
+    def verdict_of(self, run_id: str, superstep_id: str) -> LinkVerdict:
+        """What the marker rule says of superstep ``superstep_id`` of run ``run_id``."""
+        committed = self.decided.get(superstep_id)
         if committed is not None:
             return "committed" if committed else "aborted"
-        return "aborted" if link.run_id in self._ended_runs else "open"
+        return "aborted" if run_id in self._ended_runs else "open"
+
+
+def _links(store: EventStore, instance_id: str) -> _Links:
+    return _Links().apply_all(store.read(instance_id, types=_Links.EVENT_TYPES))
 
 
 def subworkflows_of(
@@ -113,7 +122,7 @@ def subworkflows_of(
 ) -> list[SubworkflowLink]:
     """The sub-workflow runs that ``instance_id``'s supersteps ran (only ``superstep_id``'s, if
     given), in log order, each with its verdict. Reads the parent's log only."""
-    fold = _Links().apply_all(store.read(instance_id, types=_Links.EVENT_TYPES))
+    fold = _links(store, instance_id)
     return [
         SubworkflowLink(
             instance_id,
@@ -146,7 +155,12 @@ def parent_of(store: EventStore, instance_id: str) -> SubworkflowLink | None:
     ):
         if link.child_instance == instance_id and link.child_run == started.run_id:
             return link
-    return SubworkflowLink(  # the parent's log does not (yet) record the run it started
+    # The parent's log does not record the run it started (its process died while the child
+    # ran, or the superstep is still open): the link's verdict is the superstep's own.
+    verdict = _links(store, started.parent_instance).verdict_of(
+        started.parent_run, started.parent_superstep
+    )
+    return SubworkflowLink(
         started.parent_instance,
         started.parent_run,
         started.parent_superstep,
@@ -154,7 +168,7 @@ def parent_of(store: EventStore, instance_id: str) -> SubworkflowLink | None:
         instance_id,
         started.run_id,
         0,
-        "open",
+        verdict,
     )
 
 
