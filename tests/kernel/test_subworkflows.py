@@ -824,3 +824,235 @@ async def test_sub_workflow_parallel_requests_answered_inside_and_outside(
     assert len(chain) == 7
     last = store.read(chain[-1].child_instance)
     assert len(fold_committed(last).values["responses"]) == 7
+
+
+# -- AF's test_sub_workflow.py, re-told: many children at once, per-child interception ---------
+
+
+@dataclass
+class EmailValidationRequest:
+    email: str
+
+
+@dataclass
+class DomainCheckRequest:
+    id: str = ""  # port: a uuid4 default_factory in AF's test; the email is unique here
+    domain: str = ""
+    email: str = ""
+
+
+@dataclass
+class ValidationResult:
+    email: str
+    is_valid: bool
+    reason: str
+
+
+class FormatCheck(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="email_format_validator")
+
+    @handler
+    async def validate(
+        self,
+        request: EmailValidationRequest,
+        ctx: WorkflowContext[DomainCheckRequest, ValidationResult],
+    ) -> None:
+        if "@" not in request.email:
+            await ctx.yield_output(ValidationResult(request.email, False, "Invalid email format"))
+            return
+        domain = request.email.split("@")[1]
+        await ctx.send_message(DomainCheckRequest(request.email, domain, request.email))
+
+
+class DomainCheck2(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="email_domain_validator")
+
+    @handler
+    async def validate(
+        self, request: DomainCheckRequest, ctx: WorkflowContext[DomainCheckRequest]
+    ) -> None:
+        await ctx.request_info(request, bool)
+
+    @response_handler
+    async def on_domain(
+        self,
+        original: DomainCheckRequest,
+        approved: bool,
+        ctx: WorkflowContext[Never, ValidationResult],
+    ) -> None:
+        reason = "Domain approved" if approved else "Domain not approved"
+        await ctx.yield_output(ValidationResult(original.email, approved, reason))
+
+
+def validation_workflow() -> Workflow:
+    formats, domains = FormatCheck(), DomainCheck2()
+    return WorkflowBuilder(start_executor=formats).add_edge(formats, domains).build()
+
+
+class ConcurrentProcessor(Executor):
+    def __init__(self, approve: dict[str, set[str]] | None = None) -> None:
+        super().__init__(id="processor")
+        self.approve = approve or {}  # per WorkflowExecutor id: domains answered inside
+
+    @handler
+    async def start(self, emails: list[str], ctx: WorkflowContext[EmailValidationRequest]) -> None:
+        for email in emails:
+            target = None  # one sub-workflow executor, or (with rules) one per email
+            if self.approve:
+                target = "workflow_b" if email.endswith(".org") else "workflow_a"
+            await ctx.send_message(EmailValidationRequest(email), target_id=target)
+
+    @handler
+    async def on_request(
+        self, request: SubWorkflowRequestMessage, ctx: WorkflowContext[SubWorkflowResponseMessage]
+    ) -> None:
+        check = request.source_event.data
+        assert isinstance(check, DomainCheckRequest)
+        if check.domain in self.approve.get(request.executor_id, set()):
+            await ctx.send_message(request.create_response(True), target_id=request.executor_id)
+            return
+        ctx.set_state(f"pending:{check.id}", request)  # port: an attribute in AF's test
+        await ctx.request_info(check, bool)
+
+    @response_handler
+    async def on_answer(
+        self,
+        original: DomainCheckRequest,
+        approved: bool,
+        ctx: WorkflowContext[SubWorkflowResponseMessage],
+    ) -> None:
+        request = ctx.get_state(f"pending:{original.id}")  # port: an attribute in AF's test
+        ctx.delete_state(f"pending:{original.id}")
+        await ctx.send_message(request.create_response(approved), target_id=request.executor_id)
+
+    @handler
+    async def collect(self, result: ValidationResult, ctx: WorkflowContext) -> None:
+        ctx.set_state(f"result:{result.email}", result)  # port: an attribute in AF's test
+
+
+def processor_workflow(store: EventStore, processor: ConcurrentProcessor, *subs: str) -> Workflow:
+    builder = WorkflowBuilder(start_executor=processor, store=store, instance_id="processor")
+    for sub_id in subs:
+        sub = WorkflowExecutor(validation_workflow(), sub_id)
+        builder.add_edge(processor, sub).add_edge(sub, processor)
+    return builder.build()
+
+
+def results(wf: Workflow) -> dict[str, ValidationResult]:
+    state = wf.committed_state()
+    return {k.removeprefix("result:"): v for k, v in state.items() if k.startswith("result:")}
+
+
+async def test_many_children_of_one_executor_wait_and_are_answered_at_once(
+    store: EventStore,
+) -> None:
+    emails = [f"user{i}@domain{i}.com" for i in range(1, 6)]
+    wf = processor_workflow(store, ConcurrentProcessor(), "email_workflow")
+    result = await wf.run(emails)
+    asked = result.get_request_info_events()
+    assert sorted(e.data.domain for e in asked) == [f"domain{i}.com" for i in range(1, 6)]
+    children = {link.child_instance for link in links(wf)}
+    assert len(children) == 5  # one child per message, all waiting at once
+    later = processor_workflow(store, ConcurrentProcessor(), "email_workflow")
+    result = await later.run(responses={e.request_id or "": True for e in asked})
+    assert result.status == "completed"
+    assert {e: (r.is_valid, r.reason) for e, r in results(later).items()} == {
+        e: (True, "Domain approved") for e in emails
+    }
+    assert later.pending_requests() == []
+
+
+async def test_each_sub_workflow_executor_is_intercepted_by_its_own_rules(
+    store: EventStore,
+) -> None:
+    processor = ConcurrentProcessor({"workflow_a": {"strict.com"}, "workflow_b": {"random.org"}})
+    wf = processor_workflow(store, processor, "workflow_a", "workflow_b")
+    result = await wf.run(["user@strict.com", "user@random.org"])
+    assert result.get_request_info_events() == []
+    assert {e: r.is_valid for e, r in results(wf).items()} == {
+        "user@strict.com": True,
+        "user@random.org": True,
+    }
+    by_executor = {link.executor_id for link in links(wf)}
+    assert by_executor == {"workflow_a", "workflow_b"}
+
+
+@dataclass
+class StepRequest:
+    prompt: str
+
+
+class TwoStep(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="two_step_executor")
+
+    @handler
+    async def begin(self, msg: str, ctx: WorkflowContext) -> None:
+        await ctx.request_info(StepRequest(f"First request for: {msg}"), str)
+
+    @response_handler
+    async def on_answer(
+        self, original: StepRequest, answer: str, ctx: WorkflowContext[Never, bool]
+    ) -> None:
+        answers = [*ctx.get_state("answers", []), answer]  # port: an attribute in AF's test
+        ctx.set_state("answers", answers)
+        if len(answers) == 1:
+            await ctx.request_info(StepRequest("Second request"), str)
+        else:
+            await ctx.yield_output(True)
+
+
+async def test_a_resumed_parent_gets_only_the_new_request_of_its_child(store: EventStore) -> None:
+    def build() -> Workflow:
+        inner = WorkflowBuilder(start_executor=TwoStep()).build()
+        starter = Starter()
+        sub = WorkflowExecutor(inner, id="sub_workflow_executor", allow_direct_output=True)
+        return (
+            WorkflowBuilder(start_executor=starter, store=store, instance_id="two-step")
+            .add_edge(starter, sub)
+            .build()
+        )
+
+    first = [e async for e in build().run("test_value", stream=True) if e.type == "request_info"]
+    (asked,) = first
+    resumed = build()
+    (pending,) = resumed.pending_requests()
+    assert pending.request_id == asked.request_id
+    again = [
+        e
+        async for e in resumed.run(stream=True, responses={pending.request_id: "first_answer"})
+        if e.type == "request_info"
+    ]
+    assert [e.data.prompt for e in again] == ["Second request"]
+    (second,) = resumed.pending_requests()
+    final = await resumed.run(responses={second.request_id: "second_answer"})
+    assert final.get_outputs() == [True]
+
+
+# -- sub_workflow_kwargs: the parent run's arguments reach every level --------------------------
+
+
+class KwargsReader(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="reader")
+
+    @handler
+    async def read(self, text: str, ctx: WorkflowContext[Never, str]) -> None:
+        user = ctx.run_kwargs["user_token"]["user_name"]
+        await ctx.yield_output(f"{text} for {user}")
+
+
+async def test_run_arguments_reach_nested_sub_workflows(store: EventStore) -> None:
+    innermost = WorkflowBuilder(start_executor=KwargsReader()).build()
+    middle_sub = WorkflowExecutor(innermost, id="inner", allow_direct_output=True)
+    middle = WorkflowBuilder(start_executor=middle_sub).build()
+    outer_sub = WorkflowExecutor(middle, id="middle", allow_direct_output=True)
+    wf = WorkflowBuilder(start_executor=outer_sub, store=store, instance_id="outer").build()
+    result = await wf.run("profile", user_token={"user_name": "alice@contoso.com"})
+    assert result.get_outputs() == ["profile for alice@contoso.com"]
+    (link,) = links(wf)
+    (nested,) = [e for e in store.read(link.child_instance) if isinstance(e, SubworkflowRan)]
+    assert nested.child_instance.startswith(f"{link.child_instance}/inner/")
+    assert parent_link(store, nested.child_instance).parent_instance == link.child_instance
