@@ -16,8 +16,9 @@ when the parent superstep that ran it aborts; nothing of the parent refers to it
 
 A response (``SubWorkflowResponseMessage``, or the answer to a request the parent passed on) goes
 to the child instance that holds the request, by the parent's *committed* ``SubworkflowRan``
-links (``SubworkflowLinks``) and what the running superstep itself linked. That child is never
-continued in place: it is forked at its run's end into a new child, which takes the response.
+links (``SubworkflowLinks``; a forked parent starts from its origin's) and what the running
+superstep itself linked. That child is never continued in place: it is forked at its run's end
+into a new child, which takes the response.
 So a parent superstep that aborts after answering leaves the child as it was, and a retry of the
 superstep answers the same request again, in a fork of its own.
 """
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel._emit import WorkflowEvent
 from kernel._errors import DefinitionError, ExecutionError
-from kernel._events import SubworkflowRan, SubworkflowStarted, SuperstepEvent
+from kernel._events import InstanceForked, SubworkflowRan, SubworkflowStarted, SuperstepEvent
 from kernel._executor import Executor, HandlerSpec, ResponseHandlerSpec
 from kernel._fold import SuperstepFold, folds
 from kernel._fork import fork_instance
@@ -45,6 +46,7 @@ from kernel._workflow import Workflow
 if TYPE_CHECKING:
     from kernel._context import WorkflowContext
     from kernel._graph import Graph
+    from kernel._store import EventStore
     from kernel._superstep import Superstep
 
 __all__ = [
@@ -156,6 +158,9 @@ def _relink(
             del waiting[request_id]
     for request_id in requests:
         waiting[request_id] = (child, run_id)
+
+
+_LINK_TYPES = SubworkflowLinks.EVENT_TYPES | {"instance_forked"}
 
 
 @dataclass
@@ -309,11 +314,24 @@ class WorkflowExecutor(Executor):
         overlay = self._overlays.get(step)
         if overlay is not None and request_id in overlay.waiting:
             return overlay.waiting[request_id]
-        events = host.store.read(host.instance_id, types=SubworkflowLinks.EVENT_TYPES)
-        found = SubworkflowLinks(self.id).apply_all(events).waiting.get(request_id)
+        found = self._committed_links(host.store, host.instance_id).get(request_id)
         if found is not None and overlay is not None and found[0] in overlay.replaced:
             return None
         return found
+
+    def _committed_links(
+        self, store: EventStore, instance_id: str, upto: int | None = None
+    ) -> dict[str, tuple[str, str]]:
+        """``SubworkflowLinks.waiting`` of this executor in ``instance_id``'s log (up to
+        ``upto``); a fork starts from its origin's links at the point it was forked."""
+        events = store.read(instance_id, upto=upto, types=_LINK_TYPES)
+        links = SubworkflowLinks(self.id)
+        first = events[0] if events else None
+        if isinstance(first, InstanceForked):
+            links.waiting = self._committed_links(
+                store, first.origin_instance, first.origin_position
+            )
+        return links.apply_all(events).waiting
 
     def _bind(self, host: InstanceContext, instance_id: str) -> Workflow:
         """The wrapped workflow on instance ``instance_id`` of the parent's store."""

@@ -1056,3 +1056,21 @@ async def test_run_arguments_reach_nested_sub_workflows(store: EventStore) -> No
     (nested,) = [e for e in store.read(link.child_instance) if isinstance(e, SubworkflowRan)]
     assert nested.child_instance.startswith(f"{link.child_instance}/inner/")
     assert parent_link(store, nested.child_instance).parent_instance == link.child_instance
+
+
+async def test_a_fork_of_a_waiting_parent_answers_in_a_child_of_its_own(store: EventStore) -> None:
+    wf = asking_parent(store, instance_id="parent")
+    await wf.run("ann@example.com")
+    (request,) = wf.pending_requests()
+    fork = wf.fork(at=wf.checkpoints()[-1].checkpoint_id, instance_id="parent-fork")
+    (forked_request,) = fork.pending_requests()
+    assert forked_request.request_id == request.request_id
+    result = await fork.run(responses={request.request_id: False})
+    assert result.get_outputs() == ["ann@example.com: invalid"]
+    (answered,) = links(fork)
+    (asked,) = links(wf)
+    assert answered.continues == asked.child_instance
+    assert answered.child_instance.startswith("parent-fork/sub/")
+    # The origin is untouched and can still answer the same request its own way.
+    result = await wf.run(responses={request.request_id: True})
+    assert result.get_outputs() == ["ann@example.com: valid"]
