@@ -26,13 +26,14 @@ superstep answers the same request again, in a fork of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kernel._emit import WorkflowEvent
-from kernel._errors import DefinitionError, ExecutionError
+from kernel._errors import DefinitionError, EncodingError, ExecutionError, StoreError
 from kernel._events import InstanceForked, SubworkflowRan, SubworkflowStarted, SuperstepEvent
 from kernel._executor import Executor, HandlerSpec, ResponseHandlerSpec
 from kernel._fold import SuperstepFold, folds
@@ -362,7 +363,6 @@ class WorkflowExecutor(Executor):
         base_version: int,
     ) -> _ChildRun:
         """Run ``child`` to its end (or continue it by ``plan``), and link it both ways."""
-        parent = step._run
         run = Run(child._instance, message, kwargs, plan)
         run.preamble = [
             (
@@ -384,29 +384,44 @@ class WorkflowExecutor(Executor):
             elif event.type == "request_info":
                 produced.requests.append(event)
 
-        ran = False
         try:
             result = await run.drive(collect)
-            ran = True
-            produced.pending = list(result.pending_requests)
-        finally:
-            if ran or child._instance.catch_up().version > base_version:
-                waiting = [request.request_id for request in produced.pending]
-                parent.log(
-                    SubworkflowRan,
-                    superstep_id=step.superstep_id,
-                    executor_id=self.id,
-                    child_instance=child.instance_id,
-                    child_run=run.run_id,
-                    requests=waiting,
-                    continues=continues,
-                )
-                if ran:
-                    overlay = self._overlays.setdefault(step, _Overlay())
-                    if continues is not None:
-                        overlay.replaced.add(continues)
-                    _relink(overlay.waiting, continues, child.instance_id, run.run_id, waiting)
+        except BaseException:
+            # The child's run failed or was cancelled (its log says so): the parent records that
+            # it ran, if it got as far as starting, and the failure goes on. A store error while
+            # recording it must not hide what is unwinding.
+            with contextlib.suppress(StoreError, EncodingError):
+                if child._instance.catch_up().version > base_version:
+                    self._link(step, child, run.run_id, [], continues)
+            raise
+        produced.pending = list(result.pending_requests)
+        waiting = [request.request_id for request in produced.pending]
+        self._link(step, child, run.run_id, waiting, continues)
+        overlay = self._overlays.setdefault(step, _Overlay())
+        if continues is not None:
+            overlay.replaced.add(continues)
+        _relink(overlay.waiting, continues, child.instance_id, run.run_id, waiting)
         return produced
+
+    def _link(
+        self,
+        step: Superstep,
+        child: Workflow,
+        run_id: str,
+        waiting: list[str],
+        continues: str | None,
+    ) -> None:
+        """Log the parent's ``SubworkflowRan`` in ``step`` (refused by nothing: it is a fact of
+        the superstep, which counts only if the superstep commits)."""
+        step._run.log(
+            SubworkflowRan,
+            superstep_id=step.superstep_id,
+            executor_id=self.id,
+            child_instance=child.instance_id,
+            child_run=run_id,
+            requests=waiting,
+            continues=continues,
+        )
 
     async def _deliver(
         self, ctx: WorkflowContext[Any, Any], step: Superstep, produced: _ChildRun

@@ -1074,3 +1074,41 @@ async def test_a_fork_of_a_waiting_parent_answers_in_a_child_of_its_own(store: E
     # The origin is untouched and can still answer the same request its own way.
     result = await wf.run(responses={request.request_id: True})
     assert result.get_outputs() == ["ann@example.com: valid"]
+
+
+class Waiter(Executor):
+    """Says when it has started, then waits until cancelled."""
+
+    def __init__(self, entered: asyncio.Event) -> None:
+        super().__init__(id="waiter")
+        self.entered = entered
+
+    @handler
+    async def work(self, text: str, ctx: WorkflowContext[Never, str]) -> None:
+        ctx.set_state("waiting", text)
+        self.entered.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_cancelled_parent_cancels_its_running_child(store: EventStore) -> None:
+    entered = asyncio.Event()
+    inner = WorkflowBuilder(start_executor=Waiter(entered)).build()
+    starter, sink = Starter(), Sink()
+    sub = WorkflowExecutor(inner, id="sub")
+    wf = (
+        WorkflowBuilder(start_executor=starter, store=store, instance_id="parent")
+        .add_edge(starter, sub)
+        .add_edge(sub, sink)
+        .build()
+    )
+    task = asyncio.create_task(wf.run("go"))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (link,) = links(wf)
+    assert markers(wf.events())[link.superstep_id] == "superstep_aborted"
+    assert wf.events()[-1].type == "run_cancelled"
+    child = store.read(link.child_instance)
+    assert child[-1].type == "run_cancelled"
+    assert fold_committed(child).values == {}
