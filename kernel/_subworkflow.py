@@ -218,8 +218,13 @@ class WorkflowExecutor(Executor):
         self.propagate_request = propagate_request
         self._overlays: weakref.WeakKeyDictionary[Superstep, _Overlay] = weakref.WeakKeyDictionary()
         self._handlers = [(self._spec(), self._dispatch)]
+        # The wrapped workflow's response handlers, as this executor's: a request passed on to
+        # the parent run is answered with what they take, and anything else is refused before
+        # it is recorded (``ResponseError``), as for any executor's request.
         self._response_handlers = [
-            (ResponseHandlerSpec("_dispatch", None, None), self._answer_response)
+            (ResponseHandlerSpec(spec.name, spec.requests, spec.responses), self._answer_response)
+            for inner_executor in workflow.graph.executors.values()
+            for spec in inner_executor.response_handlers
         ]
 
     # -- the executor's types -----------------------------------------------------------------

@@ -21,6 +21,7 @@ from kernel import (  # port: was `from agent_framework import ...`
     EventStore,
     ExecutionError,
     Executor,
+    ResponseError,
     SubworkflowRan,
     SubWorkflowRequestMessage,
     SubWorkflowResponseMessage,
@@ -1112,3 +1113,17 @@ async def test_a_cancelled_parent_cancels_its_running_child(store: EventStore) -
     child = store.read(link.child_instance)
     assert child[-1].type == "run_cancelled"
     assert fold_committed(child).values == {}
+
+
+async def test_a_passed_on_request_refuses_a_wrong_answer_before_recording_it(
+    store: EventStore,
+) -> None:
+    wf = asking_parent(store, instance_id="parent")
+    await wf.run("ann@example.com")
+    (request,) = wf.pending_requests()
+    before = len(wf.events())
+    with pytest.raises(ResponseError, match="must be a bool"):
+        await wf.run(responses={request.request_id: "yes"})
+    assert len(wf.events()) == before
+    result = await wf.run(responses={request.request_id: True})
+    assert result.get_outputs() == ["ann@example.com: valid"]
