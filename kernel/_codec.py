@@ -428,7 +428,7 @@ def _path_text(steps: list[str]) -> str:
     if len(shown) <= _PATH_STEPS:
         return "".join(shown)
     skipped = len(shown) - _PATH_STEPS
-    return f"{''.join(shown[:4])}<{skipped} more steps>{''.join(shown[-(_PATH_STEPS - 4) :])}"
+    return f"{''.join(shown[:4])}<{skipped} more steps>{''.join(shown[-(_PATH_STEPS - 4):])}"
 
 
 def _digits(value: int) -> str:
