@@ -1127,3 +1127,92 @@ async def test_a_passed_on_request_refuses_a_wrong_answer_before_recording_it(
     assert len(wf.events()) == before
     result = await wf.run(responses={request.request_id: True})
     assert result.get_outputs() == ["ann@example.com: valid"]
+
+
+class Answerer(Executor):
+    """Answers each sub-workflow request at once, and tells ``flaky`` that it did."""
+
+    def __init__(self) -> None:
+        super().__init__(id="answerer")
+
+    @handler
+    async def on_request(
+        self, request: SubWorkflowRequestMessage, ctx: WorkflowContext[Any]
+    ) -> None:
+        await ctx.send_message(request.create_response(True), target_id=request.executor_id)
+        await ctx.send_message("answered", target_id="flaky")
+
+
+class Flaky(Executor):
+    """Fails once the sub-workflow's answering child has run (or, without ``done``, never)."""
+
+    def __init__(self, done: asyncio.Event | None) -> None:
+        super().__init__(id="flaky")
+        self.done = done
+
+    @handler
+    async def on_note(self, note: str, ctx: WorkflowContext) -> None:
+        ctx.set_state("flaky", note)
+        if self.done is not None:
+            await self.done.wait()
+            raise Boom("flaky sibling")
+
+
+class WatchedAnswers(WorkflowExecutor):
+    """Says when a child that took an answer has run."""
+
+    def __init__(self, workflow: Workflow, done: asyncio.Event) -> None:
+        super().__init__(workflow, id="sub")
+        self.done = done
+
+    async def _deliver(self, ctx: Any, step: Any, produced: Any) -> None:
+        if not produced.requests:  # the answering child (the asking one made a request)
+            self.done.set()
+            await asyncio.sleep(0)
+        await super()._deliver(ctx, step, produced)
+
+
+def answering_parent(store: EventStore, flaky: Flaky, sub: WorkflowExecutor | None) -> Workflow:
+    inner = WorkflowBuilder(start_executor=Asker()).build()
+    sub = sub or WorkflowExecutor(inner, id="sub")
+    starter, answerer, sink = Starter(), Answerer(), Sink()
+    return (
+        WorkflowBuilder(start_executor=starter, store=store, instance_id="answering")
+        .add_edge(starter, sub)
+        .add_edge(sub, answerer)
+        .add_edge(answerer, sub)
+        .add_edge(answerer, flaky)
+        .add_edge(sub, sink)
+        .build()
+    )
+
+
+async def test_an_aborted_answer_leaves_the_asking_child_as_it_was_and_the_retry_answers_again(
+    store: EventStore,
+) -> None:
+    done = asyncio.Event()
+    inner = WorkflowBuilder(start_executor=Asker()).build()
+    wf = answering_parent(store, Flaky(done), WatchedAnswers(inner, done))
+    with pytest.raises(Boom, match="flaky sibling"):
+        await wf.run("ann@example.com")
+    asked, aborted = links(wf)
+    assert markers(wf.events())[asked.superstep_id] == "superstep_committed"
+    assert markers(wf.events())[aborted.superstep_id] == "superstep_aborted"
+    assert aborted.continues == asked.child_instance
+    asking_log = store.read(asked.child_instance)
+    assert asking_log[-1].type == "run_awaiting_input"
+    assert store.read(aborted.child_instance)[-1].type == "run_completed"  # orphaned, inert
+
+    retry = answering_parent(store, Flaky(None), None)
+    result = await retry.resume()
+    assert result.get_outputs() == ["ann@example.com: valid"]
+    _, _, answered = links(retry)
+    assert answered.continues == asked.child_instance  # the asking child, not the orphan
+    assert answered.child_instance not in (asked.child_instance, aborted.child_instance)
+    assert markers(retry.events())[answered.superstep_id] == "superstep_committed"
+    assert store.read(asked.child_instance) == asking_log  # never touched
+    assert retry.committed_state() == {
+        "started": "ann@example.com",
+        "flaky": "answered",
+        "got": "ann@example.com: valid",
+    }
