@@ -64,6 +64,8 @@ from kernel._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    SubworkflowRan,
+    SubworkflowStarted,
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepEvent,
@@ -98,6 +100,12 @@ from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
+from kernel._subworkflow import (
+    SubworkflowLinks,
+    SubWorkflowRequestMessage,
+    SubWorkflowResponseMessage,
+    WorkflowExecutor,
+)
 
 if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
@@ -191,6 +199,11 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "SubWorkflowRequestMessage",
+    "SubWorkflowResponseMessage",
+    "SubworkflowLinks",
+    "SubworkflowRan",
+    "SubworkflowStarted",
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
@@ -202,6 +215,7 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowExecutor",
     "WorkflowMessage",
     "WorkflowViz",
     "apply_committed",

@@ -442,7 +442,11 @@ def _pattern_list(patterns: Iterable[str]) -> list[str]:
 def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:
     """Every type the handlers name: what they accept, send and yield, generics included."""
     found: list[Any] = []
+    from kernel._subworkflow import WorkflowExecutor  # it imports the workflow, as this does
+
     for executor in executors:
+        if isinstance(executor, WorkflowExecutor):
+            found.extend(executor.value_types())
         for spec in executor.handlers:
             found.extend((spec.accepts or ()) + (spec.sends or ()) + (spec.yields or ()))
             found.extend((spec.input_type, *spec.output_types, *spec.workflow_output_types))

@@ -155,6 +155,8 @@ class Run:
         self.previous: Run | None = None  # a run this one replaced and must let finish first
         self.outputs: list[Any] = []  # of committed supersteps, in order
         self.intermediate_outputs: list[Any] = []  # likewise
+        # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
+        self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
         self._emit: Emit = silent
         self._clock = instance.clock
         self._instance_id = instance.instance_id
@@ -384,6 +386,8 @@ class Run:
             sensitive_keys=list(instance.sensitive_keys),
             **fields,
         )
+        for cls, extra in self.preamble:
+            self.log(cls, **extra)
 
     def _continue(self, plan: Continuation) -> Position:
         """Close a run the log shows unfinished, then start a run that continues one from its
@@ -466,9 +470,7 @@ class Run:
             except EncodingError as refused:  # recorded: the superstep aborted, the run failed
                 await emit("failed", step.index, superstep_id, error=refused)
                 raise
-            classify = self.router.graph.outputs.classify
-            for source, value in step.outputs:
-                kind = classify(source)
+            for source, value, kind in step.outputs:
                 if kind != "hidden":
                     await emit(kind, step.index, superstep_id, source, value)
             for request in step.requested:
@@ -650,9 +652,7 @@ class Run:
         if next_id is None:
             self._ended()
         if step.outputs:
-            classify = self.router.graph.outputs.classify
-            for source, value in step.outputs:
-                kind = classify(source)
+            for _, value, kind in step.outputs:
                 if kind == "output":
                     self.outputs.append(value)
                 elif kind == "intermediate":

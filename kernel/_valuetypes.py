@@ -161,6 +161,8 @@ def _first_unstorable(annotation: Any, seen: set[type]) -> type | None:
     if annotation is Any or not isinstance(annotation, type) or annotation in seen:
         return None
     seen.add(annotation)
+    if annotation.__module__.split(".")[0] == "kernel":
+        return None  # the kernel's own message classes (a sub-workflow's), tested to round-trip
     if not _storable(annotation, set()):
         return annotation
     if _rebuildable(annotation):

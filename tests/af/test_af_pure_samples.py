@@ -331,11 +331,6 @@ async def test_intermediate_vs_terminal_outputs(default_store: str) -> None:
     # port: the sample's workflow.as_agent() part is left out: it is AF's agent layer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor (branch subworkflow) and output_from=/"
-    "intermediate_output_from= (branch graph)",
-)
 async def test_intermediate_outputs_bubble_up_from_a_sub_workflow(default_store: str) -> None:
     from kernel import WorkflowBuilder, WorkflowContext, WorkflowExecutor, executor
 
@@ -612,7 +607,6 @@ TEXTS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="needs WorkflowExecutor (branch subworkflow)")
 async def test_sub_workflow_basics(default_store: str) -> None:
     from kernel import Executor, WorkflowBuilder, WorkflowContext, WorkflowExecutor, handler
 
@@ -694,11 +688,6 @@ async def test_sub_workflow_basics(default_store: str) -> None:
 # -- composition/sub_workflow_parallel_requests.py: the parent answers a sub-workflow's requests
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor, SubWorkflowRequestMessage, SubWorkflowResponseMessage and "
-    "allow_direct_output= (branch subworkflow)",
-)
 async def test_sub_workflow_parallel_requests(default_store: str) -> None:
     from kernel import (
         Executor,
@@ -951,11 +940,6 @@ async def test_sub_workflow_parallel_requests(default_store: str) -> None:
 # -- composition/sub_workflow_request_interception.py: the parent answers a domain check -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor, SubWorkflowRequestMessage and SubWorkflowResponseMessage "
-    "(branch subworkflow)",
-)
 async def test_sub_workflow_request_interception(default_store: str) -> None:
     from kernel import (
         Executor,
