@@ -72,12 +72,23 @@ from kernel._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    SubworkflowRan,
+    SubworkflowStarted,
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import Executor, FunctionExecutor, executor, handler, response_handler
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    HandlerSpec,
+    ResponseHandlerSpec,
+    WorkflowMessage,
+    executor,
+    handler,
+    response_handler,
+)
 from kernel._fold import (
     CommittedState,
     Fold,
@@ -97,6 +108,12 @@ from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
+from kernel._subworkflow import (
+    SubworkflowLinks,
+    SubWorkflowRequestMessage,
+    SubWorkflowResponseMessage,
+    WorkflowExecutor,
+)
 
 if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
@@ -146,6 +163,7 @@ __all__ = [
     "Fold",
     "FunctionExecutor",
     "GraphvizNotFoundError",
+    "HandlerSpec",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -168,6 +186,7 @@ __all__ = [
     "RekeyReport",
     "RerunReport",
     "ResponseError",
+    "ResponseHandlerSpec",
     "ResponseReceived",
     "ResumeError",
     "RoutingError",
@@ -190,6 +209,11 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "SubWorkflowRequestMessage",
+    "SubWorkflowResponseMessage",
+    "SubworkflowLinks",
+    "SubworkflowRan",
+    "SubworkflowStarted",
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
@@ -204,6 +228,8 @@ __all__ = [
     "WorkflowEvent",
     "WorkflowEventSource",
     "WorkflowEventType",
+    "WorkflowExecutor",
+    "WorkflowMessage",
     "WorkflowRunState",
     "WorkflowViz",
     "apply_committed",

@@ -12,7 +12,12 @@ from typing import Any, Literal, Self
 
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._errors import DefinitionError
-from kernel._executor import Executor, FunctionExecutor, require_storable
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    check_storable_types,
+    require_storable,
+)
 from kernel._graph import (
     Case,
     Condition,
@@ -310,6 +315,7 @@ class WorkflowBuilder:
             require_storable(self._name, "a workflow name")
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
+            check_storable_types(executor)  # a declared type the log can never hold
         if self._description is not None:
             require_storable(self._description, "a workflow description")
         graph = Graph(
@@ -436,9 +442,14 @@ def _pattern_list(patterns: Iterable[str]) -> list[str]:
 def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:
     """Every type the handlers name: what they accept, send and yield, generics included."""
     found: list[Any] = []
+    from kernel._subworkflow import WorkflowExecutor  # it imports the workflow, as this does
+
     for executor in executors:
+        if isinstance(executor, WorkflowExecutor):
+            found.extend(executor.value_types())
         for spec in executor.handlers:
             found.extend((spec.accepts or ()) + (spec.sends or ()) + (spec.yields or ()))
+            found.extend((spec.input_type, *spec.output_types, *spec.workflow_output_types))
             method = (
                 executor.func
                 if isinstance(executor, FunctionExecutor)

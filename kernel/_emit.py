@@ -12,7 +12,7 @@ import enum
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol
 
 from typing_extensions import TypeVar
 
@@ -150,6 +150,7 @@ def _error_event(exception: Exception) -> WorkflowEvent[Exception]:
     return WorkflowEvent("error", exception)
 
 
+@dataclass(init=False, repr=False, eq=False)
 class WorkflowEvent(Generic[DataT]):
     """What a streaming run yields, and what a ``RunResult`` holds: one class for every event,
     told apart by ``type`` (AF's unified event; ``WorkflowEvent[T]`` types its ``data``).
@@ -211,9 +212,12 @@ class WorkflowEvent(Generic[DataT]):
     state: WorkflowRunState | None
     details: WorkflowErrorDetails | None
     origin: WorkflowEventSource
-    _error: BaseException | None
-    _request_type: builtins.type[Any] | None
-    _response_type: builtins.type[Any] | str | None
+    # Not fields: the codec stores an event (a sub-workflow's request carries one) by its
+    # fields, and a type or an exception is not storable.
+    if TYPE_CHECKING:
+        _error: BaseException | None
+        _request_type: builtins.type[Any] | None
+        _response_type: builtins.type[Any] | str | None
 
     def __init__(
         self,

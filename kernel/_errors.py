@@ -3,7 +3,8 @@
 Every error that steplog raises on its own account derives from ``StepLogError``::
 
     StepLogError
-    ├── DefinitionError              a workflow graph that cannot run (raised by build())
+    ├── DefinitionError              a workflow graph that cannot run (raised by build()), or a
+    │                                bad handler (raised when it is defined); also a ValueError
     ├── ExecutionError               a run that cannot go on
     │   ├── RunInProgressError       a second run on an instance that is still running one
     │   ├── ConvergenceError         more supersteps than max_supersteps
@@ -74,7 +75,10 @@ class StepLogError(Exception):
 
 
 class DefinitionError(StepLogError, ValueError):
-    """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers."""
+    """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers;
+    or a handler is (a bad signature, raised when it is defined; no handler, or two for one type,
+    raised when the executor is made; a type the log cannot store, raised by ``build()``). A
+    ``ValueError``, as AF raises for the same mistakes."""
 
 
 class ExecutionError(StepLogError, RuntimeError):

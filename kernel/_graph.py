@@ -251,10 +251,12 @@ def _check_edges(graph: Graph) -> None:
 
 def _sent_types(executor: Executor) -> tuple[type, ...] | None:
     kinds: list[type] = []
-    for spec in executor.handlers:
-        if spec.sends is None:
+    declared = [s.sends for s in executor.handlers]
+    declared.extend(s.sends for s in executor.response_handlers)  # they send too
+    for sends in declared:
+        if sends is None:
             return None
-        kinds.extend(spec.sends)
+        kinds.extend(sends)
     return tuple(kinds)
 
 

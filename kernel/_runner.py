@@ -225,6 +225,8 @@ class Run:
         # Set by the workflow: lets a result read the run's events back from the log.
         self.bind_log: Callable[[Run, RunResult], None] | None = None
         self._asked = False  # a request_info was emitted: the stream said so in a status
+        # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
+        self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
         self._emit: Emit = silent
         self._clock = instance.clock
         self._instance_id = instance.instance_id
@@ -459,6 +461,8 @@ class Run:
             sensitive_keys=list(instance.sensitive_keys),
             **fields,
         )
+        for cls, extra in self.preamble:
+            self.log(cls, **extra)
 
     def _continue(self, plan: Continuation) -> Position:
         """Close a run the log shows unfinished, then start a run that continues one from its
@@ -581,12 +585,10 @@ class Run:
         emit, index, superstep_id = self._emit, step.index, step.superstep_id
         custom = step.custom
         shown = 0
-        classify = self.router.graph.outputs.classify
-        for made, (source, value) in enumerate(step.outputs):
+        for made, (source, value, kind) in enumerate(step.outputs):
             while shown < len(custom) and custom[shown][0] <= made:
                 await emit(custom[shown][1])
                 shown += 1
-            kind = classify(source)
             if kind != "hidden":
                 await emit(kind, index, superstep_id, source, value)
         for _, event in custom[shown:]:
@@ -756,9 +758,7 @@ class Run:
         if next_id is None:
             self._ended()
         if step.outputs:
-            classify = self.router.graph.outputs.classify
-            for source, value in step.outputs:
-                kind = classify(source)
+            for _, value, kind in step.outputs:
                 if kind == "output":
                     self.outputs.append(value)
                 elif kind == "intermediate":

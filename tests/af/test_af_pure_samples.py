@@ -297,10 +297,6 @@ def planning_executors() -> tuple[Any, Any, Any]:
     return planner, researcher, answerer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs output_from=/intermediate_output_from= and 'intermediate' events (branch graph)",
-)
 async def test_intermediate_vs_terminal_outputs(default_store: str) -> None:
     from kernel import WorkflowBuilder
 
@@ -332,11 +328,6 @@ async def test_intermediate_vs_terminal_outputs(default_store: str) -> None:
     # port: the sample's workflow.as_agent() part is left out: it is AF's agent layer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor (branch subworkflow) and output_from=/"
-    "intermediate_output_from= (branch graph)",
-)
 async def test_intermediate_outputs_bubble_up_from_a_sub_workflow(default_store: str) -> None:
     from kernel import WorkflowBuilder, WorkflowContext, WorkflowExecutor, executor
 
@@ -445,8 +436,9 @@ def map_reduce_workflow(temp_dir: Path) -> Workflow:
 
     state_data_key = "data_to_be_processed"
 
-    class SplitCompleted:
-        """A marker (a plain class, as in the sample) telling each mapper to start."""
+    @dataclass
+    class SplitCompleted:  # port: a dataclass (a plain class in the sample) to be storable
+        """A marker telling each mapper to start."""
 
         ...
 
@@ -557,12 +549,6 @@ def map_reduce_workflow(temp_dir: Path) -> Workflow:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs plain-class values (SplitCompleted is neither a dataclass nor a model; "
-    "branch executors). If that branch refuses them early instead, the port makes "
-    "SplitCompleted a dataclass (# port:) and drops this mark",
-)
 async def test_map_reduce_counts_words(default_store: str, tmp_path: Path) -> None:
     workflow = map_reduce_workflow(tmp_path)
     outputs: list[list[str]] = []
@@ -585,7 +571,6 @@ def read_counts(files: list[str]) -> Counter[str]:
     return counted
 
 
-@pytest.mark.xfail(strict=True, reason="needs WorkflowViz (branch graph)")
 async def test_map_reduce_visualization(default_store: str, tmp_path: Path) -> None:
     from kernel import WorkflowViz
 
@@ -619,7 +604,6 @@ TEXTS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="needs WorkflowExecutor (branch subworkflow)")
 async def test_sub_workflow_basics(default_store: str) -> None:
     from kernel import Executor, WorkflowBuilder, WorkflowContext, WorkflowExecutor, handler
 
@@ -701,11 +685,6 @@ async def test_sub_workflow_basics(default_store: str) -> None:
 # -- composition/sub_workflow_parallel_requests.py: the parent answers a sub-workflow's requests
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor, SubWorkflowRequestMessage, SubWorkflowResponseMessage and "
-    "allow_direct_output= (branch subworkflow)",
-)
 async def test_sub_workflow_parallel_requests(default_store: str) -> None:
     from kernel import (
         Executor,
@@ -958,11 +937,6 @@ async def test_sub_workflow_parallel_requests(default_store: str) -> None:
 # -- composition/sub_workflow_request_interception.py: the parent answers a domain check -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs WorkflowExecutor, SubWorkflowRequestMessage and SubWorkflowResponseMessage "
-    "(branch subworkflow)",
-)
 async def test_sub_workflow_request_interception(default_store: str) -> None:
     from kernel import (
         Executor,
