@@ -13,9 +13,9 @@ afterwards), for ``--seconds``:
 * one follower process, ``steplog project --follow`` (every view), keeps the views caught up;
 * this process samples the log's last position and the views' positions every 0.1 s, until the
   follower has caught up after the writers stopped (follower lag: how long until the views
-  reach a position the log had), and runs a verify loop: ``verify``
-  of each view in turn (every third turn after a ``rebuild`` of it, swapped in under the
-  follower's feet) and, once per round of the views, ``verify_chain()`` when the store has it.
+  reach a position the log had), and runs a verify loop: ``verify`` of each view in turn (every
+  third turn after a ``rebuild`` of it, swapped in under the follower's feet) and, once per
+  round of the views, ``verify_chain()`` when the store has it.
 
 Then the follower is given time to catch up and is stopped (SIGTERM), and everything is checked:
 every reported instance's stream holds positions 1..version exactly once, with one marker per
