@@ -14,7 +14,7 @@ __all__ = ["benchmarks"]
 
 
 def benchmarks() -> list[Benchmark]:
-    from bench import concurrent, fanout, loop, rebuild, resume, scaleout, timetravel
+    from bench import chain, concurrent, fanout, loop, rebuild, resume, scaleout, timetravel
 
     return [
         loop.BENCHMARK,
@@ -25,4 +25,5 @@ def benchmarks() -> list[Benchmark]:
         concurrent.BENCHMARK,
         resume.BENCHMARK_SMALL,
         resume.BENCHMARK_LARGE,
+        chain.BENCHMARK,
     ]

@@ -4,7 +4,7 @@
     python -m bench --smoke            # tiny sizes, asserts results, < 60 s
     python -m bench --smoke --strict   # and a skipped case fails too (CI: baselines must run)
     python -m bench --only loop        # one benchmark (loop, fanout, rebuild, timetravel, scaleout,
-                                       # concurrent, resume)
+                                       # concurrent, resume, chain)
     python -m bench --only loop --case sqlite   # and only the cases whose name contains "sqlite"
     python -m bench --repeat 3
 

@@ -76,6 +76,8 @@ class Sizes:
     concurrent_supersteps: int = 2560
     """All instances' supersteps together, split evenly (64 instances: 40 each)."""
     floor_syncs: int = 1000
+    chain_events: int = 100_000
+    chain_instances: int = 4
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -90,6 +92,8 @@ class Sizes:
             scale_supersteps=20,
             concurrent_supersteps=128,
             floor_syncs=30,
+            chain_events=3000,
+            chain_instances=2,
         )
 
 

@@ -1,30 +1,40 @@
 """One writer process of ``bench.load``: runs fresh workflow instances on one store for a while.
 
-Usage: ``python -m bench._load_worker URL TAG SECONDS SEED``. Until SECONDS have passed it runs
-instances ``TAG-1``, ``TAG-2``, ... two at a time (``asyncio.gather``, so their commits share
+Usage: ``python -m bench._load_worker URL TAG SECONDS SEED REPORT``. Until SECONDS have passed it
+runs instances ``TAG-1``, ``TAG-2``, ... two at a time (``asyncio.gather``, so their commits share
 the group committer). Each instance is a two-executor loop of ``n`` supersteps (``n`` drawn from
 SEED) that writes ``count`` and ``k0``..``k2``; one in four is planned to fail in a superstep
 after staging ``doomed``, which must never be committed.
 
-It prints one JSON line: ``{"instances": {id: report}, "elapsed": s, "error": null}``, where each
-report holds what this process knows without reading the views: the stream's version after the
-run (only this process writes the instance), the supersteps committed and aborted, and the
-committed state its own model expects. The worker checks ``committed_state()`` against that model
+It writes one JSON object to the file REPORT (written whole, then renamed into place, so the
+parent reads all of it or nothing; never to a pipe, whose buffer a long run's report overflows):
+``{"instances": {id: report}, "elapsed": s, "error": null}``, where each report holds what this
+process knows without reading the views: the stream's version after the run (only this process
+writes the instance), the supersteps committed and aborted, and the committed state its own
+model expects. The worker checks ``committed_state()`` against that model
 itself; a mismatch or an unplanned error is ``"error"`` (exit status 1).
+
+The worker is bounded: if it has not finished ``HANG_GRACE`` seconds after SECONDS, faulthandler
+prints every thread's stack to stderr and the process exits (status 1), which the parent reports.
 
 No ``from __future__ import annotations``: the handler's annotations are real types.
 """
 
 import asyncio
+import faulthandler
 import json
+import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kernel import EventStore, Executor, WorkflowBuilder, WorkflowContext, handler, open_store
 
 PLANNED = "planned failure"
+HANG_GRACE = 60.0
+"""Seconds past its SECONDS after which a worker that has not finished is taken to hang."""
 
 
 class Step(Executor):
@@ -102,14 +112,22 @@ async def work(url: str, tag: str, seconds: float, seed: int) -> dict[str, Any]:
     return {"instances": instances, "elapsed": time.monotonic() - started}
 
 
+def _write(path: Path, result: dict[str, Any]) -> None:
+    scratch = path.with_name(path.name + ".part")
+    scratch.write_text(json.dumps(result))
+    os.replace(scratch, path)
+
+
 def main(argv: list[str]) -> int:
     url, tag, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
+    out = Path(argv[4])
+    faulthandler.dump_traceback_later(seconds + HANG_GRACE, exit=True)
     try:
         report = asyncio.run(work(url, tag, seconds, seed))
     except Exception as error:  # reported to the parent, which counts it as an error
-        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+        _write(out, {"error": f"{type(error).__name__}: {error}"})
         return 1
-    print(json.dumps({**report, "error": None}), flush=True)
+    _write(out, {**report, "error": None})
     return 0
 
 

@@ -11,10 +11,11 @@ afterwards), for ``--seconds``:
   and report what they wrote: each instance's stream version, supersteps committed and aborted,
   and the committed state their own model expects;
 * one follower process, ``steplog project --follow`` (every view), keeps the views caught up;
-* this process samples the log's last position and the views' positions every 0.1 s (follower
-  lag: how long until the views reach a position the log had), and runs a verify loop: ``verify``
-  of each view in turn (every third turn after a ``rebuild`` of it, swapped in under the
-  follower's feet) and, once per round of the views, ``verify_chain()`` when the store has it.
+* this process samples the log's last position and the views' positions every 0.1 s, until the
+  follower has caught up after the writers stopped (follower lag: how long until the views
+  reach a position the log had), and runs a verify loop: ``verify`` of each view in turn (every
+  third turn after a ``rebuild`` of it, swapped in under the follower's feet) and, once per
+  round of the views, ``verify_chain()`` when the store has it.
 
 Then the follower is given time to catch up and is stopped (SIGTERM), and everything is checked:
 every reported instance's stream holds positions 1..version exactly once, with one marker per
@@ -23,6 +24,15 @@ once; every view equals a rebuild (``verify``); the ``state`` view equals each w
 failed check, a verify that differs, a worker error, a follower that died or wrote anything but
 "retrying" to stderr, or any other exception is an error. Exit status 1 if any backend had one.
 
+Every wait is bounded. A writer has its own watchdog (``bench._load_worker.HANG_GRACE``: it
+prints its stacks and exits) and is killed if it is still running ``WRITER_GRACE`` s after
+``--seconds``; the follower is given ``SETTLE`` s to catch up and ``STOP_GRACE`` s to stop, and
+exits by itself (with its stacks) ``budget(seconds)`` after it started; each is an error naming
+the process, with its stderr. Writers report through files, never pipes (a 60 s run's report
+overflows a pipe's buffer: the writer then blocks on its last write and never exits, which is
+how the first PostgreSQL run of 60 s hung). The command line, finally, prints its own stacks and
+exits if it is still running after the sum of the budgets.
+
 ``run_load(url, seconds=...)`` does one backend and returns a ``LoadReport``;
 ``tests/projections/test_contention.py`` runs it for a few seconds per backend.
 """
@@ -30,6 +40,7 @@ failed check, a verify that differs, a worker error, a follower that died or wro
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -46,6 +57,7 @@ from typing import Any
 
 from bench._core import DEFAULT_PG_URL
 from bench._db import pg_connect, pg_reachable, url_with_query
+from bench._load_worker import HANG_GRACE
 from kernel import EventStore, open_store
 from projections import VIEW_NAMES, Projector
 
@@ -56,9 +68,20 @@ SAMPLE_EVERY = 0.1
 """Seconds between samples of the log's and the views' positions."""
 SETTLE = 120.0
 """Seconds the follower is given, after the writers stop, to reach the end of the log."""
+WRITER_GRACE = HANG_GRACE + 30.0
+"""Seconds past ``--seconds`` the writers are waited for (their own watchdog fires before)."""
+STOP_GRACE = 60.0
+"""Seconds the follower (and the sampler thread) are given to stop."""
+CHECK_GRACE = 600.0
+"""Seconds the final checks may take (a follower outlives the run by no more than this)."""
 RETRYING = "steplog: retrying in"
 """How the follower's stderr lines about contention begin (``steplog project --follow``)."""
-_FOLLOW = "import sys; from projections.cli import main; sys.exit(main(sys.argv[1:]))"
+_FOLLOW = (
+    "import faulthandler, sys; faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True); "
+    "from projections.cli import main; sys.exit(main(sys.argv[2:]))"
+)
+"""The follower: ``steplog project --follow``, which prints its stacks and exits if it is still
+running ``budget(seconds)`` after it started (the parent stops it long before)."""
 
 
 @dataclass
@@ -76,6 +99,8 @@ class LoadReport:
     rebuilds: int = 0
     chain_checks: int = 0
     follower_retries: int = 0
+    settle_seconds: float = 0.0
+    """How long the follower took, after the last writer stopped, to reach the end of the log."""
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -95,7 +120,10 @@ class LoadReport:
 
 
 def run_load(url: str, *, seconds: float, workers: int = 3, backend: str = "") -> LoadReport:
-    """Run the load on the (empty) store at ``url`` for ``seconds``; see the module docstring."""
+    """Run the load on the (empty) store at ``url`` for ``seconds``; see the module docstring.
+
+    Bounded: it returns within about ``budget(seconds)`` seconds plus the final checks, whatever
+    the processes do (a writer or a follower that hangs is an error, with its stacks)."""
     report = LoadReport(backend or url.split(":", 1)[0], seconds, workers)
     with open_store(url) as store:  # creates the tables before anyone else opens the store
         Projector(store).catch_up()  # and the views' tables
@@ -105,96 +133,138 @@ def run_load(url: str, *, seconds: float, workers: int = 3, backend: str = "") -
     }
     with tempfile.TemporaryDirectory(prefix="steplog-load-") as scratch:
         follower_err = Path(scratch, "follower.err")
+        follow = [sys.executable, "-c", _FOLLOW, str(budget(seconds))]
         with follower_err.open("wb") as err:
             follower = subprocess.Popen(
-                [sys.executable, "-c", _FOLLOW, "--store", url, "project", "--follow"],
+                [*follow, "--store", url, "project", "--follow"],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env=env,
                 cwd=ROOT,
             )
         writers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bench._load_worker", url, f"w{n}", str(seconds), str(n)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=ROOT,
-            )
-            for n in range(workers)
+            _Writer.start(url, f"w{n}", seconds, n, Path(scratch), env) for n in range(workers)
         ]
+        deadline = time.monotonic() + seconds + WRITER_GRACE
         try:
             with open_store(url) as store:
-                _watch(store, report, writers, follower)
-                expected = _collect(writers, report)
-                _settle(store, report, follower)
+                sampler = _Sampler(store)
+                try:
+                    _watch(store, report, writers, follower, deadline)
+                    expected = _collect(writers, report, deadline)
+                    _settle(store, report, follower)
+                finally:
+                    sampler.stop(report)
                 _stop(follower, follower_err, report)
                 _check(store, expected, report)
         finally:
-            for process in [*writers, follower]:
+            for process in [*(w.process for w in writers), follower]:
                 if process.poll() is None:
                     process.kill()
                     process.wait()
     return report
 
 
+def budget(seconds: float) -> float:
+    """Seconds after which a load run of ``seconds`` is taken to hang (a process's own limit)."""
+    return seconds + WRITER_GRACE + SETTLE + STOP_GRACE + CHECK_GRACE
+
+
+@dataclass
+class _Writer:
+    """One writer process; it writes its report to ``out`` (never to a pipe: a report of a long
+    run is larger than a pipe's buffer, and a child blocked writing it would never exit)."""
+
+    tag: str
+    process: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    @classmethod
+    def start(
+        cls, url: str, tag: str, seconds: float, seed: int, scratch: Path, env: dict[str, str]
+    ) -> _Writer:
+        out, err = scratch / f"{tag}.json", scratch / f"{tag}.err"
+        with err.open("wb") as stderr:
+            command = [sys.executable, "-m", "bench._load_worker", url, tag, str(seconds)]
+            process = subprocess.Popen(
+                [*command, str(seed), str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                cwd=ROOT,
+            )
+        return cls(tag, process, out, err)
+
+    def stderr_tail(self, size: int = 1500) -> str:
+        return self.err.read_text(errors="replace").strip()[-size:]
+
+
 def _watch(
     store: EventStore,
     report: LoadReport,
-    writers: list[subprocess.Popen[bytes]],
+    writers: list[_Writer],
     follower: subprocess.Popen[bytes],
+    deadline: float,
 ) -> None:
-    """While the writers run: sample positions in a thread, run the verify loop here."""
-    samples: list[tuple[float, int, int]] = []
-    done = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(store, samples, done), daemon=True)
-    sampler.start()
+    """While the writers run (until ``deadline`` at most): the verify loop."""
     projector = Projector(store)
     views = list(VIEW_NAMES)
     turn = 0
-    try:
-        while any(w.poll() is None for w in writers):
-            if follower.poll() is not None:
-                report.errors.append(f"the follower exited with status {follower.returncode}")
-                break
-            name = views[turn % len(views)]
-            turn += 1
-            try:
-                if turn % 3 == 0:
-                    projector.rebuild(name)
-                    report.rebuilds += 1
-                verdict = projector.verify(name)
-                if verdict.ok:
-                    report.verify_passes += 1
-                else:
-                    report.errors.append(f"verify {name} differs under load: {verdict}")
-                checker = getattr(store, "verify_chain", None)
-                if checker is not None and turn % len(views) == 0:
-                    chain = checker()
-                    report.chain_checks += 1
-                    if not chain.ok:
-                        report.errors.append(f"verify_chain under load: {chain}")
-            except Exception as error:
-                report.errors.append(f"verify loop: {type(error).__name__}: {error}")
-    finally:
-        done.set()
-        sampler.join()
-    report.lags += _lags(samples)
+    while any(w.process.poll() is None for w in writers) and time.monotonic() < deadline:
+        if follower.poll() is not None:
+            report.errors.append(f"the follower exited with status {follower.returncode}")
+            break
+        name = views[turn % len(views)]
+        turn += 1
+        try:
+            if turn % 3 == 0:
+                projector.rebuild(name)
+                report.rebuilds += 1
+            verdict = projector.verify(name)
+            if verdict.ok:
+                report.verify_passes += 1
+            else:
+                report.errors.append(f"verify {name} differs under load: {verdict}")
+            checker = getattr(store, "verify_chain", None)
+            if checker is not None and turn % len(views) == 0:
+                chain = checker()
+                report.chain_checks += 1
+                if not chain.ok:
+                    report.errors.append(f"verify_chain under load: {chain}")
+        except Exception as error:
+            report.errors.append(f"verify loop: {type(error).__name__}: {error}")
 
 
-def _sample(
-    store: EventStore, samples: list[tuple[float, int, int]], done: threading.Event
-) -> None:
-    projector = Projector(store)
-    while not done.wait(SAMPLE_EVERY):
-        log = store.last_position()
-        views = min(projector.position(name) for name in VIEW_NAMES)
-        samples.append((time.monotonic(), log, views))
+class _Sampler:
+    """Samples the log's last position, then the views' lowest, every ``SAMPLE_EVERY`` s in a
+    thread (which shares the interpreter with the verify loop, so samples can be further apart),
+    from the writers' start until the follower has caught up (``stop``)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.samples: list[tuple[float, int, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(store,), daemon=True)
+        self.thread.start()
+
+    def _run(self, store: EventStore) -> None:
+        projector = Projector(store)
+        while not self.done.wait(SAMPLE_EVERY):
+            log = store.last_position()
+            views = min(projector.position(name) for name in VIEW_NAMES)
+            self.samples.append((time.monotonic(), log, views))
+
+    def stop(self, report: LoadReport) -> None:
+        self.done.set()
+        self.thread.join(timeout=STOP_GRACE)
+        if self.thread.is_alive():
+            report.errors.append(f"the position sampler did not stop within {STOP_GRACE:g} s")
+        report.lags += _lags(list(self.samples))
 
 
 def _lags(samples: list[tuple[float, int, int]]) -> list[float]:
-    """For each sample, the seconds until a later sample's views reached its log position (samples
-    the views never reached before the writers stopped are left out: ``_settle`` covers them)."""
+    """For each sample, the seconds until a later sample's views reached its log position (a
+    sample the views never reached is left out: then ``_settle`` reports an error)."""
     lags = []
     for i, (at, log, _) in enumerate(samples):
         reached = next((t for t, _, views in samples[i:] if views >= log), None)
@@ -203,19 +273,31 @@ def _lags(samples: list[tuple[float, int, int]]) -> list[float]:
     return lags
 
 
-def _collect(writers: list[subprocess.Popen[bytes]], report: LoadReport) -> dict[str, Any]:
+def _collect(writers: list[_Writer], report: LoadReport, deadline: float) -> dict[str, Any]:
+    """Each writer's report, waiting for it until ``deadline``; a writer still running then is
+    killed and is an error, with the stacks it printed (its own watchdog fires before)."""
     expected: dict[str, Any] = {}
     for writer in writers:
-        out, err = writer.communicate(timeout=report.seconds + SETTLE)
-        lines = out.decode().strip().splitlines()
         try:
-            result = json.loads(lines[-1])
-        except (IndexError, json.JSONDecodeError):
-            tail = err.decode().strip()[-500:]
-            report.errors.append(f"a writer exited with status {writer.returncode}: {tail}")
+            writer.process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            writer.process.kill()
+            writer.process.wait()
+            report.errors.append(
+                f"writer {writer.tag} did not finish {WRITER_GRACE:g} s after its "
+                f"{report.seconds:g} s and was killed; stderr: {writer.stderr_tail()}"
+            )
+            continue
+        try:
+            result = json.loads(writer.out.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            report.errors.append(
+                f"writer {writer.tag} exited with status {writer.process.returncode} and no "
+                f"report ({type(error).__name__}); stderr: {writer.stderr_tail()}"
+            )
             continue
         if result.get("error"):
-            report.errors.append(f"a writer failed: {result['error']}")
+            report.errors.append(f"writer {writer.tag} failed: {result['error']}")
             continue
         expected.update(result["instances"])
         report.write_seconds = max(report.write_seconds, float(result["elapsed"]))
@@ -234,15 +316,16 @@ def _settle(store: EventStore, report: LoadReport, follower: subprocess.Popen[by
             report.errors.append(f"the follower did not reach the end of the log in {SETTLE:g} s")
             return
         time.sleep(SAMPLE_EVERY)
+    report.settle_seconds = time.monotonic() - started
 
 
 def _stop(follower: subprocess.Popen[bytes], stderr: Path, report: LoadReport) -> None:
     if follower.poll() is None:
         follower.send_signal(signal.SIGTERM)
     try:
-        status = follower.wait(timeout=60)
+        status = follower.wait(timeout=STOP_GRACE)
     except subprocess.TimeoutExpired:
-        report.errors.append("the follower did not stop within 60 s of SIGTERM")
+        report.errors.append(f"the follower did not stop within {STOP_GRACE:g} s of SIGTERM")
         return
     if status != 0:
         report.errors.append(f"the follower exited with status {status}")
@@ -320,6 +403,7 @@ def _show(report: LoadReport) -> str:
         f"{report.events} events in {report.instances} instances, "
         f"{report.events_per_second:,.0f} events/s written; follower lag median "
         f"{report.lag(0.5):.2f} s, max {report.lag(1.0):.2f} s ({len(report.lags)} samples), "
+        f"caught up {report.settle_seconds:.1f} s after the writers stopped, "
         f"{report.follower_retries} follower retries; {report.verify_passes} verify passes, "
         f"{report.rebuilds} rebuilds, "
         f"{report.chain_checks} chain checks; {len(report.errors)} errors"
@@ -340,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.workers < 1:
         parser.error("--seconds must be > 0 and --workers >= 1")
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    # The last resort: every wait below has its own deadline, and each child process its own
+    # watchdog; should this process still hang, it prints its stacks and exits (status 1).
+    faulthandler.dump_traceback_later(len(backends) * (budget(args.seconds) + 60), exit=True)
     failed = False
     for backend in backends:
         report = _run_backend(backend, args)

@@ -13,18 +13,20 @@ with its figures, is ``python -m bench.load --seconds 60``.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from bench.load import run_load
+from bench.load import LoadReport, _collect, _Writer, run_load
 from kernel import ProjectionError, StoreUnavailableError, open_store
 from projections import Projector
 from tests.projections.helpers import populate
@@ -172,13 +174,14 @@ def test_a_rebuild_waits_for_another_then_says_that_one_is_running(store_url):
             assert second.state(instance_id) == Reference(events).state()
 
 
-def test_four_rebuild_processes_beside_a_writer_all_succeed(durable_store_url):
+def test_four_rebuild_processes_beside_a_writer_all_succeed(durable_store_url, tmp_path):
     url = durable_store_url
+    report = tmp_path / "writer.json"
     with open_store(url) as store:
         populate(store, fixed_plans(4))
         Projector(store, ["state"]).catch_up()
     writer = subprocess.Popen(
-        [sys.executable, "-m", "bench._load_worker", url, "writer", "2", "7"],
+        [sys.executable, "-m", "bench._load_worker", url, "writer", "2", "7", str(report)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -192,6 +195,7 @@ def test_four_rebuild_processes_beside_a_writer_all_succeed(durable_store_url):
         assert err == ""
     assert sum("rebuilt up to global position" in out for out, _ in outcomes) == 4
     assert writer.returncode == 0, (written, problems)
+    assert json.loads(report.read_text())["error"] is None
     with open_store(url) as store:
         projector = Projector(store, ["state"])
         projector.catch_up()
@@ -212,3 +216,55 @@ def test_load_nothing_lost_or_duplicated_views_equal_a_rebuild(durable_store_url
     assert report.events > 0
     assert report.verify_passes >= 5  # at least the final verify of every view
     assert report.lags  # the follower was seen to reach the log's positions
+
+
+def _writer(tmp_path: Path, code: str) -> _Writer:
+    """A stand-in writer process running ``code`` (``OUT`` is its report's path)."""
+    out, err = tmp_path / "w.json", tmp_path / "w.err"
+    with err.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", f"OUT = {str(out)!r}\n{code}"], stderr=stderr
+        )
+    return _Writer("w0", process, out, err)
+
+
+def test_load_reads_a_writer_report_larger_than_a_pipe_buffer(tmp_path):
+    # The first 60 s PostgreSQL run hung: each writer printed its report to a pipe the parent
+    # read only once the writer had exited, and a report past the pipe's 64 KiB never got out.
+    one = {"version": 3, "committed": 1, "aborted": 0, "state": {"count": 1}}
+    big = {f"w0-{n}": one for n in range(9999)}
+    code = (
+        f"import json; one = {one!r}; big = {{f'w0-{{n}}': one for n in range(9999)}}\n"
+        "open(OUT, 'w').write(json.dumps({'instances': big, 'elapsed': 1.0}))"
+    )
+    report = LoadReport("sqlite", 1.0, 1)
+    expected = _collect([_writer(tmp_path, code)], report, time.monotonic() + 60)
+    assert report.errors == []
+    assert expected == big
+    assert report.events == 3 * 9999
+
+
+def test_load_kills_a_writer_that_hangs_and_says_so(tmp_path):
+    writer = _writer(
+        tmp_path,
+        "import sys, time; print('stuck here', file=sys.stderr, flush=True); time.sleep(600)",
+    )
+    waited = time.monotonic() + 60
+    while "stuck here" not in writer.stderr_tail() and time.monotonic() < waited:
+        time.sleep(0.05)  # (until it has started and written its line)
+    report = LoadReport("sqlite", 1.0, 1)
+    assert _collect([writer], report, time.monotonic() + 0.5) == {}
+    assert writer.process.poll() is not None  # killed, not left behind
+    (error,) = report.errors
+    assert "writer w0 did not finish" in error
+    assert "was killed" in error
+    assert "stuck here" in error
+
+
+def test_load_names_a_writer_that_exits_without_a_report(tmp_path):
+    writer = _writer(tmp_path, "import sys; print('Traceback: boom', file=sys.stderr); sys.exit(3)")
+    report = LoadReport("sqlite", 1.0, 1)
+    assert _collect([writer], report, time.monotonic() + 60) == {}
+    (error,) = report.errors
+    assert "writer w0 exited with status 3 and no report" in error
+    assert "Traceback: boom" in error
