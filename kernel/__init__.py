@@ -14,7 +14,14 @@ from kernel._cipher import KEYS_ENV, Keyring
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._context import WorkflowContext
-from kernel._emit import WorkflowEvent
+from kernel._emit import (
+    FRAMEWORK_EVENT_TYPES,
+    WorkflowErrorDetails,
+    WorkflowEvent,
+    WorkflowEventSource,
+    WorkflowEventType,
+    WorkflowRunState,
+)
 from kernel._errors import (
     ConcurrencyConflictError,
     ConvergenceError,
@@ -45,6 +52,7 @@ from kernel._events import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
     AbortReason,
+    CustomEventAdded,
     ErrorInfo,
     Event,
     EventBase,
@@ -118,6 +126,7 @@ from kernel._workflow import RunStream, Workflow
 __all__ = [
     "DEFAULT_STORE_ENV",
     "EVENT_TYPES",
+    "FRAMEWORK_EVENT_TYPES",
     "KEYS_ENV",
     "MAX_ID_BYTES",
     "MAX_KEY_BYTES",
@@ -135,6 +144,7 @@ __all__ = [
     "CommittedState",
     "ConcurrencyConflictError",
     "ConvergenceError",
+    "CustomEventAdded",
     "DecodeError",
     "Default",
     "DefinitionError",
@@ -214,9 +224,13 @@ __all__ = [
     "Workflow",
     "WorkflowBuilder",
     "WorkflowContext",
+    "WorkflowErrorDetails",
     "WorkflowEvent",
+    "WorkflowEventSource",
+    "WorkflowEventType",
     "WorkflowExecutor",
     "WorkflowMessage",
+    "WorkflowRunState",
     "WorkflowViz",
     "apply_committed",
     "compact_store",

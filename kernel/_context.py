@@ -10,6 +10,7 @@ from kernel._errors import EncodingError
 from kernel._ids import MAX_KEY_BYTES, check_id
 
 if TYPE_CHECKING:
+    from kernel._emit import WorkflowEvent
     from kernel._superstep import Superstep
 
 __all__ = ["WorkflowContext"]
@@ -75,6 +76,16 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
     async def yield_output(self, output: WorkflowOutT) -> None:
         """Yield a workflow output; the caller receives it once this superstep commits."""
         self._step.output(self._executor_id, output)
+
+    async def add_event(self, event: WorkflowEvent[Any]) -> None:
+        """Add a custom event (``WorkflowEvent("progress", data)``) to the run's stream.
+
+        It is recorded in the log (``CustomEventAdded``) and reaches the caller, like an output,
+        once this superstep commits, with ``executor_id`` set to this executor; ``replay`` gives
+        it back. Its ``type`` and ``data`` are what is kept: ``data`` must be storable (an
+        exception is kept as its type and message). The runner's own types (``output``,
+        ``status``, ...) are refused with ``DefinitionError``."""
+        self._step.add_event(self._executor_id, event)
 
     async def request_info(
         self, request_data: Any, response_type: Any = None, *, request_id: str | None = None

@@ -22,6 +22,7 @@ __all__ = [
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
+    "CustomEventAdded",
     "ErrorInfo",
     "Event",
     "EventBase",
@@ -242,6 +243,9 @@ class MessageStaged(SuperstepEvent):
     """A message sent in a superstep, for delivery in the next one (only if this one commits).
 
     ``target`` is the target the sender named, if any; ``targets`` the executors it is routed to.
+    ``gathered`` names, for each of those targets that is a fan-in group's (it receives the list
+    of its sources' messages once all have sent), the group's sources in order: what a reader
+    without the graph needs to tell what each executor received (``replay``).
     """
 
     type: Literal["message_staged"] = "message_staged"
@@ -249,6 +253,7 @@ class MessageStaged(SuperstepEvent):
     target: str | None = None
     targets: list[str] = Field(default_factory=list)
     message: Json = None
+    gathered: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class OutputYielded(SuperstepEvent):
@@ -261,6 +266,20 @@ class OutputYielded(SuperstepEvent):
     executor_id: str
     value: Json = None
     designation: Literal["output", "intermediate", "hidden"] = "output"
+
+
+class CustomEventAdded(SuperstepEvent):
+    """A custom event an executor added (``ctx.add_event``). Like an output, it reaches the
+    caller only if its superstep commits. ``event_type`` is the event's ``type``; ``data`` its
+    payload as a JSON tree, or ``error`` when the payload was an exception (kept as its type and
+    message, as every error in the log is).
+    """
+
+    type: Literal["custom_event_added"] = "custom_event_added"
+    executor_id: str
+    event_type: str
+    data: Json = None
+    error: ErrorInfo | None = None
 
 
 class InfoRequested(SuperstepEvent):
@@ -361,6 +380,7 @@ Event = Annotated[
     | SuperstepCommitted
     | SuperstepAborted
     | InstanceForked
+    | CustomEventAdded
     | SubworkflowRan
     | SubworkflowStarted,
     Field(discriminator="type"),
@@ -387,6 +407,7 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         SuperstepCommitted,
         SuperstepAborted,
         InstanceForked,
+        CustomEventAdded,
         SubworkflowRan,
         SubworkflowStarted,
     )

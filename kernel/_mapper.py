@@ -102,7 +102,7 @@ BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("superstep_aborted", 1),
     ("instance_forked", 1),
     ("run_started", 2),
-    ("", 0),  # 19: reserved (custom events)
+    ("custom_event_added", 1),  # 19
     ("", 0),  # 20: reserved (custom events)
     ("subworkflow_ran", 1),
     ("subworkflow_started", 1),

@@ -1,12 +1,17 @@
 """Replay: the ``WorkflowEvent`` stream of a past run, rebuilt from the log without running it.
 
-A streaming consumer of a run sees ``started``; per superstep ``superstep_started``, then
-``executor_invoked`` / ``executor_completed`` as executors run; for a committed superstep its
-``output`` and ``request_info`` events and ``superstep_completed``; and at the end ``completed``
-or ``awaiting_input``, or (a failure) ``executor_failed`` and ``failed``. The runner appends each
-event's fact to the log (``self.log``) right before it hands the event over, and decides every
-other event from facts it has just logged, so the log says what the consumer got. ``replay``
-reads it back in that order, decoding values with the store's codec.
+A streaming consumer of a run sees ``started`` and a ``status`` (in progress); per superstep
+``superstep_started``, then ``executor_invoked`` (with the message received) and
+``executor_completed`` (with the messages sent) as executors run; for a committed superstep
+its ``output`` and custom events (in the order made), its ``request_info`` events (after the
+run's first, a ``status``) and ``superstep_completed``; and at the end the final ``status``
+and ``completed`` or ``awaiting_input``, or (a failure) a ``status``, ``executor_failed`` and
+``failed``. The runner appends each event's fact to the log (``self.log``) right before it
+hands the event over, and decides every other event from facts it has just logged, so the log
+says what the consumer got. ``replay`` reads it back in that order, decoding values with the
+store's codec. What each invocation received is rebuilt as a resume rebuilds a run's standing
+(``Ledger.standing``), over the routes the log recorded (``MessageStaged.targets`` and
+``gathered``).
 
 What the log cannot say: when a run was cancelled, abandoned or crashed, its consumer saw no end
 event (a cancelled consumer may also have stopped reading one or two events before the last one
@@ -19,16 +24,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from kernel._emit import WorkflowEvent
-from kernel._errors import ExecutionError, StepLogError
+from kernel._algo import Delivery
+from kernel._checkpoints import Ledger, Standing, _Rebuild
+from kernel._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, framework_event
+from kernel._errors import ExecutionError, ResumeError, StepLogError
 from kernel._events import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
+    CustomEventAdded,
     ErrorInfo,
     EventBase,
     ExecutorCompleted,
     ExecutorInvoked,
     InfoRequested,
+    MessageStaged,
     OutputYielded,
     RunAwaitingInput,
     RunCompleted,
@@ -39,6 +48,9 @@ from kernel._events import (
     SuperstepStarted,
 )
 from kernel._fold import SuperstepFold, folds
+from kernel._graph import FanIn
+from kernel._instance import read_ledger
+from kernel._requests import Response
 from kernel._store import EventStore
 
 __all__ = ["RecordedError", "find_run", "replay", "replay_events"]
@@ -128,12 +140,117 @@ class _Decided(SuperstepFold):
         super().__init__()
         self.decided: list[SuperstepEvent] | None = None
 
-    @folds("output_yielded", "info_requested")
+    @folds("output_yielded", "info_requested", "custom_event_added")
     def _staged(self, event: SuperstepEvent) -> None:
         self._stage(event)
 
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
         self.decided = items if committed else None
+
+
+class _LoggedGraph:
+    """The one thing of a graph the rebuild of a fresh run's start asks: its start executor,
+    unknown to the log (the executor invoked first takes the run's input)."""
+
+    start = ""
+
+
+class _LoggedRoutes:
+    """A stand-in for the workflow's ``Router`` where only the log is at hand: a message went to
+    each of its recorded ``targets`` directly, but to those ``gathered`` names through a fan-in
+    group of the sources named there (``MessageStaged.gathered``)."""
+
+    graph = _LoggedGraph()
+
+    def __init__(self) -> None:
+        self.fan_ins: dict[tuple[str, str], FanIn] = {}
+        self.sound = True  # False once a ``gathered`` was not what the runner writes
+
+    def learn(self, ledger: Ledger) -> Ledger:
+        for step in ledger.checkpoints:
+            for item in step.items:
+                if isinstance(item, MessageStaged):
+                    for target, sources in item.gathered.items():
+                        if not isinstance(sources, list) or not all(
+                            isinstance(source, str) for source in sources
+                        ):
+                            self.sound = False
+                            continue
+                        self.fan_ins[item.source, target] = FanIn(tuple(sources), target)
+        return ledger
+
+    def delivery_of(self, source: str, logged: Sequence[str]) -> Delivery:
+        targets: list[str] = []
+        fan_ins: list[FanIn] = []
+        for target in logged:
+            group = self.fan_ins.get((source, target))
+            if group is None:
+                targets.append(target)
+            else:
+                fan_ins.append(group)
+        return Delivery(tuple(targets), tuple(fan_ins))
+
+
+class _Inputs:
+    """What each invocation of a run received, rebuilt as a resume rebuilds a run's standing
+    (``Ledger.standing`` and the step algebra), over the routes the log recorded.
+
+    ``take(executor_id)`` gives the next message the executor received in the open superstep
+    (a response handler's: the response), or None when the log does not say."""
+
+    def __init__(self, store: EventStore, instance_id: str, run_id: str) -> None:
+        routes = _LoggedRoutes()
+        self._standing: Standing | None = None
+        self._inbox: dict[str, list[Any]] = {}
+        try:
+            ledger = routes.learn(read_ledger(store, instance_id))
+            line = ledger.runs.get(run_id)
+            if line is None:
+                return
+
+            def origin(forked: Any) -> Ledger:
+                upto = forked.origin_position
+                return routes.learn(read_ledger(store, forked.origin_instance, upto=upto))
+
+            router: Any = routes
+            standing = ledger.standing(
+                run_id, None, router=router, codec=store.codec, origin=origin
+            )
+        except ResumeError:
+            return
+        if not routes.sound:
+            return
+        self._rebuild = _Rebuild(router, store.codec, instance_id)
+        self._steps = {step.superstep_id: step for step in line.steps}
+        self._standing = standing
+
+    def open(self) -> None:
+        """A superstep opened: its inbox is where the run stands."""
+        standing = self._standing
+        inbox = {} if standing is None else standing.position.inbox
+        self._inbox = {target: list(messages) for target, messages in inbox.items()}
+
+    def take(self, executor_id: str) -> Any:
+        inbox = self._inbox
+        queue = inbox.get(executor_id) or inbox.get(_LoggedGraph.start)
+        if not queue:
+            return None
+        message = queue.pop(0)
+        return message.value if isinstance(message, Response) else message
+
+    def committed(self, superstep_id: str) -> None:
+        """Superstep ``superstep_id`` committed: the run moves on past it."""
+        standing = self._standing
+        if standing is None:
+            return
+        step = self._steps.get(superstep_id)
+        if step is None:
+            self._standing = None  # the log and its ledger disagree: say nothing more
+            return
+        try:
+            self._standing = self._rebuild.after(standing, step)
+        except ResumeError:
+            self._standing = None
 
 
 class _Replayer:
@@ -146,9 +263,17 @@ class _Replayer:
         self.index: dict[str, int] = {}  # superstep id -> index
         self.marks = _Decided()  # the kernel's marker rule, over outputs and requests
         self.last_index: int | None = None
+        self.asked = False  # a request_info was emitted (then a status said so)
+        # executor id -> the messages it has sent since its latest ExecutorInvoked
+        self.sending: dict[str, list[Any]] = {}
+        self.store = store
+        self.inputs: _Inputs | None = None
 
     def emit(self, type: Any, superstep: int | None = None, **fields: Any) -> None:
-        self.out.append(WorkflowEvent(type, self.run_id, superstep, **fields))
+        self.out.append(framework_event(type, self.run_id, superstep, **fields))
+
+    def status(self, state: WorkflowRunState) -> None:
+        self.emit("status", state=state)
 
     def feed(self, events: Sequence[EventBase]) -> list[WorkflowEvent]:
         for event in events:
@@ -162,39 +287,65 @@ class _Replayer:
         """Emit what ``event`` made the run emit; True once the run has ended."""
         kind = event.type
         if isinstance(event, RunStarted):
+            self.inputs = _Inputs(self.store, event.instance_id, self.run_id)
             self.emit("started")
+            self.status(WorkflowRunState.IN_PROGRESS)
         elif isinstance(event, SuperstepStarted):
             self.index[event.superstep_id] = event.index
             self.last_index = event.index
+            if self.inputs is not None:
+                self.inputs.open()
             self.emit("superstep_started", event.index, superstep_id=event.superstep_id)
-        elif isinstance(event, ExecutorInvoked | ExecutorCompleted):
-            name = "executor_invoked" if kind == "executor_invoked" else "executor_completed"
+        elif isinstance(event, ExecutorInvoked):
+            self.sending[event.executor_id] = []
+            given = None if self.inputs is None else self.inputs.take(event.executor_id)
             self.emit(
-                name,
+                "executor_invoked",
                 self.index.get(event.superstep_id),
                 superstep_id=event.superstep_id,
                 executor_id=event.executor_id,
+                data=given,
             )
-        elif isinstance(event, OutputYielded | InfoRequested):
+        elif isinstance(event, ExecutorCompleted):
+            sent = self.sending.pop(event.executor_id, None)
+            self.emit(
+                "executor_completed",
+                self.index.get(event.superstep_id),
+                superstep_id=event.superstep_id,
+                executor_id=event.executor_id,
+                data=sent or None,
+            )
+        elif isinstance(event, MessageStaged):
+            sending = self.sending.get(event.source)
+            if sending is not None:
+                sending.append(self.decode(event.message, what=f"message from {event.source!r}"))
+        elif isinstance(event, OutputYielded | InfoRequested | CustomEventAdded):
             self.marks.apply(event)
         elif kind in SUPERSTEP_MARKER_TYPES and isinstance(event, SuperstepEvent):
             self.marks.decided = None
             self.marks.apply(event)
             if self.marks.decided is not None:
+                if self.inputs is not None:
+                    self.inputs.committed(event.superstep_id)
                 self._committed(event.superstep_id, self.marks.decided)
         elif isinstance(event, RunCompleted):
+            self.status(WorkflowRunState.IDLE)
             self.emit("completed", event.supersteps)
         elif isinstance(event, RunAwaitingInput):
+            self.status(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
             self.emit("awaiting_input", event.supersteps)
         elif isinstance(event, RunFailed):
             self._failed(event)
         return kind in RUN_END_TYPES
 
     def _committed(self, superstep_id: str, items: list[SuperstepEvent]) -> None:
-        """A commit's events, in the runner's order: outputs, then requests, then the end."""
+        """A commit's events, in the runner's order: outputs and custom events, then requests,
+        then the end (after the run's first request, a status saying requests are pending)."""
         index = self.index.get(superstep_id)
-        # Outputs first, then requests, each in log order (a stable sort keeps it).
+        # Outputs and custom events first, then requests, each in log order (a stable sort).
         for item in sorted(items, key=lambda item: isinstance(item, InfoRequested)):
+            if isinstance(item, CustomEventAdded):
+                self.out.append(self._custom(item, index))
             if isinstance(item, OutputYielded):
                 if item.designation == "hidden":
                     continue  # the live stream showed nobody this yield
@@ -213,8 +364,29 @@ class _Replayer:
                     executor_id=item.executor_id,
                     data=self.decode(item.data, what=f"request of {item.executor_id!r}"),
                     request_id=item.request_id,
+                    response_type=item.response_type or None,
                 )
+        if not self.asked and any(isinstance(item, InfoRequested) for item in items):
+            self.asked = True
+            self.status(WorkflowRunState.IN_PROGRESS_PENDING_REQUESTS)
         self.emit("superstep_completed", index, superstep_id=superstep_id)
+
+    def _custom(self, item: CustomEventAdded, index: int | None) -> WorkflowEvent:
+        """A custom event as its live consumer got it, its data decoded (data only: the event's
+        own class, if it was a subclass, is not rebuilt)."""
+        if item.error is not None:
+            data: Any = RecordedError(item.error)
+        else:
+            data = self.decode(item.data, what=f"the {item.event_type!r} event")
+        return WorkflowEvent(
+            item.event_type,
+            data,
+            origin=WorkflowEventSource.EXECUTOR,
+            executor_id=item.executor_id,
+            run_id=self.run_id,
+            superstep=index,
+            superstep_id=item.superstep_id,
+        )
 
     def _failed(self, event: RunFailed) -> None:
         """The events of a run's failure, as the runner emitted them (see ``_runner``): an
@@ -222,13 +394,20 @@ class _Replayer:
         committed superstep, and a commit batch the store refused; anything else that failed a
         run ended its stream with the exception, not an event."""
         error = RecordedError(event.error)
+        info = event.error
         superstep_id = event.superstep_id
         index = self.index.get(superstep_id) if superstep_id is not None else None
-        if event.executor_id is not None:
-            where: dict[str, Any] = {"superstep_id": superstep_id, "executor_id": event.executor_id}
-            self.emit("executor_failed", index, error=error, **where)
-            self.emit("failed", index, error=error, **where)  # one object, as live
-        elif superstep_id is None and event.error.type == _CONVERGENCE:
-            self.emit("failed", self.last_index, error=error)
-        elif superstep_id is not None and event.error.type == _UNSTORABLE:
-            self.emit("failed", index, superstep_id=superstep_id, error=error)
+        executor_id = event.executor_id
+        convergence = superstep_id is None and info.type == _CONVERGENCE
+        unstorable = superstep_id is not None and info.type == _UNSTORABLE
+        if executor_id is None and not convergence and not unstorable:
+            return
+        self.status(WorkflowRunState.FAILED)
+        if executor_id is not None:
+            where: dict[str, Any] = {"superstep_id": superstep_id, "executor_id": executor_id}
+            self.emit("executor_failed", index, error=error, info=info, **where)
+            self.emit("failed", index, error=error, info=info, **where)  # one object, as live
+        elif convergence:
+            self.emit("failed", self.last_index, error=error, info=info)
+        else:
+            self.emit("failed", index, superstep_id=superstep_id, error=error, info=info)

@@ -32,14 +32,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Position
 from kernel._checkpoints import answer, check_responses, continued_run
 from kernel._context import WorkflowContext
-from kernel._emit import Emit, Put, WorkflowEvent, emitter, silent
+from kernel._emit import (
+    Emit,
+    Put,
+    WorkflowEvent,
+    WorkflowRunState,
+    emitter,
+    framework_event,
+    silent,
+)
 from kernel._errors import (
     ConvergenceError,
     EncodingError,
@@ -68,7 +76,7 @@ from kernel._events import (
     SuperstepStarted,
     trusted_event,
 )
-from kernel._requests import PendingRequest
+from kernel._requests import PendingRequest, Response
 from kernel._superstep import Superstep, SuperstepOutcome
 
 if TYPE_CHECKING:
@@ -78,6 +86,12 @@ if TYPE_CHECKING:
 __all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]
 
 
+_FINAL_STATES = {
+    "completed": WorkflowRunState.IDLE,
+    "awaiting_input": WorkflowRunState.IDLE_WITH_PENDING_REQUESTS,
+}
+
+
 @dataclass
 class RunResult:
     """The outcome of a run that completed, or stopped waiting for responses to its requests.
@@ -85,6 +99,12 @@ class RunResult:
     For a run that continues another, ``outputs`` and ``supersteps`` count from the start of the
     run it continues (its whole lineage), so a resumed run reports what an uninterrupted run of
     the same workflow would.
+
+    Like AF's ``WorkflowRunResult``, it is also the sequence of the run's events: iterating it,
+    ``len`` and indexing give the events a streaming consumer of this run got (without
+    ``started`` and the ``status`` events, which ``status_timeline()`` gives; ``run(...,
+    include_status_events=True)`` keeps them in). They are read back from the log the first
+    time they are asked for (``replay``), so a run nobody asks costs nothing more.
     """
 
     run_id: str
@@ -93,26 +113,69 @@ class RunResult:
     outputs: list[Any] = field(default_factory=list)
     pending_requests: list[PendingRequest] = field(default_factory=list)
     intermediate_outputs: list[Any] = field(default_factory=list)
+    include_status_events: bool = field(default=False, repr=False, compare=False)
+    _source: Callable[[], list[WorkflowEvent]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _events: list[WorkflowEvent] | None = field(default=None, repr=False, compare=False)
+
+    def events(self) -> list[WorkflowEvent]:
+        """Every event of the run's stream, ``started`` and ``status`` events included."""
+        if self._events is None:
+            if self._source is None:
+                raise ExecutionError(
+                    f"the events of run {self.run_id} are not at hand: this RunResult was not "
+                    "returned by a run; read them with replay(store, run_id)"
+                )
+            self._events = self._source()
+        return list(self._events)
+
+    def _shown(self) -> list[WorkflowEvent]:
+        keep = self.include_status_events
+        return [e for e in self.events() if e.type != "started" and (keep or e.type != "status")]
+
+    def __iter__(self) -> Iterator[WorkflowEvent]:
+        return iter(self._shown())
+
+    def __len__(self) -> int:
+        return len(self._shown())
+
+    def __getitem__(self, index: int) -> WorkflowEvent:
+        return self._shown()[index]
+
+    def __bool__(self) -> bool:
+        return True
 
     def get_outputs(self) -> list[Any]:
-        """The workflow outputs yielded in committed supersteps, in order."""
+        """The workflow outputs yielded in committed supersteps, in order (of the whole
+        lineage)."""
         return list(self.outputs)
 
     def get_intermediate_outputs(self) -> list[Any]:
         """The intermediate outputs (``intermediate_output_from=``) of committed supersteps, in
-        order."""
+        order (of the whole lineage)."""
         return list(self.intermediate_outputs)
+
+    def get_final_state(self) -> WorkflowRunState:
+        """``IDLE`` for a completed run, ``IDLE_WITH_PENDING_REQUESTS`` for one waiting for
+        responses: the state of the run's last ``status`` event."""
+        return _FINAL_STATES[self.status]
+
+    def status_timeline(self) -> list[WorkflowEvent]:
+        """The run's ``status`` events, in order."""
+        return [e for e in self.events() if e.type == "status"]
 
     def get_request_info_events(self) -> list[WorkflowEvent]:
         """The requests still waiting for a response, as ``request_info`` events."""
         return [
-            WorkflowEvent(
+            framework_event(
                 "request_info",
                 self.run_id,
                 executor_id=request.executor_id,
                 superstep_id=request.superstep_id,
                 data=request.data,
                 request_id=request.request_id,
+                response_type=request.response_type or None,
             )
             for request in self.pending_requests
         ]
@@ -155,6 +218,13 @@ class Run:
         self.previous: Run | None = None  # a run this one replaced and must let finish first
         self.outputs: list[Any] = []  # of committed supersteps, in order
         self.intermediate_outputs: list[Any] = []  # likewise
+        self.result: RunResult | None = None
+        self.first_position = 0  # the stream's length before the run's first event
+        self.last_position = 0  # the position of its last event, once it returned
+        self.include_status_events = False
+        # Set by the workflow: lets a result read the run's events back from the log.
+        self.bind_log: Callable[[Run, RunResult], None] | None = None
+        self._asked = False  # a request_info was emitted: the stream said so in a status
         # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
         self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
         self._emit: Emit = silent
@@ -294,7 +364,12 @@ class Run:
             await keeper.release()
             raise
         try:
-            return await self._supersteps(position)
+            result = await self._supersteps(position)
+            self.last_position = self._version
+            if self.bind_log is not None:
+                self.bind_log(self, result)
+            self.result = result
+            return result
         except asyncio.CancelledError:
             lost = self._lost_lease
             if lost is not None:  # the run is not ours to close any more: its taker closes it
@@ -373,7 +448,7 @@ class Run:
         wire_kwargs = {
             k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
         }
-        self._version = head.version
+        self._version = self.first_position = head.version
         if head.run_id is not None:
             reason = self._unfinished_reason(head.owner)
             self._close_unfinished(head.run_id, head.superstep_id, reason)
@@ -458,6 +533,7 @@ class Run:
         """Run supersteps from ``position`` (whose superstep is open in the log) to the end."""
         emit = self._emit
         await emit("started")
+        await emit("status", state=WorkflowRunState.IN_PROGRESS)
         while True:
             superstep_id = self._open_superstep_id
             assert superstep_id is not None
@@ -468,23 +544,15 @@ class Run:
             try:
                 position = await self._commit(step, position)
             except EncodingError as refused:  # recorded: the superstep aborted, the run failed
+                await emit("status", state=WorkflowRunState.FAILED)
                 await emit("failed", step.index, superstep_id, error=refused)
                 raise
-            for source, value, kind in step.outputs:
-                if kind != "hidden":
-                    await emit(kind, step.index, superstep_id, source, value)
-            for request in step.requested:
-                await emit(
-                    "request_info",
-                    step.index,
-                    superstep_id,
-                    request.executor_id,
-                    data=request.data,
-                    request_id=request.request_id,
-                )
+            if emit is not silent:
+                await self._emit_committed(step)
             await emit("superstep_completed", step.index, superstep_id)
             if not position.inbox:
                 if position.requests:
+                    await emit("status", state=WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
                     await emit("awaiting_input", step.index)
                     pending = list(position.requests.values())
                     return RunResult(
@@ -495,6 +563,7 @@ class Run:
                         pending,
                         self.intermediate_outputs,
                     )
+                await emit("status", state=WorkflowRunState.IDLE)
                 await emit("completed", step.index)
                 return RunResult(
                     self.run_id,
@@ -505,8 +574,38 @@ class Run:
                 )
             if step.index >= self.instance.max_supersteps:
                 error = self._convergence_error(step.index, position)
+                await emit("status", state=WorkflowRunState.FAILED)
                 await emit("failed", step.index, error=error)
                 raise error
+
+    async def _emit_committed(self, step: Superstep) -> None:
+        """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
+        ones not at all) and custom events, in the order they were made, then its requests;
+        after the run's first request, the status says requests are pending."""
+        emit, index, superstep_id = self._emit, step.index, step.superstep_id
+        custom = step.custom
+        shown = 0
+        for made, (source, value, kind) in enumerate(step.outputs):
+            while shown < len(custom) and custom[shown][0] <= made:
+                await emit(custom[shown][1])
+                shown += 1
+            if kind != "hidden":
+                await emit(kind, index, superstep_id, source, value)
+        for _, event in custom[shown:]:
+            await emit(event)
+        for request in step.requested:
+            await emit(
+                "request_info",
+                index,
+                superstep_id,
+                request.executor_id,
+                data=request.data,
+                request_id=request.request_id,
+                response_type=request.response_type or None,
+            )
+        if step.requested and not self._asked:
+            self._asked = True
+            await emit("status", state=WorkflowRunState.IN_PROGRESS_PENDING_REQUESTS)
 
     async def _execute(self, step: Superstep, inbox: dict[str, list[Any]]) -> None:
         if len(inbox) == 1:
@@ -568,7 +667,9 @@ class Run:
             record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
             in_flight.add(executor_id)
             if streaming:
-                await emit("executor_invoked", step.index, superstep_id, executor_id)
+                given = message.value if isinstance(message, Response) else message
+                await emit("executor_invoked", step.index, superstep_id, executor_id, given)
+                sent_before = len(step.sent)
             try:
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
@@ -584,7 +685,11 @@ class Run:
             in_flight.discard(executor_id)
             record(ExecutorCompleted, {**step.completed_head, "executor_id": executor_id})
             if streaming:
-                await emit("executor_completed", step.index, superstep_id, executor_id)
+                # Its own messages since it was invoked: its invocations run one after another.
+                mine = [s.message for s in step.sent[sent_before:] if s.source == executor_id]
+                await emit(
+                    "executor_completed", step.index, superstep_id, executor_id, mine or None
+                )
 
     async def _abort_failed(self, step: Superstep) -> None:
         assert step.failure is not None
@@ -608,6 +713,7 @@ class Run:
         self._flush_closing(opened)
         self._ended()
         emit = self._emit
+        await emit("status", state=WorkflowRunState.FAILED)
         await emit("executor_failed", step.index, step.superstep_id, executor_id, error=error)
         await emit("failed", step.index, step.superstep_id, executor_id, error=error)
         raise error

@@ -11,8 +11,10 @@ import enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Delivery, Router, Sent
+from kernel._emit import FRAMEWORK_EVENT_TYPES, WorkflowEvent, WorkflowEventSource
 from kernel._errors import DefinitionError, StateWriteRejectedError
 from kernel._events import (
+    CustomEventAdded,
     ErrorInfo,
     ExecutorCompleted,
     ExecutorFailed,
@@ -59,6 +61,7 @@ class Superstep:
         self.sent: list[Sent] = []
         self.outputs: list[tuple[str, Any, OutputKind]] = []  # executor, value, designation
         self.requested: list[PendingRequest] = []
+        self.custom: list[tuple[int, WorkflowEvent]] = []  # (outputs yielded before it, event)
         self.failure: tuple[str, BaseException] | None = None
         self.in_flight: set[str] = set()
         self.cancelling = False
@@ -135,6 +138,11 @@ class Superstep:
                 "target": target_id,
                 "targets": list(delivery.logged),
                 "message": wire,
+                "gathered": (
+                    {g.target: list(g.sources) for g in delivery.fan_ins}
+                    if delivery.fan_ins
+                    else {}
+                ),
             },
         )
         self.sent.append(Sent(source, message, delivery))
@@ -153,6 +161,50 @@ class Superstep:
             designation=kind,
         )
         self.outputs.append((executor_id, value, kind))
+
+    def add_event(self, executor_id: str, event: WorkflowEvent) -> None:
+        """Record a custom event; it reaches the caller once this superstep commits."""
+        if not isinstance(event, WorkflowEvent):
+            raise DefinitionError(
+                f"executor {executor_id!r} added a {type(event).__qualname__} with add_event; "
+                "it takes a WorkflowEvent, e.g. WorkflowEvent('progress', data)"
+            )
+        kind = event.type
+        if not isinstance(kind, str) or not kind:
+            raise DefinitionError(
+                f"executor {executor_id!r} added an event whose type is {kind!r}: "
+                "give it a non-empty str type"
+            )
+        if kind in FRAMEWORK_EVENT_TYPES:
+            hint = "use ctx.yield_output" if kind in ("output", "intermediate") else "pick another"
+            raise DefinitionError(
+                f"executor {executor_id!r} added a {kind!r} event: that type is the runner's "
+                f"own ({hint}); a custom event needs a type of its own, e.g. 'progress'"
+            )
+        self._refuse_if_closed(executor_id, f"{kind!r} event")
+        run = self._run
+        payload = event.data
+        error = None
+        if isinstance(payload, BaseException):
+            error, wire = ErrorInfo.of(payload), None
+        else:
+            wire = run.codec.encode(payload, what=f"data of the {kind!r} event of {executor_id!r}")
+        run.log(
+            CustomEventAdded,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            event_type=kind,
+            data=wire,
+            error=error,
+        )
+        shown = event.replace(
+            run_id=run.run_id,
+            superstep=self.index,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            origin=WorkflowEventSource.EXECUTOR,
+        )
+        self.custom.append((len(self.outputs), shown))
 
     def request(
         self, executor_id: str, data: Any, response_type: Any, request_id: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import replace
@@ -14,13 +15,14 @@ from kernel._checkpoints import Checkpoint, CheckpointStatus, Ledger, Standing, 
 from kernel._clock import Clock, IdFactory
 from kernel._definition import DefinitionView
 from kernel._emit import WorkflowEvent
-from kernel._errors import DefinitionError, ResumeError, RunInProgressError
+from kernel._errors import DefinitionError, ExecutionError, ResumeError, RunInProgressError
 from kernel._events import AbortReason, EventBase
 from kernel._fork import fork_instance
 from kernel._graph import Graph
 from kernel._ids import check_id
 from kernel._instance import Durability, InstanceContext, LeasePolicy, read_ledger
 from kernel._owner import presumed_reason, process_owner
+from kernel._replay import replay_events
 from kernel._requests import PendingRequest
 from kernel._runner import Continuation, Run, RunResult
 from kernel._store import EventStore
@@ -106,6 +108,7 @@ class Workflow(DefinitionView):
         stream: Literal[False] = False,
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult]: ...
     @overload
@@ -116,6 +119,7 @@ class Workflow(DefinitionView):
         stream: Literal[True],
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> RunStream: ...
 
@@ -126,6 +130,7 @@ class Workflow(DefinitionView):
         stream: bool = False,
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
+        include_status_events: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         """Run the workflow on ``message``, or continue it from the log.
@@ -136,6 +141,8 @@ class Workflow(DefinitionView):
         ``wf.run(msg, stream=True)`` returns an async iterator of ``WorkflowEvent``; if the run
         fails, the iterator yields ``executor_failed`` and ``failed`` and then raises.
         ``kwargs`` are recorded in ``RunStarted`` and offered to handlers as ``ctx.run_kwargs``.
+        ``include_status_events=True`` keeps the ``status`` events among the ``RunResult``'s
+        events (as AF's; ``status_timeline()`` has them either way).
 
         Instead of a message: ``checkpoint_id=`` continues the run from that checkpoint (one of
         ``checkpoints()``; it must be the instance's latest, else ``ResumeError``: fork it), and
@@ -155,7 +162,9 @@ class Workflow(DefinitionView):
             raise ResumeError(
                 "run() needs a message, or checkpoint_id= or responses= to continue a run"
             )
-        return self._launch(message, kwargs, continuation, stream=stream)
+        return self._launch(
+            message, kwargs, continuation, stream=stream, statuses=include_status_events
+        )
 
     @overload
     def resume(
@@ -202,9 +211,12 @@ class Workflow(DefinitionView):
         continuation: Continuation | None,
         *,
         stream: bool,
+        statuses: bool = False,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         self._check_idle()
         run = Run(self._instance, message, kwargs, continuation)
+        run.include_status_events = statuses
+        run.bind_log = functools.partial(_bind_log, self.store, self.instance_id)
         if stream:
             handle = RunStream(run)
             self._replace_active(run, handle)
@@ -405,6 +417,20 @@ class RunStream:
             raise item.error
         return item
 
+    async def get_final_response(self) -> RunResult:
+        """The run's ``RunResult`` (AF's ``ResponseStream.get_final_response``): reads the rest
+        of the stream first, if it was not read to the end, and raises what the run raised."""
+        if not self._done:
+            async for _ in self:
+                pass
+        result = self._run.result
+        if result is None:
+            raise ExecutionError(
+                f"run {self._run.run_id} ended without a result: it was closed, cancelled or "
+                "failed before its end"
+            )
+        return result
+
     async def aclose(self) -> None:
         """Stop the run if it is still going (recorded as ``cancelled``) and wait for it."""
         self._done = True
@@ -447,6 +473,17 @@ async def _stop(run: Run, reason: AbortReason) -> None:
         task.exception()  # retrieved: the consumer already has it or does not want it
     if interrupted:
         raise asyncio.CancelledError
+
+
+def _bind_log(store: EventStore, instance_id: str, run: Run, result: RunResult) -> None:
+    """Let ``result`` read its run's events back from the log (``replay``) when asked for."""
+    after, upto = run.first_position, run.last_position
+
+    def events() -> list[WorkflowEvent]:
+        return replay_events(store, store.read(instance_id, after=after, upto=upto), run.run_id)
+
+    result.include_status_events = run.include_status_events
+    result._source = events
 
 
 def _abandon(run: Run) -> None:

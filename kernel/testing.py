@@ -411,15 +411,18 @@ class LogBuilder:
         source: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        gathered: dict[str, list[str]] | None = None,
     ) -> ev.MessageStaged:
         """``MessageStaged`` from ``source`` (default: the executor last invoked), routed to
-        ``targets`` (default: ``[target]`` when a target is named)."""
+        ``targets`` (default: ``[target]`` when a target is named); ``gathered`` names the fan-in
+        targets among them, with their groups' sources."""
         fields = self._in(superstep, run)
         fields.update(
             source=source if source is not None else self._executor(fields["superstep_id"]),
             target=target,
             targets=list(targets) if targets or target is None else [target],
             message=self._encode(message, "a message"),
+            gathered=dict(gathered or {}),
         )
         return self._emit(ev.MessageStaged, fields)
 
@@ -438,6 +441,23 @@ class LogBuilder:
         if designation != "output":
             fields["designation"] = designation
         return self._emit(ev.OutputYielded, fields)
+
+    def custom_event(
+        self,
+        event_type: str,
+        data: Any = None,
+        *,
+        error: ev.ErrorInfo | None = None,
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.CustomEventAdded:
+        """``CustomEventAdded``."""
+        fields = self._by(executor_id, superstep, run)
+        fields["event_type"] = event_type
+        fields["data"] = self._encode(data, "a custom event")
+        fields["error"] = error
+        return self._emit(ev.CustomEventAdded, fields)
 
     def request(
         self,

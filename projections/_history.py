@@ -36,6 +36,7 @@ from kernel import (
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
     CommittedState,
+    CustomEventAdded,
     EventBase,
     ExecutorFailed,
     ExecutorInvoked,
@@ -278,6 +279,12 @@ class RunHistory(Fold):
         run = self._run_of(step.run_id)
         if run is not None and run.status == "running":
             step.outputs += (event.value,)
+
+    @folds("custom_event_added")
+    def _custom(self, event: CustomEventAdded) -> None:
+        step = self._step_of(event.superstep_id)
+        if step is not None and step.status == "open":
+            step.events += (event.event_type,)
 
     @folds(*SUPERSTEP_MARKER_TYPES)
     def _marked(self, event: SuperstepEvent) -> None:

@@ -127,6 +127,7 @@ _CODECS: dict[str, _Codec] = {
     "keys": (list, tuple),
     "outputs": (list, tuple),
     "requests": (list, tuple),
+    "events": (list, tuple),
     "responses": (list, list),
     "pending_requests": (_requests_rows, _requests),
 }
@@ -155,7 +156,8 @@ def _to_row(record: Any, codecs: tuple[tuple[str, _Codec], ...]) -> dict[str, An
 
 
 def _from_row(cls: type[R], row: dict[str, Any], codecs: tuple[tuple[str, _Codec], ...]) -> R:
-    return cls(**{name: decode(row[name]) for name, (_, decode) in codecs})
+    # A field added later (``events``) is missing from older rows: it takes its default.
+    return cls(**{name: decode(row[name]) for name, (_, decode) in codecs if name in row})
 
 
 @dataclass(slots=True)
@@ -165,9 +167,10 @@ class SuperstepRecord:
     ``executors`` are the executors invoked, in order; ``failed_executors`` those that failed;
     ``keys`` the keys written (staged, whether or not they counted), in first-write order;
     ``outputs`` the outputs yielded before the marker (delivered only if ``committed``);
-    ``requests`` the ids of the requests for input it made (they count only if ``committed``).
-    ``start_position`` is the stream position of its ``superstep_started``, ``position`` that of
-    its marker (None while open).
+    ``requests`` the ids of the requests for input it made (they count only if ``committed``);
+    ``events`` the types of the custom events its executors added (``ctx.add_event``), in order
+    (delivered only if ``committed``). ``start_position`` is the stream position of its
+    ``superstep_started``, ``position`` that of its marker (None while open).
     """
 
     superstep_id: str
@@ -187,6 +190,7 @@ class SuperstepRecord:
     keys: tuple[str, ...] = ()
     outputs: tuple[Any, ...] = ()
     requests: tuple[str, ...] = ()
+    events: tuple[str, ...] = ()
 
     def copy(self) -> SuperstepRecord:
         """An independent copy."""

@@ -99,6 +99,9 @@ def fields(event: WorkflowEvent) -> tuple[Any, ...]:
         event.data,
         shown,
         event.request_id,
+        event.state,
+        event.details,
+        event.origin,
     )
 
 

@@ -28,6 +28,7 @@ from kernel import (
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
+    WorkflowRunState,
     handler,
     open_store,
     response_handler,
@@ -313,7 +314,7 @@ async def test_a_response_stream_closed_before_its_superstep_committed_is_resume
             await gate.wait()
             break
     await stream.aclose()
-    assert seen == ["started", "superstep_started", "executor_invoked"]
+    assert seen == ["started", "status", "superstep_started", "executor_invoked"]
     assert run_ends(slow)[-1] == "run_cancelled"
     result = await editing(reopen(store_url, store)).resume()
     assert result.get_outputs() == ["v1:approve"]
@@ -480,9 +481,11 @@ def negotiation(store: EventStore) -> Workflow:
 async def test_a_streamed_continuation_shows_new_requests_and_ends_waiting(store_url: str) -> None:
     store = open_store(store_url)
     events = [e async for e in negotiation(store).run("lamp", stream=True)]
-    assert [e.type for e in events][-3:] == [
+    assert [e.type for e in events][-5:] == [
         "request_info",
+        "status",  # IN_PROGRESS_PENDING_REQUESTS
         "superstep_completed",
+        "status",  # IDLE_WITH_PENDING_REQUESTS
         "awaiting_input",
     ]
     (asked,) = [e for e in events if e.type == "request_info"]
@@ -494,15 +497,23 @@ async def test_a_streamed_continuation_shows_new_requests_and_ends_waiting(store
     seen = [e async for e in stream]
     assert [e.type for e in seen] == [
         "started",
+        "status",
         "superstep_started",
         "executor_invoked",
         "executor_completed",
         "request_info",
+        "status",
         "superstep_completed",
+        "status",
         "awaiting_input",
     ]
-    assert seen[1].superstep == 2  # the continuation's first superstep follows the checkpoint
-    again = seen[4]
+    assert [e.state for e in seen if e.type == "status"] == [
+        WorkflowRunState.IN_PROGRESS,
+        WorkflowRunState.IN_PROGRESS_PENDING_REQUESTS,
+        WorkflowRunState.IDLE_WITH_PENDING_REQUESTS,
+    ]
+    assert seen[2].superstep == 2  # the continuation's first superstep follows the checkpoint
+    again = seen[5]
     assert again.data == Quantity("lamp (more)")
     assert again.request_id != asked.request_id
     assert [r.request_id for r in later.pending_requests()] == [again.request_id]
@@ -513,7 +524,7 @@ async def test_a_streamed_continuation_shows_new_requests_and_ends_waiting(store
         ("output", "lamp (more) for 12")
     ]
     assert final[-1].type == "completed"
-    assert final[1].superstep == 3
+    assert final[2].superstep == 3
     assert later.committed_state() == {"last_offer": 12}
     assert later.checkpoints()[-1].status == "completed"
 

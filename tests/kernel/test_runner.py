@@ -20,6 +20,7 @@ from kernel import (
     RunInProgressError,
     WorkflowBuilder,
     WorkflowContext,
+    WorkflowRunState,
     counter_ids,
     executor,
     handler,
@@ -231,7 +232,18 @@ async def test_streaming_yields_the_lifecycle_in_order(store):
 
     step_1 = ["superstep_started", "executor_invoked", "executor_completed", "superstep_completed"]
     step_2 = [*step_1[:3], "output", "superstep_completed"]
-    assert [e.type for e in events] == ["started", *step_1, *step_2, "completed"]
+    assert [e.type for e in events] == [
+        "started",
+        "status",
+        *step_1,
+        *step_2,
+        "status",
+        "completed",
+    ]
+    assert [e.state for e in events if e.type == "status"] == [
+        WorkflowRunState.IN_PROGRESS,
+        WorkflowRunState.IDLE,
+    ]
     output = next(e for e in events if e.type == "output")
     assert (output.data, output.executor_id, output.superstep) == (1, "b", 2)
 

@@ -580,7 +580,7 @@ def test_a_response_of_the_wrong_type_is_refused_when_made(store: EventStore) ->
     from kernel import WorkflowEvent
 
     request = SubWorkflowRequestMessage(
-        WorkflowEvent("request_info", "run", request_id="r1", data="x"), "sub", "bool"
+        WorkflowEvent("request_info", "x", run_id="run", request_id="r1"), "sub", "bool"
     )
     assert request.create_response(True).data is True
     with pytest.raises(TypeError, match="must be a bool, got a str"):
