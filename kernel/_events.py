@@ -22,6 +22,7 @@ __all__ = [
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
+    "DropReason",
     "ErrorInfo",
     "Event",
     "EventBase",
@@ -50,6 +51,11 @@ __all__ = [
 ]
 
 AbortReason = Literal["failed", "cancelled", "abandoned", "crashed"]
+DropReason = Literal["no_edges", "target_mismatch", "type_mismatch"]
+"""Why a sent message was dropped (``MessageStaged.dropped``): its sender has no outgoing edge;
+the ``target_id`` it named is not connected to it; or no target connected to it has a handler for
+the message's type. (A message that edge conditions route nowhere is not a drop: it has no
+``targets`` and no ``dropped``.)"""
 Json = Any  # a JSON tree as written by ValueCodec
 E = TypeVar("E", bound="EventBase")
 
@@ -240,6 +246,9 @@ class MessageStaged(SuperstepEvent):
     """A message sent in a superstep, for delivery in the next one (only if this one commits).
 
     ``target`` is the target the sender named, if any; ``targets`` the executors it is routed to.
+    ``dropped`` says why a message with no ``targets`` goes nowhere although its conditions did
+    not decide so (a ``DropReason``): no edge delivers it, and it is dropped (as AF drops it),
+    recorded here. Like the rest of its superstep, a drop counts only if the superstep commits.
     """
 
     type: Literal["message_staged"] = "message_staged"
@@ -247,6 +256,7 @@ class MessageStaged(SuperstepEvent):
     target: str | None = None
     targets: list[str] = Field(default_factory=list)
     message: Json = None
+    dropped: DropReason | None = None
 
 
 class OutputYielded(SuperstepEvent):

@@ -126,6 +126,7 @@ class Superstep:
         if self.outcome is not None or self.inline_task is not None:
             self._refuse_if_closed(source, "message")
         wire = self._codec.encode(message, what=f"message from {source!r}")
+        dropped = delivery.dropped  # a drop is recorded, and never delivered
         self._record(
             MessageStaged,
             {
@@ -134,9 +135,11 @@ class Superstep:
                 "target": target_id,
                 "targets": list(delivery.logged),
                 "message": wire,
+                "dropped": dropped,
             },
         )
-        self.sent.append(Sent(source, message, delivery))
+        if dropped is None:
+            self.sent.append(Sent(source, message, delivery))
 
     def output(self, executor_id: str, value: Any) -> None:
         self._refuse_if_closed(executor_id, "output")
