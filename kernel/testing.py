@@ -411,16 +411,20 @@ class LogBuilder:
         source: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        dropped: ev.DropReason | None = None,
     ) -> ev.MessageStaged:
         """``MessageStaged`` from ``source`` (default: the executor last invoked), routed to
-        ``targets`` (default: ``[target]`` when a target is named)."""
+        ``targets`` (default: ``[target]`` when a target is named, none when ``dropped``, the
+        reason no edge delivered it)."""
         fields = self._in(superstep, run)
         fields.update(
             source=source if source is not None else self._executor(fields["superstep_id"]),
             target=target,
-            targets=list(targets) if targets or target is None else [target],
+            targets=list(targets) if targets or target is None or dropped else [target],
             message=self._encode(message, "a message"),
         )
+        if dropped is not None:
+            fields["dropped"] = dropped
         return self._emit(ev.MessageStaged, fields)
 
     def output(

@@ -36,6 +36,7 @@ from projections._redact import (
     sensitive_keys_of,
 )
 from projections._runrecords import (
+    DroppedMessage,
     ForkRecord,
     HistoryRows,
     MemoryHistoryRows,
@@ -78,6 +79,7 @@ __all__ = [
     "Change",
     "CommittedState",
     "DocumentView",
+    "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
     "HistoryView",
