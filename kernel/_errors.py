@@ -117,6 +117,8 @@ class WorkflowValidationError(DefinitionError):
     error of the same name does. The subclasses carry AF's attributes.
     """
 
+    validation_type: ValidationTypeEnum
+
     def __init__(self, message: str, validation_type: ValidationTypeEnum) -> None:
         super().__init__(message)
         self.message = message
