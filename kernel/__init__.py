@@ -24,6 +24,7 @@ from kernel._errors import (
     EncodingError,
     ExecutionError,
     GraphConnectivityError,
+    GraphvizNotFoundError,
     InvalidBatchError,
     LogIntegrityError,
     MissingKeyError,
@@ -41,6 +42,7 @@ from kernel._errors import (
     StoreUnavailableError,
     TypeCompatibilityError,
     ValidationTypeEnum,
+    VisualizationError,
     WorkflowValidationError,
 )
 from kernel._events import (
@@ -68,12 +70,23 @@ from kernel._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    SubworkflowRan,
+    SubworkflowStarted,
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import Executor, FunctionExecutor, executor, handler, response_handler
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    HandlerSpec,
+    ResponseHandlerSpec,
+    WorkflowMessage,
+    executor,
+    handler,
+    response_handler,
+)
 from kernel._fold import (
     CommittedState,
     Fold,
@@ -93,12 +106,19 @@ from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
+from kernel._subworkflow import (
+    SubworkflowLinks,
+    SubWorkflowRequestMessage,
+    SubWorkflowResponseMessage,
+    WorkflowExecutor,
+)
 
 if TYPE_CHECKING:
     from kernel._store_memory import MemoryStore
     from kernel._store_postgres import PostgresStore
     from kernel._store_sqlite import SQLiteStore
 from kernel._urls import mask_url
+from kernel._viz import WorkflowViz
 from kernel._workflow import RunStream, Workflow
 
 __all__ = [
@@ -141,6 +161,8 @@ __all__ = [
     "Fold",
     "FunctionExecutor",
     "GraphConnectivityError",
+    "GraphvizNotFoundError",
+    "HandlerSpec",
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
@@ -163,6 +185,7 @@ __all__ = [
     "RekeyReport",
     "RerunReport",
     "ResponseError",
+    "ResponseHandlerSpec",
     "ResponseReceived",
     "ResumeError",
     "RoutingError",
@@ -185,6 +208,11 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "SubWorkflowRequestMessage",
+    "SubWorkflowResponseMessage",
+    "SubworkflowLinks",
+    "SubworkflowRan",
+    "SubworkflowStarted",
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
@@ -193,11 +221,15 @@ __all__ = [
     "TypeCompatibilityError",
     "ValidationTypeEnum",
     "ValueCodec",
+    "VisualizationError",
     "Workflow",
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowEvent",
+    "WorkflowExecutor",
+    "WorkflowMessage",
     "WorkflowValidationError",
+    "WorkflowViz",
     "apply_committed",
     "compact_store",
     "counter_ids",

@@ -8,7 +8,8 @@ gathered from its sources so far). A superstep that commits moves the run on::
 
 ``Router`` decides, when a handler sends, where the message goes (``Delivery``); ``deliver``
 turns a committed superstep's ``Sent`` messages into the next inbox. Both are pure: the only code
-they run that is not here is the graph's edge conditions, which may be sync or async. The runner's
+they run that is not here is the graph's edge conditions and selection functions, which may be
+sync or async. The runner's
 loop (``kernel._runner``) drives them and writes the log; this module can be tested, and a run's
 position rebuilt, without a store.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from kernel._errors import RoutingError
 from kernel._events import DropReason
-from kernel._graph import Condition, EdgeGroup, FanIn, FanOut, Graph, Single
+from kernel._graph import Condition, EdgeGroup, FanIn, FanOut, Graph, MultiSelection, Single
 from kernel._requests import PendingRequest
 
 __all__ = ["Delivery", "FanInBuffers", "Inbox", "Position", "Router", "Sent", "deliver"]
@@ -196,6 +197,10 @@ class Router:
         fan_ins: list[FanIn] = []
         typed = False  # some edge could carry this message's type
         for group in groups:
+            if isinstance(group, MultiSelection) and not _selectable(
+                group, message, target_id, executors
+            ):
+                continue  # the selection is asked only about a message the group could carry
             for target in await _candidates(group, message):
                 if target_id is not None and target != target_id:
                     continue
@@ -269,6 +274,8 @@ async def _candidates(group: EdgeGroup, message: object) -> tuple[str, ...]:
         return (group.target,)
     if isinstance(group, FanOut | FanIn):
         return group.targets
+    if isinstance(group, MultiSelection):
+        return await _selected(group, message)
     for condition, target in group.cases:
         if await _holds(condition, message):
             return (target,)
@@ -281,6 +288,41 @@ async def _holds(condition: Condition, message: object) -> bool:
     if inspect.isawaitable(verdict):
         verdict = await verdict
     return bool(verdict)
+
+
+def _selectable(
+    group: MultiSelection, message: object, target_id: str | None, executors: Mapping[str, Any]
+) -> bool:
+    """Whether a multi-selection group could carry ``message`` at all (sent to ``target_id``)."""
+    if target_id is not None and target_id not in group.targets:
+        return False
+    return any(executors[target].can_handle(message) for target in group.targets)
+
+
+async def _selected(group: MultiSelection, message: object) -> tuple[str, ...]:
+    """The targets a multi-selection group's function picks for ``message``, each once, in the
+    order it names them. Raises ``RoutingError`` for a result that is not a list of the group's
+    target ids; raises what the function raises."""
+    func = group.selection
+    picked = func(message, list(group.targets))
+    if inspect.isawaitable(picked):
+        picked = await picked
+    name = getattr(func, "__qualname__", None) or repr(func)
+    if isinstance(picked, str | bytes) or not isinstance(picked, Iterable):
+        raise RoutingError(
+            f"the selection function {name} of the multi-selection edge group from "
+            f"{group.source!r} returned {picked!r}: it must return a list of target ids, a "
+            f"subset of {list(group.targets)}"
+        )
+    chosen = list(picked)
+    unknown = [t for t in chosen if not isinstance(t, str) or t not in group.targets]
+    if unknown:
+        raise RoutingError(
+            f"the selection function {name} of the multi-selection edge group from "
+            f"{group.source!r} selected {unknown!r}, which are not its targets: it must return "
+            f"a subset of {list(group.targets)}"
+        )
+    return tuple(dict.fromkeys(chosen))
 
 
 def _type_only(group: EdgeGroup) -> bool:

@@ -6,8 +6,9 @@ import contextlib
 import itertools
 import math
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._errors import (
@@ -17,7 +18,12 @@ from kernel._errors import (
     ValidationTypeEnum,
     WorkflowValidationError,
 )
-from kernel._executor import Executor, FunctionExecutor, require_storable
+from kernel._executor import (
+    Executor,
+    FunctionExecutor,
+    check_storable_types,
+    require_storable,
+)
 from kernel._graph import (
     Case,
     Condition,
@@ -26,8 +32,12 @@ from kernel._graph import (
     FanIn,
     FanOut,
     Graph,
+    MultiSelection,
+    OutputDesignation,
+    Selection,
     Single,
     SwitchCase,
+    can_yield,
     validate,
 )
 from kernel._ids import check_id
@@ -39,6 +49,11 @@ from kernel._workflow import Durability, Workflow
 __all__ = ["WorkflowBuilder"]
 
 ExecutorRef = Executor | str
+OutputSelection = Sequence[ExecutorRef] | Literal["all", "all_other"] | None
+"""``output_from=`` / ``intermediate_output_from=``: executors (or ids), ``"all"``, or (for
+intermediate outputs) ``"all_other"``."""
+
+_UNSET: Any = object()
 
 
 class WorkflowBuilder:
@@ -49,6 +64,18 @@ class WorkflowBuilder:
     clock and random ids. ``durability="superstep"`` appends each superstep in one atomic batch
     with its marker; ``"write"`` appends every event as it happens. ``sensitive_keys`` are state
     keys whose values readers show redacted (see ``with_sensitive_keys``).
+
+    ``max_iterations`` is Agent Framework's name for ``max_supersteps`` (default 100); give one
+    (or both, equal). ``description`` is kept on the workflow and in ``to_dict()``.
+
+    ``output_from`` and ``intermediate_output_from`` designate, as in Agent Framework, whose
+    ``yield_output`` values the caller gets as workflow outputs (``"output"`` events,
+    ``get_outputs()``) and whose as intermediate outputs (``"intermediate"`` events,
+    ``get_intermediate_outputs()``): each a list of executors (or ids), or ``"all"`` (every
+    executor that may yield); ``intermediate_output_from="all_other"`` is every such executor not
+    in ``output_from``. Give neither and every yield is a workflow output; give either and the
+    yields of executors in neither are hidden from the caller. The log records every yield,
+    whichever designation applies. ``output_executors`` is the older name of ``output_from``.
 
     A handler may send a message that no edge delivers (no outgoing edge, a ``target_id`` it is
     not connected to, no target with a handler for its type). As in AF, the message is then
@@ -64,11 +91,16 @@ class WorkflowBuilder:
         store: EventStore | None = None,
         instance_id: str | None = None,
         name: str | None = None,
-        max_supersteps: int = 100,
+        max_supersteps: int | None = None,
         durability: Durability = "superstep",
         clock: Clock | None = None,
         id_factory: IdFactory | None = None,
         sensitive_keys: Iterable[str] = (),
+        max_iterations: int | None = None,
+        description: str | None = None,
+        output_from: OutputSelection = _UNSET,
+        intermediate_output_from: OutputSelection = _UNSET,
+        output_executors: OutputSelection = _UNSET,
         strict_routing: bool = False,
     ) -> None:
         self._strict_routing = strict_routing
@@ -78,7 +110,13 @@ class WorkflowBuilder:
         self._store = store
         self._instance_id = instance_id
         self._name = name
-        self._max_supersteps = max_supersteps
+        self._max_supersteps = _max_supersteps(max_supersteps, max_iterations)
+        if description is not None and not isinstance(description, str):
+            raise DefinitionError(f"description must be a string, got {description!r}")
+        self._description = description
+        self._output_from, self._intermediate_from = _selections(
+            output_from, intermediate_output_from, output_executors
+        )
         self._durability = durability
         self._clock = clock or system_clock
         self._ids = id_factory or uuid_ids
@@ -177,6 +215,28 @@ class WorkflowBuilder:
                 "messages no Case matches: add Default(target=...)"
             )
         return self._add(SwitchCase(self._register(source), tuple(branches), default))
+
+    def add_multi_selection_edge_group(
+        self,
+        source: ExecutorRef,
+        targets: Sequence[ExecutorRef],
+        selection_func: Selection,
+    ) -> Self:
+        """Each message from ``source`` goes to the targets ``selection_func(message, ids)``
+        picks: it gets the message and the target ids in the order given here, and returns the
+        ids that receive the message (several, one, or none), sync or async. A target named
+        twice receives the message once; a selected target with no handler for the message's
+        type is skipped. A result that is not a subset of the ids is a ``RoutingError`` of the
+        sender's superstep."""
+        if not callable(selection_func):
+            raise DefinitionError(
+                f"selection_func must be a function (message, target_ids) -> target_ids, got "
+                f"{selection_func!r}"
+            )
+        ids = tuple(self._register(t) for t in targets)
+        source_id = self._register(source)
+        self._require_distinct("multi-selection targets", ids, lambda t: f"{source_id}->{t}")
+        return self._add(MultiSelection(source_id, ids, selection_func))
 
     def add_chain(self, executors: Sequence[ExecutorRef]) -> Self:
         """Edges ``executors[0] -> executors[1] -> ...``."""
@@ -293,8 +353,16 @@ class WorkflowBuilder:
             require_storable(self._name, "a workflow name")
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
+            check_storable_types(executor)  # a declared type the log can never hold
+        if self._description is not None:
+            require_storable(self._description, "a workflow description")
         graph = Graph(
-            dict(self._executors), self._start, tuple(self._groups), bool(self._strict_routing)
+            dict(self._executors),
+            self._start,
+            tuple(self._groups),
+            self._designation(),
+            self._description,
+            bool(self._strict_routing),
         )
         validate(graph)
         store = self._store if self._store is not None else open_store()
@@ -313,6 +381,90 @@ class WorkflowBuilder:
             lease=self._lease,
             sensitive_keys=tuple(self._sensitive),
         )
+
+    def _designation(self) -> OutputDesignation:
+        """``output_from`` and ``intermediate_output_from``, resolved over the executors."""
+        outputs = self._designated(self._output_from, "output_from", ())
+        intermediates = self._designated(
+            self._intermediate_from, "intermediate_output_from", outputs or ()
+        )
+        if outputs is None and intermediates is None:
+            return OutputDesignation()
+        outputs, intermediates = outputs or [], intermediates or []
+        if not outputs and not intermediates:
+            raise WorkflowValidationError(
+                "the output designation names no executor: list at least one in output_from= "
+                "or intermediate_output_from=, or give neither (every yield is then an output)",
+                ValidationTypeEnum.OUTPUT_VALIDATION,
+            )
+        for what, ids in (("output_from", outputs), ("intermediate_output_from", intermediates)):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            if twice:
+                raise WorkflowValidationError(
+                    f"{what} names {twice} more than once: list each executor once",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
+                )
+        return OutputDesignation(frozenset(outputs), frozenset(intermediates))
+
+    def _designated(
+        self, selection: OutputSelection, what: str, others: Sequence[str]
+    ) -> list[str] | None:
+        if selection is None:
+            return None
+        if isinstance(selection, str):
+            capable = [i for i, e in self._executors.items() if can_yield(e)]
+            if selection == "all":
+                return capable
+            if selection == "all_other" and what == "intermediate_output_from":
+                return [i for i in capable if i not in others]
+            allowed = "'all', 'all_other'" if what == "intermediate_output_from" else "'all'"
+            raise DefinitionError(
+                f"{what}={selection!r} is not a designation: give a list of executors, or {allowed}"
+            )
+        ids: list[str] = []
+        for item in selection:
+            if isinstance(item, Executor):
+                ids.append(item.id)
+            elif isinstance(item, str):
+                ids.append(item)
+            else:
+                raise DefinitionError(f"{what} lists {item!r}: give executors or executor ids")
+        return ids
+
+
+def _max_supersteps(max_supersteps: int | None, max_iterations: int | None) -> int:
+    """``max_supersteps=``, or Agent Framework's ``max_iterations=``; both only if equal."""
+    if max_supersteps is None:
+        return 100 if max_iterations is None else max_iterations
+    if max_iterations is not None and max_iterations != max_supersteps:
+        raise DefinitionError(
+            f"max_supersteps={max_supersteps!r} and max_iterations={max_iterations!r} disagree: "
+            "they are one setting (max_iterations is Agent Framework's name); give one"
+        )
+    return max_supersteps
+
+
+def _selections(
+    output_from: OutputSelection,
+    intermediate_from: OutputSelection,
+    output_executors: OutputSelection,
+) -> tuple[OutputSelection, OutputSelection]:
+    """The output and intermediate selections, ``output_executors`` read as ``output_from``."""
+    if output_executors is not _UNSET:
+        if output_from is not _UNSET:
+            raise DefinitionError(
+                "output_executors is the older name of output_from: give only output_from"
+            )
+        warnings.warn(
+            "output_executors= is the older name of output_from=; use output_from=",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        output_from = output_executors
+    return (
+        None if output_from is _UNSET else output_from,
+        None if intermediate_from is _UNSET else intermediate_from,
+    )
 
 
 def _shape(message: str) -> WorkflowValidationError:
@@ -338,9 +490,14 @@ def _pattern_list(patterns: Iterable[str]) -> list[str]:
 def _handler_annotations(executors: Iterable[Executor]) -> list[Any]:
     """Every type the handlers name: what they accept, send and yield, generics included."""
     found: list[Any] = []
+    from kernel._subworkflow import WorkflowExecutor  # it imports the workflow, as this does
+
     for executor in executors:
+        if isinstance(executor, WorkflowExecutor):
+            found.extend(executor.value_types())
         for spec in executor.handlers:
             found.extend((spec.accepts or ()) + (spec.sends or ()) + (spec.yields or ()))
+            found.extend((spec.input_type, *spec.output_types, *spec.workflow_output_types))
             method = (
                 executor.func
                 if isinstance(executor, FunctionExecutor)

@@ -130,6 +130,7 @@ class Standing:
     position: Position
     outputs: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    intermediate_outputs: list[Any] = field(default_factory=list)
 
 
 class Ledger(SuperstepFold):
@@ -282,7 +283,11 @@ class _Rebuild:
             # revive one
             if response.request_id in requests
         ]
-        return Standing(answer(before.position, answers), list(before.outputs))
+        return Standing(
+            answer(before.position, answers),
+            list(before.outputs),
+            intermediate_outputs=list(before.intermediate_outputs),
+        )
 
     def after(self, standing: Standing, step: _Step) -> Standing:
         decode = self.codec.decode
@@ -301,7 +306,10 @@ class _Rebuild:
                     ) from None
                 sent.append(Sent(item.source, decode(item.message), delivery))
             elif isinstance(item, OutputYielded):
-                outputs.append(decode(item.value))
+                if item.designation == "output":
+                    outputs.append(decode(item.value))
+                elif item.designation == "intermediate":
+                    standing.intermediate_outputs.append(decode(item.value))
             elif isinstance(item, InfoRequested):
                 requested.append(
                     PendingRequest(
@@ -313,7 +321,11 @@ class _Rebuild:
                         item.superstep_id,
                     )
                 )
-        return Standing(standing.position.after(sent, requested), outputs)
+        return Standing(
+            standing.position.after(sent, requested),
+            outputs,
+            intermediate_outputs=standing.intermediate_outputs,
+        )
 
 
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:

@@ -18,7 +18,13 @@ timedelta, UUID, Decimal  tagged text or numbers; bytes as base64
 Enum members              ``{"$t": "enum", "cls": "module:Qualname", "v": value}``
 pydantic models           ``{"$t": "model", "cls": ..., "v": fields}``
 dataclasses               ``{"$t": "dataclass", "cls": ..., "v": fields}``
+named tuples              ``{"$t": "namedtuple", "cls": ..., "v": fields}``
 ========================  ======================================================================
+
+Nothing else is stored, and nothing is ever pickled. A value of any other class (a plain class,
+one with ``__slots__``, an attrs class, a subclass of ``dict``, ``list`` or ``str``, a
+``deque``, a ``Path``) is refused by ``encode`` with an ``EncodingError`` that names its type and
+how to make it storable (``storable_hint``).
 
 **Encoding refuses what cannot be written.** ``encode`` raises ``EncodingError`` (naming ``what``
 and the path inside the value) for a type it does not support, for text that is not valid Unicode
@@ -27,14 +33,15 @@ deep (or one that contains itself). So whatever ``encode`` returns can be writte
 where an event or a materialized view puts it a few levels down inside its own document.
 
 **Decoding is data only: it never imports a module or calls a class it was not given.** A tagged
-enum, model or dataclass names its class as ``"module:qualname"``; that name is looked up in the
-codec's allow-list, never imported. A class is on the allow-list only if the application put it
-there: with ``ValueCodec.register`` (``codec.register(Order, list[Item] | None)``), with
+enum, model, dataclass or named tuple names its class as ``"module:qualname"``; that name is looked
+up in the codec's allow-list, never imported. A class is on the allow-list only if the application
+put it there: with ``ValueCodec.register`` (``codec.register(Order, list[Item] | None)``), with
 ``WorkflowBuilder.register_types``, or by declaring it in a handler's annotations (the types a
 handler accepts, sends and yields, looked into through generics and unions, and the field types of
 the models and dataclasses found) when the workflow is built. A registered class is rebuilt from
-the stored fields (``model_validate`` for models, the constructor for dataclasses and enums); a
-class that is not registered decodes to its stored fields as plain data.
+the stored fields (``model_validate`` for models, the constructor for dataclasses, named tuples and
+enums); a class that is not registered decodes to its stored fields as plain data (a dict of fields
+for a model, dataclass or named tuple; the value for an enum).
 
 Encoding a class does **not** register it: what ``decode`` returns depends only on the allow-list,
 never on what this process happened to write before, so a reader process and a writer process see
@@ -68,7 +75,7 @@ from zoneinfo import ZoneInfo
 from pydantic import BaseModel
 
 from kernel._errors import DecodeError, DefinitionError, EncodingError
-from kernel._valuetypes import value_classes
+from kernel._valuetypes import is_namedtuple, storable_hint, value_classes
 
 __all__ = ["MAX_DEPTH", "ValueCodec"]
 
@@ -138,7 +145,8 @@ class ValueCodec:
         """Allow values of these classes to be rebuilt by ``decode``.
 
         Each argument is a class or a type annotation (``list[Order] | None``); every enum,
-        pydantic model and dataclass in it is registered, with the classes their fields declare.
+        pydantic model, dataclass and named tuple in it is registered, with the classes their
+        fields declare.
         A class registered under the ``"module:qualname"`` of an earlier one replaces it. Raises
         ``DefinitionError`` for an argument that holds no such class.
         """
@@ -146,8 +154,9 @@ class ValueCodec:
             found = value_classes(annotation)
             if not found:
                 raise DefinitionError(
-                    f"cannot register {annotation!r}: it holds no enum, pydantic model or "
-                    "dataclass (other values decode as themselves without registering)"
+                    f"cannot register {annotation!r}: it holds no enum, pydantic model, "
+                    "dataclass or named tuple (other values decode as themselves without "
+                    "registering)"
                 )
             for cls in found:
                 self._classes[_class_path(cls)] = cls
@@ -282,6 +291,17 @@ class ValueCodec:
                     refused.path.append(f".{f.name}")
                     raise
             return {TAG: "dataclass", "cls": self._path(kind), "v": fields}
+        if isinstance(value, tuple) and is_namedtuple(kind):
+            if depth + 2 > MAX_DEPTH:
+                raise _Refused(_TOO_DEEP)
+            items: dict[str, Json] = {}
+            for name, item in zip(kind._fields, value, strict=True):  # type: ignore[attr-defined]
+                try:
+                    items[name] = self._encode(item, depth + 2)
+                except _Refused as refused:
+                    refused.path.append(f".{name}")
+                    raise
+            return {TAG: "namedtuple", "cls": self._path(kind), "v": items}
         if isinstance(value, datetime | date | time | timedelta | uuid.UUID | Decimal | bytes):
             # A subclass of a supported type: store it as its base type.
             if depth + 2 > MAX_DEPTH:
@@ -290,9 +310,10 @@ class ValueCodec:
                 if isinstance(value, base):
                     return base_encoder(value)
         raise _Refused(
-            f"a value of type {kind.__module__}.{kind.__qualname__} is not storable; use JSON "
-            "types, datetimes, UUIDs, Decimals, bytes, tuples, sets, enums, pydantic models or "
-            "dataclasses"
+            f"a value of type {kind.__module__}.{kind.__qualname__} is not storable: "
+            f"{storable_hint(kind)} (storable: JSON types, datetimes, UUIDs, Decimals, bytes, "
+            "tuples, sets, enums, pydantic models, dataclasses and named tuples; nothing is "
+            "pickled)"
         )
 
     def _path(self, cls: type) -> str:
@@ -363,7 +384,7 @@ class ValueCodec:
             except TypeError as error:
                 reason = f"{_show(tree)} has an item that cannot be one: {error}"
                 raise _Malformed(reason) from error
-        if tag == "enum" or tag == "model" or tag == "dataclass":
+        if tag == "enum" or tag == "model" or tag == "dataclass" or tag == "namedtuple":
             return self._decode_object(tag, tree, depth)
         raise _Malformed(f"unknown value tag {tag!r} in {_show(tree)}: written by a newer steplog?")
 
@@ -392,6 +413,8 @@ class ValueCodec:
                 return cls.model_validate(inner)
             if tag == "dataclass" and dataclasses.is_dataclass(cls):
                 return _build_dataclass(cls, inner)
+            if tag == "namedtuple" and is_namedtuple(cls):
+                return cls(**inner)
         except Exception as error:
             raise _Malformed(
                 f"the stored {tag} does not fit the registered class {name}: {error}"
@@ -428,7 +451,7 @@ def _path_text(steps: list[str]) -> str:
     if len(shown) <= _PATH_STEPS:
         return "".join(shown)
     skipped = len(shown) - _PATH_STEPS
-    return f"{''.join(shown[:4])}<{skipped} more steps>{''.join(shown[-(_PATH_STEPS - 4):])}"
+    return f"{''.join(shown[:4])}<{skipped} more steps>{''.join(shown[-(_PATH_STEPS - 4) :])}"
 
 
 def _digits(value: int) -> str:

@@ -76,15 +76,19 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
         """Yield a workflow output; the caller receives it once this superstep commits."""
         self._step.output(self._executor_id, output)
 
-    async def request_info(self, request_data: Any, response_type: Any = None) -> str:
+    async def request_info(
+        self, request_data: Any, response_type: Any = None, *, request_id: str | None = None
+    ) -> str:
         """Ask for input from outside the workflow; return the request's id.
 
         The request counts once this superstep commits: the caller then sees a ``request_info``
         event, and a run with nothing else to do ends waiting for input. ``run(responses=
         {request_id: value})``, in this process or a later one, delivers the response to this
         executor's ``@response_handler`` for the request's type and ``response_type``.
+        ``request_id`` names the request instead of a fresh id (a ``WorkflowExecutor`` passes its
+        sub-workflow's request on under the sub-workflow's id); it must be unique in the instance.
         """
-        return self._step.request(self._executor_id, request_data, response_type)
+        return self._step.request(self._executor_id, request_data, response_type, request_id)
 
     def set_state(self, key: str, value: Any) -> None:
         """Stage ``key = value``. Committed only if this superstep commits.

@@ -21,6 +21,7 @@ WorkflowEventType = Literal[
     "executor_completed",
     "executor_failed",
     "output",
+    "intermediate",
     "request_info",
     "superstep_completed",
     "failed",
@@ -34,10 +35,10 @@ WorkflowEventType = Literal[
 class WorkflowEvent:
     """What a streaming run yields. ``type`` says what happened; the other fields say where.
 
-    ``data`` holds the output for ``output`` events and the request for ``request_info`` events
-    (whose ``request_id`` is what a response answers); ``error`` the exception for
-    ``executor_failed`` and ``failed``. A run that ends with requests unanswered ends with
-    ``awaiting_input`` instead of ``completed``.
+    ``data`` holds the output for ``output`` and ``intermediate`` events and the request for
+    ``request_info`` events (whose ``request_id`` is what a response answers); ``error`` the
+    exception for ``executor_failed`` and ``failed``. A run that ends with requests unanswered
+    ends with ``awaiting_input`` instead of ``completed``.
     """
 
     type: WorkflowEventType

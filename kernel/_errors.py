@@ -3,7 +3,8 @@
 Every error that steplog raises on its own account derives from ``StepLogError``::
 
     StepLogError
-    ├── DefinitionError              a workflow graph that cannot run (raised by build())
+    ├── DefinitionError              a workflow graph that cannot run (raised by build()), or a
+    │   │                            bad handler (raised when it is defined); also a ValueError
     │   └── WorkflowValidationError  one with a ValidationTypeEnum category (AF's names)
     │       ├── EdgeDuplicationError     the same source -> target edge twice
     │       ├── TypeCompatibilityError   an edge whose source never sends what its target takes
@@ -28,6 +29,8 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   │   └── MissingKeyError      a sealed row or view document whose key was not given
     │   └── SchemaVersionError       a database or event written by a newer steplog
     ├── ProjectionError              a view that cannot be built or queried
+    ├── VisualizationError           a picture of a graph that cannot be made (WorkflowViz)
+    │   └── GraphvizNotFoundError    Graphviz's dot program is not installed (an ImportError)
     └── LogIntegrityError            a log that was altered (its hash chain or a seal is broken),
                                      or that breaks the kernel's own invariants; a StoreError
                                      and a ProjectionError both, for readers of either
@@ -54,6 +57,7 @@ __all__ = [
     "EncodingError",
     "ExecutionError",
     "GraphConnectivityError",
+    "GraphvizNotFoundError",
     "InvalidBatchError",
     "LogIntegrityError",
     "MissingKeyError",
@@ -71,6 +75,7 @@ __all__ = [
     "StoreUnavailableError",
     "TypeCompatibilityError",
     "ValidationTypeEnum",
+    "VisualizationError",
     "WorkflowValidationError",
 ]
 
@@ -101,7 +106,10 @@ class ValidationTypeEnum(enum.Enum):
 
 
 class DefinitionError(StepLogError, ValueError):
-    """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers.
+    """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers;
+    or a handler is (a bad signature, raised when it is defined; no handler, or two for one type,
+    raised when the executor is made; a type the log cannot store, raised by ``build()``). A
+    ``ValueError``, as AF raises for the same mistakes.
 
     ``validation_type`` is the ``ValidationTypeEnum`` of a graph mistake (set on every
     ``WorkflowValidationError``), None for other bad definitions (a bad option value).
@@ -297,6 +305,17 @@ class SchemaVersionError(StoreError):
 
 class ProjectionError(StepLogError):
     """A projection or materialized view could not be built or queried."""
+
+
+class VisualizationError(StepLogError, ValueError):
+    """``WorkflowViz`` cannot make the picture asked for: an unknown format, a file name of
+    another format, or Graphviz failing on it."""
+
+
+class GraphvizNotFoundError(VisualizationError, ImportError):
+    """Rendering SVG, PNG or PDF needs Graphviz's ``dot`` program, and it is not installed. An
+    ``ImportError`` too, as Agent Framework raises, so ``except ImportError`` in its samples
+    still catches it."""
 
 
 class LogIntegrityError(StoreError, ProjectionError):

@@ -42,6 +42,8 @@ __all__ = [
     "RunFailed",
     "RunStarted",
     "StateStaged",
+    "SubworkflowRan",
+    "SubworkflowStarted",
     "SuperstepAborted",
     "SuperstepCommitted",
     "SuperstepEvent",
@@ -260,11 +262,15 @@ class MessageStaged(SuperstepEvent):
 
 
 class OutputYielded(SuperstepEvent):
-    """A workflow output. It is delivered to the caller only if its superstep commits."""
+    """A value an executor yielded. It is delivered to the caller only if its superstep commits:
+    as a workflow output (``designation`` ``"output"``), an intermediate output
+    (``"intermediate"``), or not at all (``"hidden"``: the workflow's output designation names
+    the executor as neither). Every yield is recorded, whatever its designation."""
 
     type: Literal["output_yielded"] = "output_yielded"
     executor_id: str
     value: Json = None
+    designation: Literal["output", "intermediate", "hidden"] = "output"
 
 
 class InfoRequested(SuperstepEvent):
@@ -315,6 +321,37 @@ class InstanceForked(EventBase):
     requests: list[dict[str, Json]] = Field(default_factory=list)
 
 
+class SubworkflowRan(SuperstepEvent):
+    """In a parent's log: executor ``executor_id`` (a ``WorkflowExecutor``) ran run
+    ``child_run`` of the sub-workflow instance ``child_instance`` in this superstep.
+
+    Like a message, it counts only if its superstep commits: then ``requests`` (the child's
+    requests still unanswered when its run ended) are answered through this child, and
+    ``continues`` (the child instance this one was forked from to take a response, if any) is
+    replaced by it. In an aborted superstep it only records that the run happened.
+    """
+
+    type: Literal["subworkflow_ran"] = "subworkflow_ran"
+    executor_id: str
+    child_instance: str
+    child_run: str
+    requests: list[str] = Field(default_factory=list)
+    continues: str | None = None
+
+
+class SubworkflowStarted(RunEvent):
+    """In a sub-workflow's log, right after its run's ``RunStarted``: the run was started by
+    executor ``executor_id`` in superstep ``parent_superstep`` of run ``parent_run`` of instance
+    ``parent_instance``. Its outputs and requests reach the parent only if that superstep commits.
+    """
+
+    type: Literal["subworkflow_started"] = "subworkflow_started"
+    parent_instance: str
+    parent_run: str
+    parent_superstep: str
+    executor_id: str
+
+
 Event = Annotated[
     RunStarted
     | RunCompleted
@@ -333,7 +370,9 @@ Event = Annotated[
     | InfoRequested
     | SuperstepCommitted
     | SuperstepAborted
-    | InstanceForked,
+    | InstanceForked
+    | SubworkflowRan
+    | SubworkflowStarted,
     Field(discriminator="type"),
 ]
 
@@ -358,6 +397,8 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         SuperstepCommitted,
         SuperstepAborted,
         InstanceForked,
+        SubworkflowRan,
+        SubworkflowStarted,
     )
 }
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from kernel._errors import (
     GraphConnectivityError,
@@ -22,13 +22,26 @@ __all__ = [
     "FanIn",
     "FanOut",
     "Graph",
+    "MultiSelection",
+    "OutputDesignation",
+    "OutputKind",
+    "Selection",
     "Single",
     "SwitchCase",
+    "can_yield",
     "validate",
 ]
 
 Condition = Callable[[Any], bool | Awaitable[bool]]
 """An edge condition or switch-case predicate: ``condition(message)``, sync or async."""
+
+Selection = Callable[[Any, list[str]], Sequence[str] | Awaitable[Sequence[str]]]
+"""A multi-selection function: ``selection(message, target_ids)`` returns the ids of the targets
+that receive the message (a subset of ``target_ids``), sync or async."""
+
+OutputKind = Literal["output", "intermediate", "hidden"]
+"""What a ``yield_output`` value is to the caller: a workflow output, an intermediate output, or
+hidden (recorded in the log, shown to no caller)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,34 @@ class SwitchCase(_FromOne):
         return branch_targets + ((self.default,) if self.default is not None else ())
 
 
-EdgeGroup = Single | FanOut | FanIn | SwitchCase
+@dataclass(frozen=True)
+class MultiSelection(_FromOne):
+    """Each message goes to the targets ``selection(message, list(targets))`` names."""
+
+    source: str
+    targets: tuple[str, ...]
+    selection: Selection
+
+
+EdgeGroup = Single | FanOut | FanIn | SwitchCase | MultiSelection
+
+
+@dataclass(frozen=True)
+class OutputDesignation:
+    """Which executors' ``yield_output`` values are workflow outputs, and which intermediate.
+
+    ``outputs`` None is the default: every yield is a workflow output. Otherwise the yields of
+    ``outputs`` are workflow outputs, those of ``intermediates`` intermediate outputs, and any
+    other executor's are hidden from the caller (the log records them all).
+    """
+
+    outputs: frozenset[str] | None = None
+    intermediates: frozenset[str] = frozenset()
+
+    def classify(self, executor_id: str) -> OutputKind:
+        if self.outputs is None or executor_id in self.outputs:
+            return "output"
+        return "intermediate" if executor_id in self.intermediates else "hidden"
 
 
 @dataclass(frozen=True)
@@ -117,15 +157,19 @@ class Graph:
     executors: dict[str, Executor]
     start: str
     groups: tuple[EdgeGroup, ...]
+    outputs: OutputDesignation = field(default_factory=OutputDesignation)
+    description: str | None = None
     strict_routing: bool = False
 
 
 def validate(graph: Graph) -> None:
-    """Reject edges that can never deliver, executors that can never run, and handlers that can
-    never receive a message (``WorkflowValidationError``s, in AF's order of checks)."""
+    """Reject edges that can never deliver, executors that can never run, handlers that can
+    never receive a message, and output designations that cannot hold
+    (``WorkflowValidationError``s, in AF's order of checks)."""
     _check_edges(graph)
     _check_connectivity(graph)
     _check_handlers(graph)
+    _check_outputs(graph.outputs, graph.executors)
 
 
 def _check_connectivity(graph: Graph) -> None:
@@ -155,6 +199,41 @@ def _check_connectivity(graph: Graph) -> None:
         "chain of edges leads to them, so they would never run. Add an edge to each from an "
         "executor that is reached, or leave them out of the workflow"
     )
+
+
+def can_yield(executor: Executor) -> bool:
+    """Whether an executor may yield workflow outputs: some handler declares an output type, or
+    leaves it open (a bare ``WorkflowContext``). ``WorkflowContext[T]`` declares it yields none."""
+    return any(spec.yields is None or spec.yields for spec in executor.handlers)
+
+
+def _check_outputs(designation: OutputDesignation, executors: dict[str, Executor]) -> None:
+    """Designated executors must be in the graph, able to yield, and designated once."""
+    outputs = designation.outputs or frozenset()
+    both = sorted(outputs & designation.intermediates)
+    if both:
+        raise WorkflowValidationError(
+            f"executors {both} are designated both as output and as intermediate executors: "
+            "list each in output_from= or in intermediate_output_from=, not both",
+            ValidationTypeEnum.OUTPUT_VALIDATION,
+        )
+    for role, ids in (("output", outputs), ("intermediate", designation.intermediates)):
+        for executor_id in sorted(ids):
+            executor = executors.get(executor_id)
+            if executor is None:
+                raise WorkflowValidationError(
+                    f"{role} executor {executor_id!r} is not in the workflow graph: add it with "
+                    "an edge, or leave it out of the designation",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
+                )
+            if not can_yield(executor):
+                raise WorkflowValidationError(
+                    f"{role} executor {executor_id!r} declares that it yields no workflow "
+                    "outputs (every handler's context is WorkflowContext[T] or "
+                    "WorkflowContext[T, Never]): declare its output type, "
+                    "WorkflowContext[T, Output]",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
+                )
 
 
 def _check_handlers(graph: Graph) -> None:
@@ -233,10 +312,12 @@ def _check_edges(graph: Graph) -> None:
 
 def _sent_types(executor: Executor) -> tuple[type, ...] | None:
     kinds: list[type] = []
-    for spec in executor.handlers:
-        if spec.sends is None:
+    declared = [s.sends for s in executor.handlers]
+    declared.extend(s.sends for s in executor.response_handlers)  # they send too
+    for sends in declared:
+        if sends is None:
             return None
-        kinds.extend(spec.sends)
+        kinds.extend(sends)
     return tuple(kinds)
 
 

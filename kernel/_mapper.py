@@ -102,12 +102,17 @@ BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("superstep_aborted", 1),
     ("instance_forked", 1),
     ("run_started", 2),
+    ("", 0),  # 19: reserved (custom events)
+    ("", 0),  # 20: reserved (custom events)
+    ("subworkflow_ran", 1),
+    ("subworkflow_started", 1),
 )
 """Type code -> (event type, schema version) in batch rows. Append-only: a new type or a new
 schema version of a type gets the next code; codes are never renumbered or reused. A row's fields
 are positional, so when a type's schema version changes, its old code keeps its old field list in
 ``_FROZEN_FIELDS``, and ``KERNEL_UPCASTERS`` brings its events up to the current version; a code
-whose version has no frozen field list is refused, never misread."""
+whose version has no frozen field list is refused, never misread. An empty name reserves a code
+for a type still to come; nothing is written with it, and a row that uses it is refused."""
 
 _REQUIRED = object()
 
@@ -193,7 +198,10 @@ def _layouts() -> tuple[dict[str, _Layout], tuple[_Layout | None, ...]]:
     by_name: dict[str, _Layout] = {}
     by_code: list[_Layout | None] = []
     for code, (name, version) in enumerate(BATCH_CODES):
-        cls = EVENT_TYPES[name]
+        cls = EVENT_TYPES.get(name)
+        if cls is None:  # a reserved code: nothing is written with it, and it is refused on read
+            by_code.append(None)
+            continue
         if version == cls.SCHEMA_VERSION:
             names = tuple(n for n in cls.model_fields if n not in _ENVELOPE and n != "timestamp")
             defaults = []
@@ -459,7 +467,7 @@ class EventMapper:
             code = item[0]
             layout = by_code[code] if 0 <= code < len(by_code) else None
             if layout is None:
-                known = 0 <= code < len(by_code)
+                known = 0 <= code < len(by_code) and BATCH_CODES[code][0] != ""
                 raise DecodeError(
                     f"event {instance_id!r}#{position} has "
                     + (

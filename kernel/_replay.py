@@ -196,8 +196,10 @@ class _Replayer:
         # Outputs first, then requests, each in log order (a stable sort keeps it).
         for item in sorted(items, key=lambda item: isinstance(item, InfoRequested)):
             if isinstance(item, OutputYielded):
+                if item.designation == "hidden":
+                    continue  # the live stream showed nobody this yield
                 self.emit(
-                    "output",
+                    item.designation,
                     index,
                     superstep_id=superstep_id,
                     executor_id=item.executor_id,

@@ -92,10 +92,16 @@ class RunResult:
     supersteps: int
     outputs: list[Any] = field(default_factory=list)
     pending_requests: list[PendingRequest] = field(default_factory=list)
+    intermediate_outputs: list[Any] = field(default_factory=list)
 
     def get_outputs(self) -> list[Any]:
-        """The outputs yielded in committed supersteps, in order."""
+        """The workflow outputs yielded in committed supersteps, in order."""
         return list(self.outputs)
+
+    def get_intermediate_outputs(self) -> list[Any]:
+        """The intermediate outputs (``intermediate_output_from=``) of committed supersteps, in
+        order."""
+        return list(self.intermediate_outputs)
 
     def get_request_info_events(self) -> list[WorkflowEvent]:
         """The requests still waiting for a response, as ``request_info`` events."""
@@ -148,6 +154,9 @@ class Run:
         self.task: asyncio.Task[Any] | None = None
         self.previous: Run | None = None  # a run this one replaced and must let finish first
         self.outputs: list[Any] = []  # of committed supersteps, in order
+        self.intermediate_outputs: list[Any] = []  # likewise
+        # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
+        self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
         self._emit: Emit = silent
         self._clock = instance.clock
         self._instance_id = instance.instance_id
@@ -377,6 +386,8 @@ class Run:
             sensitive_keys=list(instance.sensitive_keys),
             **fields,
         )
+        for cls, extra in self.preamble:
+            self.log(cls, **extra)
 
     def _continue(self, plan: Continuation) -> Position:
         """Close a run the log shows unfinished, then start a run that continues one from its
@@ -421,6 +432,7 @@ class Run:
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
         self.outputs = list(standing.outputs)
+        self.intermediate_outputs = list(standing.intermediate_outputs)
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=position.index)
         self.flush()
@@ -458,8 +470,9 @@ class Run:
             except EncodingError as refused:  # recorded: the superstep aborted, the run failed
                 await emit("failed", step.index, superstep_id, error=refused)
                 raise
-            for source, value in step.outputs:
-                await emit("output", step.index, superstep_id, source, value)
+            for source, value, kind in step.outputs:
+                if kind != "hidden":
+                    await emit(kind, step.index, superstep_id, source, value)
             for request in step.requested:
                 await emit(
                     "request_info",
@@ -475,10 +488,21 @@ class Run:
                     await emit("awaiting_input", step.index)
                     pending = list(position.requests.values())
                     return RunResult(
-                        self.run_id, "awaiting_input", step.index, self.outputs, pending
+                        self.run_id,
+                        "awaiting_input",
+                        step.index,
+                        self.outputs,
+                        pending,
+                        self.intermediate_outputs,
                     )
                 await emit("completed", step.index)
-                return RunResult(self.run_id, "completed", step.index, self.outputs)
+                return RunResult(
+                    self.run_id,
+                    "completed",
+                    step.index,
+                    self.outputs,
+                    intermediate_outputs=self.intermediate_outputs,
+                )
             if step.index >= self.instance.max_supersteps:
                 error = self._convergence_error(step.index, position)
                 await emit("failed", step.index, error=error)
@@ -627,7 +651,12 @@ class Run:
         self._open_superstep_id = next_id
         if next_id is None:
             self._ended()
-        self.outputs.extend(value for _, value in step.outputs)
+        if step.outputs:
+            for _, value, kind in step.outputs:
+                if kind == "output":
+                    self.outputs.append(value)
+                elif kind == "intermediate":
+                    self.intermediate_outputs.append(value)
         if cancelled:  # the commit landed while this task was being cancelled
             raise asyncio.CancelledError
         return after

@@ -22,6 +22,7 @@ from kernel._events import (
     OutputYielded,
     StateStaged,
 )
+from kernel._graph import OutputKind
 from kernel._requests import PendingRequest
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Superstep:
         self.outcome: SuperstepOutcome | None = None  # None while open
         self.staged: dict[str, tuple[str, Any]] = {}
         self.sent: list[Sent] = []
-        self.outputs: list[tuple[str, Any]] = []
+        self.outputs: list[tuple[str, Any, OutputKind]] = []  # executor, value, designation
         self.requested: list[PendingRequest] = []
         self.failure: tuple[str, BaseException] | None = None
         self.in_flight: set[str] = set()
@@ -141,15 +142,24 @@ class Superstep:
         if dropped is None:
             self.sent.append(Sent(source, message, delivery))
 
-    def output(self, executor_id: str, value: Any) -> None:
+    def output(self, executor_id: str, value: Any, designation: OutputKind | None = None) -> None:
+        """Stage a yielded value, designated as the graph says (or as ``designation`` says: a
+        sub-workflow's intermediate outputs stay intermediate in its parent)."""
         self._refuse_if_closed(executor_id, "output")
         wire = self._run.codec.encode(value, what=f"output of {executor_id!r}")
+        kind = designation or self.router.graph.outputs.classify(executor_id)
         self._run.log(
-            OutputYielded, superstep_id=self.superstep_id, executor_id=executor_id, value=wire
+            OutputYielded,
+            superstep_id=self.superstep_id,
+            executor_id=executor_id,
+            value=wire,
+            designation=kind,
         )
-        self.outputs.append((executor_id, value))
+        self.outputs.append((executor_id, value, kind))
 
-    def request(self, executor_id: str, data: Any, response_type: Any) -> str:
+    def request(
+        self, executor_id: str, data: Any, response_type: Any, request_id: str | None = None
+    ) -> str:
         """Stage a request for input; return its id. Refused (``DefinitionError``) unless the
         executor has a response handler for the request's type and ``response_type``."""
         self._refuse_if_closed(executor_id, "request")
@@ -166,7 +176,8 @@ class Superstep:
             )
         run = self._run
         wire = run.codec.encode(data, what=f"request of {executor_id!r}")
-        request_id = run.instance.new_id()
+        if request_id is None:
+            request_id = run.instance.new_id()
         name = _type_name(response_type)
         run.log(
             InfoRequested,
@@ -199,6 +210,8 @@ def _type_name(kind: Any) -> str:
     """How a response type is named in the log: ``module.Qualname``, or its repr."""
     if kind is None:
         return ""
+    if isinstance(kind, str):
+        return kind  # a name already (a sub-workflow's request, passed on)
     if isinstance(kind, type):
         module = kind.__module__
         return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"

@@ -12,6 +12,7 @@ from typing import Any, Literal, overload
 from kernel._algo import Router
 from kernel._checkpoints import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._clock import Clock, IdFactory
+from kernel._definition import DefinitionView
 from kernel._emit import WorkflowEvent
 from kernel._errors import DefinitionError, ResumeError, RunInProgressError
 from kernel._events import AbortReason, EventBase
@@ -29,11 +30,12 @@ __all__ = ["Durability", "RunStream", "Workflow"]
 _NO_MESSAGE: Any = object()
 
 
-class Workflow:
+class Workflow(DefinitionView):
     """A workflow graph bound to one instance's stream in a store. Made by ``WorkflowBuilder``.
 
     One instance runs one run at a time; state persists across runs of the same instance and is
-    always the fold of the instance's log.
+    always the fold of the instance's log. Its definition is read through ``DefinitionView``
+    (``executors``, ``get_start_executor()``, ``to_dict()``, ...).
     """
 
     def __init__(

@@ -434,10 +434,13 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        designation: Literal["output", "intermediate", "hidden"] = "output",
     ) -> ev.OutputYielded:
-        """``OutputYielded``."""
+        """``OutputYielded`` (``designation``: what the caller got it as; see the event)."""
         fields = self._by(executor_id, superstep, run)
         fields["value"] = self._encode(value, "an output")
+        if designation != "output":
+            fields["designation"] = designation
         return self._emit(ev.OutputYielded, fields)
 
     def request(
@@ -458,6 +461,46 @@ class LogBuilder:
             response_type=response_type,
         )
         return self._emit(ev.InfoRequested, fields)
+
+    def subworkflow_ran(
+        self,
+        child_instance: str,
+        child_run: str,
+        *,
+        requests: Sequence[str] = (),
+        continues: str | None = None,
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.SubworkflowRan:
+        """``SubworkflowRan``: the executor last invoked ran ``child_run`` of ``child_instance``."""
+        fields = self._by(executor_id, superstep, run)
+        fields.update(
+            child_instance=child_instance,
+            child_run=child_run,
+            requests=list(requests),
+            continues=continues,
+        )
+        return self._emit(ev.SubworkflowRan, fields)
+
+    def subworkflow_started(
+        self,
+        parent_instance: str,
+        parent_run: str,
+        parent_superstep: str,
+        executor_id: str,
+        *,
+        run: str | None = None,
+    ) -> ev.SubworkflowStarted:
+        """``SubworkflowStarted`` in the open run (or ``run``): who started it, and where."""
+        fields = {
+            "run_id": self._ending(run),
+            "parent_instance": parent_instance,
+            "parent_run": parent_run,
+            "parent_superstep": parent_superstep,
+            "executor_id": executor_id,
+        }
+        return self._emit(ev.SubworkflowStarted, fields)
 
     def complete(
         self,

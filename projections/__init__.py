@@ -2,7 +2,8 @@
 
 Pure folds work on a list of one instance's events read from any store (``store.read(id)``):
 committed state (the kernel's own fold, re-exported here), run history (with lineage: resumed
-runs, pending requests, forks; ``history_of`` adds an instance's forks from a store), key
+runs, pending requests, forks; ``history_of`` adds an instance's forks from a store, and
+``subworkflows_of``/``parent_of`` walk between a parent superstep and its sub-workflows), key
 provenance (of every
 key, or of a few read from a store with ``blame_keys``), time travel, diff and bisect.
 ``SensitiveKeys`` shows any of these answers with the values of sensitive keys redacted.
@@ -26,7 +27,14 @@ from projections._diff import Change, StateDiff, diff, diff_points
 from projections._docseal import ResealReport, reseal_views
 from projections._history import RunHistory, fold_history
 from projections._keyblame import BLAME_TYPES, blame_keys, key_index_position
-from projections._lineage import forks_of, history_of
+from projections._lineage import (
+    LinkVerdict,
+    SubworkflowLink,
+    forks_of,
+    history_of,
+    parent_of,
+    subworkflows_of,
+)
 from projections._redact import (
     REDACTED,
     SENSITIVE_TYPES,
@@ -86,6 +94,7 @@ __all__ = [
     "InsideSuperstep",
     "KeyBlame",
     "KeyIndexView",
+    "LinkVerdict",
     "MemoryHistoryRows",
     "MemoryViewBackend",
     "MemoryWriteRows",
@@ -103,6 +112,7 @@ __all__ = [
     "StateAt",
     "StateDiff",
     "StateView",
+    "SubworkflowLink",
     "SuperstepRecord",
     "TimeTravel",
     "VerifyReport",
@@ -127,8 +137,10 @@ __all__ = [
     "history_of",
     "is_redacted",
     "key_index_position",
+    "parent_of",
     "reseal_views",
     "run_follower",
     "sensitive_keys_of",
     "state_at",
+    "subworkflows_of",
 ]

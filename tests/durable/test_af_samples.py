@@ -13,7 +13,8 @@ Each test runs on every backend (``store_url``: memory, SQLite, PostgreSQL).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Never
 
 import pytest
@@ -23,10 +24,13 @@ from kernel import (  # port: was `from agent_framework import ...`
     EventStore,
     Executor,
     ResumeError,
+    SubWorkflowRequestMessage,
+    SubWorkflowResponseMessage,
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
     WorkflowEvent,
+    WorkflowExecutor,
     handler,
     open_store,
     response_handler,
@@ -640,3 +644,229 @@ async def test_checkpoint_hydrate_with_input_is_a_new_run_on_the_same_instance(
     seen = [e.data async for e in streamed.run("once more", stream=True) if e.type == "output"]
     assert seen == [["hello", "again", "once more"]]
     assert run_types(streamed) == ["run_started", "run_completed"] * 3
+
+
+# -- sub_workflow_checkpoint: a parent whose sub-workflow waits for a human review ---------------
+
+
+LAUNCH_TIME = datetime(2025, 9, 25, 14, 29, 34)  # port: the sample reads datetime.now()
+
+
+@dataclass
+class DraftTask:
+    topic: str
+    due: datetime
+    iteration: int = 1
+
+
+@dataclass
+class DraftPackage:
+    topic: str
+    content: str
+    iteration: int
+    created_at: datetime = LAUNCH_TIME  # port: a default_factory of datetime.now in the sample
+
+
+@dataclass
+class FinalDraft:
+    topic: str
+    content: str
+    iterations: int
+    approved_at: datetime
+
+
+@dataclass
+class ReviewRequest:
+    id: str = ""  # port: the sample's default is one uuid4 shared by every instance
+    topic: str = ""
+    iteration: int = 1
+    draft_excerpt: str = ""
+    due_iso: str = ""
+    reviewer_guidance: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReviewDecision:
+    decision: str
+    original_request: ReviewRequest
+
+
+class DraftWriter(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="draft_writer")
+
+    @handler
+    async def create_draft(self, task: DraftTask, ctx: WorkflowContext[DraftPackage]) -> None:
+        content = (
+            f"Launch plan for {task.topic}.\n\n- Outline the customer message.\n"
+            f"- Highlight three differentiators.\n- Close with a next-step CTA.\n"
+            f"(iteration {task.iteration})"
+        )
+        await ctx.send_message(DraftPackage(task.topic, content, task.iteration), "draft_review")
+
+
+class DraftReviewRouter(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="draft_review")
+
+    @handler
+    async def request_review(self, draft: DraftPackage, ctx: WorkflowContext) -> None:
+        request = ReviewRequest(
+            id=f"review-{draft.iteration}",  # port: see ReviewRequest.id
+            topic=draft.topic,
+            iteration=draft.iteration,
+            draft_excerpt=draft.content.splitlines()[0],
+            due_iso=draft.created_at.isoformat(),
+            reviewer_guidance=[
+                "Ensure tone matches launch messaging",
+                "Confirm CTA is action-oriented",
+            ],
+        )
+        await ctx.request_info(request_data=request, response_type=str)
+
+    @response_handler
+    async def forward_decision(
+        self, original_request: ReviewRequest, decision: str, ctx: WorkflowContext[ReviewDecision]
+    ) -> None:
+        await ctx.send_message(ReviewDecision(decision, original_request))
+
+
+class DraftFinaliser(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="draft_finaliser")
+
+    @handler
+    async def on_review_decision(
+        self, review: ReviewDecision, ctx: WorkflowContext[DraftTask, FinalDraft]
+    ) -> None:
+        original = review.original_request
+        if review.decision.strip().lower() != "approve":
+            task = DraftTask(original.topic, LAUNCH_TIME, original.iteration + 1)  # port: now()
+            await ctx.send_message(task, target_id="draft_writer")
+            return
+        content = (
+            f"Approved launch narrative for {original.topic} (iteration {original.iteration})."
+        )
+        await ctx.yield_output(FinalDraft(original.topic, content, original.iteration, LAUNCH_TIME))
+
+
+class LaunchCoordinator(Executor):
+    def __init__(self) -> None:
+        super().__init__(id="launch_coordinator")
+
+    @handler
+    async def kick_off(self, topic: str, ctx: WorkflowContext[DraftTask]) -> None:
+        await ctx.send_message(DraftTask(topic, LAUNCH_TIME))  # port: now() + 2 hours
+
+    @handler
+    async def collect_final(
+        self, draft: FinalDraft, ctx: WorkflowContext[None, FinalDraft]
+    ) -> None:
+        await ctx.yield_output(draft)  # port: the sample reparses a string date, never needed here
+
+    @handler
+    async def handler_sub_workflow_request(
+        self, request: SubWorkflowRequestMessage, ctx: WorkflowContext
+    ) -> None:
+        if not isinstance(request.source_event.data, ReviewRequest):
+            raise TypeError(f"Expected 'ReviewRequest', got {type(request.source_event.data)}")
+        review_request = request.source_event.data
+        ctx.set_state(f"pending:{review_request.id}", request)  # port: was self._pending_requests
+        await ctx.request_info(request_data=review_request, response_type=str)
+
+    @response_handler
+    async def handle_request_response(
+        self,
+        original_request: ReviewRequest,
+        response: str,
+        ctx: WorkflowContext[SubWorkflowResponseMessage],
+    ) -> None:
+        request_message = ctx.get_state(f"pending:{original_request.id}")  # port: as above
+        if request_message is None:
+            raise ValueError("No matching pending request found for the resource response")
+        ctx.delete_state(f"pending:{original_request.id}")  # port: as above
+        await ctx.send_message(request_message.create_response(response))
+
+    # port: on_checkpoint_save / on_checkpoint_restore are gone: the pending requests are state
+
+
+def build_sub_workflow() -> WorkflowExecutor:
+    writer, router, finaliser = DraftWriter(), DraftReviewRouter(), DraftFinaliser()
+    sub_workflow = (
+        WorkflowBuilder(start_executor=writer)
+        .add_edge(writer, router)
+        .add_edge(router, finaliser)
+        .add_edge(finaliser, writer)  # revision loops
+        .build()
+    )
+    return WorkflowExecutor(sub_workflow, id="launch_subworkflow")
+
+
+def build_parent_workflow(store: EventStore) -> Workflow:
+    coordinator, sub_executor = LaunchCoordinator(), build_sub_workflow()
+    return (
+        WorkflowBuilder(
+            start_executor=coordinator,
+            store=store,  # port: was .with_checkpointing(storage)
+            instance_id="launch",  # port: the instance whose checkpoints a later process reads
+        )
+        .add_edge(coordinator, sub_executor)
+        .add_edge(sub_executor, coordinator)
+        .build()
+    )
+
+
+async def test_sub_workflow_checkpoint_resumes_the_parent_and_its_sub_workflow(
+    store_url: str,
+) -> None:
+    store = open_store(store_url)
+    workflow = build_parent_workflow(store)
+
+    # Stage 1: run until the sub-workflow's review request reaches the human.
+    request_id: str | None = None
+    async for event in workflow.run("Contoso Gadget Launch", stream=True):
+        if event.type == "request_info" and request_id is None:
+            request_id = event.request_id
+        if event.type == "awaiting_input":  # port: AF's status event IDLE_WITH_PENDING_REQUESTS
+            break
+    assert request_id is not None
+    checkpoints = workflow.checkpoints()  # port: was await storage.list_checkpoints(workflow.id)
+    resume_checkpoint = checkpoints[-1]
+    assert resume_checkpoint.status == "awaiting_input"
+    assert resume_checkpoint.iteration_count == 3  # coordinator, sub-workflow, coordinator
+
+    # Stage 2: a fresh parent, as another process would build it, finds the pending request.
+    workflow2 = build_parent_workflow(reopen(store_url, store))
+    # port: AF restores the checkpoint and emits the request again; steplog refuses to run a
+    # checkpoint that only waits for a response (appending nothing) and lists the request
+    with pytest.raises(ResumeError, match="waiting for responses"):
+        await workflow2.run(checkpoint_id=resume_checkpoint.checkpoint_id)
+    (pending,) = workflow2.pending_requests()
+    assert pending.request_id == request_id
+    assert pending.data.topic == "Contoso Gadget Launch"
+    assert workflow2.committed_state()["pending:review-1"].executor_id == "launch_subworkflow"
+
+    # Stage 3: approve; the answer goes through the coordinator back into the sub-workflow.
+    outputs = [
+        event.data
+        async for event in workflow2.run(stream=True, responses={request_id: "approve"})
+        if event.type == "output"
+    ]
+    assert outputs == [
+        FinalDraft(
+            "Contoso Gadget Launch",
+            "Approved launch narrative for Contoso Gadget Launch (iteration 1).",
+            1,
+            LAUNCH_TIME,
+        )
+    ]
+    assert workflow2.committed_state() == {}
+    asked, answered = (e for e in workflow2.events() if e.type == "subworkflow_ran")
+    assert answered.continues == asked.child_instance
+    assert store.read(answered.child_instance)[-1].type == "run_completed"
+    assert run_types(workflow2) == [
+        "run_started",
+        "run_awaiting_input",
+        "run_started",
+        "run_completed",
+    ]

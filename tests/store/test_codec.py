@@ -489,7 +489,7 @@ def test_value_classes_look_inside_annotations(annotation: Any, names: set[str])
 
 @pytest.mark.parametrize("not_a_value_class", [int, dict[str, int], "tests.store:Point", 42])
 def test_registering_what_holds_no_value_class_is_refused(not_a_value_class: Any) -> None:
-    with pytest.raises(DefinitionError, match="holds no enum, pydantic model or dataclass"):
+    with pytest.raises(DefinitionError, match="holds no enum, pydantic model, dataclass or named"):
         ValueCodec().register(not_a_value_class)
 
 

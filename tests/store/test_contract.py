@@ -131,6 +131,10 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.await_input(["req-1"], run="run-1")
     log.start_run(workflow_name="triage", run_id="run-3", continues="run-1", checkpoint="ss-1")
     log.respond("req-1", True)
+    log.subworkflow_started("parent", "p-run", "p-ss", "sub")
+    log.start_superstep(superstep_id="ss-3")
+    log.invoke("sub")
+    log.subworkflow_ran("parent/sub/1", "c-run", requests=["req-9"], continues="parent/sub/0")
     log.forked_from(
         "origin",
         {"category": ["billing", 0.93]},
