@@ -327,3 +327,43 @@ def test_empty_edge_groups_are_edge_group_errors(make, words):
         make(WorkflowBuilder(start_executor=a), a)
 
     assert caught.value.validation_type is ValidationTypeEnum.EDGE_GROUP
+
+
+# -- OUTPUT_VALIDATION -----------------------------------------------------------------------
+
+
+class Yields(Executor):
+    @handler
+    async def run(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+        await ctx.yield_output(text)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"output_from": ["ghost"]}, "output executor 'ghost' is not in the workflow graph"),
+        ({"output_from": ["a"], "intermediate_output_from": ["a"]}, "both as output"),
+        ({"output_from": ["a", "a"]}, r"names \['a'\] more than once"),
+        ({"output_from": [], "intermediate_output_from": []}, "names no executor"),
+        ({"output_from": ["b"]}, "declares that it yields no workflow outputs"),
+    ],
+)
+def test_an_output_designation_that_cannot_hold_is_an_output_validation_error(options, words):
+    a, b = Yields("a"), Upper("b")
+    builder = WorkflowBuilder(start_executor=a, **options).add_edge(a, b)
+
+    with pytest.raises(WorkflowValidationError, match=words) as caught:
+        builder.build()
+
+    assert caught.value.validation_type is ValidationTypeEnum.OUTPUT_VALIDATION
+
+
+def test_a_multi_selection_edge_repeated_is_an_edge_duplication():
+    a, b = Upper("a"), Upper("b")
+    with pytest.raises(EdgeDuplicationError) as caught:
+        WorkflowBuilder(start_executor=a).add_multi_selection_edge_group(a, [b, b], lambda m, t: t)
+    assert caught.value.edge_id == "a->b"
+
+    builder = WorkflowBuilder(start_executor=a).add_edge(a, b)
+    with pytest.raises(EdgeDuplicationError, match="duplicate edge a->b"):
+        builder.add_multi_selection_edge_group(a, [b], lambda m, t: t)
