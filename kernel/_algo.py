@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel._errors import RoutingError
+from kernel._events import DropReason
 from kernel._graph import Condition, EdgeGroup, FanIn, FanOut, Graph, MultiSelection, Single
 from kernel._requests import PendingRequest
 
@@ -39,10 +40,12 @@ class Delivery:
     """Where one sent message goes: direct ``targets`` next superstep, and ``fan_ins`` that buffer
     it. ``logged`` is what ``MessageStaged.targets`` records: the direct targets, then the fan-in
     targets. An edge joins a source to a target at most once, so ``(source, logged)`` determines
-    the delivery again from the graph."""
+    the delivery again from the graph. ``dropped`` says why a message that no edge delivers goes
+    nowhere (then it has no targets; ``MessageStaged.dropped`` records it)."""
 
     targets: tuple[str, ...] = ()
     fan_ins: tuple[FanIn, ...] = ()
+    dropped: DropReason | None = None
     logged: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +138,10 @@ class Router:
     switch-case predicates may be sync or async; an async one is awaited. When no group of the
     sender has a condition, the delivery depends on the message's type only and is cached:
     ``cached`` answers those without evaluating anything.
+
+    A message no edge can deliver (no outgoing edge, ``target_id`` not connected, no target
+    handles its type) is refused with ``RoutingError`` when the graph has ``strict_routing``;
+    otherwise its delivery has no targets and says why it is ``dropped``.
     """
 
     __slots__ = ("_by_type", "_outgoing", "_type_only", "graph")
@@ -147,8 +154,8 @@ class Router:
                 self._outgoing[source] = (*self._outgoing.get(source, ()), group)
         self._type_only = frozenset(
             source
-            for source, groups in self._outgoing.items()
-            if all(_type_only(group) for group in groups)
+            for source in graph.executors
+            if all(_type_only(group) for group in self._outgoing.get(source, ()))
         )
         self._by_type: dict[tuple[str, type, str | None], Delivery] = {}
 
@@ -157,7 +164,8 @@ class Router:
         return self._by_type.get((source, type(message), target_id))
 
     async def route(self, source: str, message: object, target_id: str | None) -> Delivery:
-        """Decide where a message sent by ``source`` goes. Raises ``RoutingError`` if it cannot.
+        """Decide where a message sent by ``source`` goes. Raises ``RoutingError`` if it cannot
+        and the graph has ``strict_routing``.
 
         Awaits async conditions; raises what a condition raises.
         """
@@ -173,10 +181,16 @@ class Router:
     async def _route(self, source: str, message: object, target_id: str | None) -> Delivery:
         groups = self._outgoing.get(source, ())
         if not groups:
-            raise RoutingError(f"executor {source!r} sent a message but has no outgoing edges")
+            return self._drop(
+                "no_edges",
+                f"executor {source!r} sent a message but has no outgoing edges: add an edge "
+                "from it, or do not send",
+            )
         if target_id is not None and all(target_id not in g.targets for g in groups):
-            raise RoutingError(
-                f"executor {source!r} sent a message to {target_id!r}, but no edge connects them"
+            return self._drop(
+                "target_mismatch",
+                f"executor {source!r} sent a message to {target_id!r}, but no edge connects "
+                f"them: add the edge {source}->{target_id}, or name a connected target",
             )
         executors = self.graph.executors
         targets: list[str] = []
@@ -201,11 +215,19 @@ class Router:
                 typed = True
         if not typed:
             names = ", ".join(sorted({t for g in groups for t in g.targets}))
-            raise RoutingError(
+            return self._drop(
+                "type_mismatch",
                 f"executor {source!r} sent a {type(message).__qualname__}, which no target "
-                f"connected to it handles ({names})"
+                f"connected to it handles ({names}): add a handler for it to a target, or "
+                "connect one that has",
             )
         return Delivery(tuple(targets), tuple(fan_ins))
+
+    def _drop(self, reason: DropReason, explanation: str) -> Delivery:
+        """The delivery of an undeliverable message, or ``RoutingError`` if routing is strict."""
+        if self.graph.strict_routing:
+            raise RoutingError(explanation)
+        return _DROPPED[reason]
 
     def delivery_of(self, source: str, logged: Iterable[str]) -> Delivery:
         """The delivery a ``MessageStaged`` recorded as ``targets`` (``Delivery.logged``), rebuilt
@@ -237,6 +259,11 @@ class Router:
             for t in group.targets
             if target_id is None or t == target_id
         )
+
+
+_DROPPED: dict[DropReason, Delivery] = {
+    reason: Delivery(dropped=reason) for reason in ("no_edges", "target_mismatch", "type_mismatch")
+}
 
 
 async def _candidates(group: EdgeGroup, message: object) -> tuple[str, ...]:

@@ -7,11 +7,17 @@ import itertools
 import math
 import typing
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Self
 
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
-from kernel._errors import DefinitionError
+from kernel._errors import (
+    DefinitionError,
+    EdgeDuplicationError,
+    GraphConnectivityError,
+    ValidationTypeEnum,
+    WorkflowValidationError,
+)
 from kernel._executor import (
     Executor,
     FunctionExecutor,
@@ -70,6 +76,12 @@ class WorkflowBuilder:
     in ``output_from``. Give neither and every yield is a workflow output; give either and the
     yields of executors in neither are hidden from the caller. The log records every yield,
     whichever designation applies. ``output_executors`` is the older name of ``output_from``.
+
+    A handler may send a message that no edge delivers (no outgoing edge, a ``target_id`` it is
+    not connected to, no target with a handler for its type). As in AF, the message is then
+    dropped and the run goes on; unlike AF, the drop is recorded (``MessageStaged.dropped``) and
+    shown by history and ``steplog log``. ``strict_routing=True`` fails the superstep (and the
+    run) with ``RoutingError`` instead.
     """
 
     def __init__(
@@ -89,7 +101,9 @@ class WorkflowBuilder:
         output_from: OutputSelection = _UNSET,
         intermediate_output_from: OutputSelection = _UNSET,
         output_executors: OutputSelection = _UNSET,
+        strict_routing: bool = False,
     ) -> None:
+        self._strict_routing = strict_routing
         self._executors: dict[str, Executor] = {}
         self._groups: list[EdgeGroup] = []
         self._start: str | None = None
@@ -127,7 +141,7 @@ class WorkflowBuilder:
     def _register(self, executor: ExecutorRef) -> str:
         if isinstance(executor, str):
             if executor not in self._executors:
-                raise DefinitionError(
+                raise GraphConnectivityError(
                     f"unknown executor {executor!r}: pass the Executor object the first time it is "
                     f"used (known: {', '.join(sorted(self._executors)) or 'none'})"
                 )
@@ -138,7 +152,11 @@ class WorkflowBuilder:
             )
         existing = self._executors.get(executor.id)
         if existing is not None and existing is not executor:
-            raise DefinitionError(f"two different executors share the id {executor.id!r}")
+            raise WorkflowValidationError(
+                f"two different executors share the id {executor.id!r}: give each its own id, "
+                "or pass the same object everywhere",
+                ValidationTypeEnum.EXECUTOR_DUPLICATION,
+            )
         self._executors[executor.id] = executor
         return executor.id
 
@@ -159,14 +177,16 @@ class WorkflowBuilder:
     def add_fan_out_edges(self, source: ExecutorRef, targets: Sequence[ExecutorRef]) -> Self:
         """Each message from ``source`` goes to every target that handles its type."""
         ids = tuple(self._register(t) for t in targets)
-        self._require_distinct("fan-out targets", ids)
-        return self._add(FanOut(self._register(source), ids))
+        source_id = self._register(source)
+        self._require_distinct("fan-out targets", ids, lambda t: f"{source_id}->{t}")
+        return self._add(FanOut(source_id, ids))
 
     def add_fan_in_edges(self, sources: Sequence[ExecutorRef], target: ExecutorRef) -> Self:
         """``target`` runs once every source has sent, receiving the list of their messages."""
         ids = tuple(self._register(s) for s in sources)
-        self._require_distinct("fan-in sources", ids)
-        return self._add(FanIn(ids, self._register(target)))
+        target_id = self._register(target)
+        self._require_distinct("fan-in sources", ids, lambda s: f"{s}->{target_id}")
+        return self._add(FanIn(ids, target_id))
 
     def add_switch_case_edge_group(
         self, source: ExecutorRef, cases: Sequence[Case | Default]
@@ -175,16 +195,25 @@ class WorkflowBuilder:
         branches: list[tuple[Condition, str]] = []
         default: str | None = None
         for case in cases:
+            if default is not None:
+                # AF would send everything after a Default to the Default, unseen.
+                raise _shape(
+                    "a switch-case edge group takes one Default, as its last entry: the Cases "
+                    "after it would never be tried"
+                )
             if isinstance(case, Default):
-                if default is not None:
-                    raise DefinitionError("a switch-case edge group takes at most one Default")
                 default = self._register(case.target)
             elif isinstance(case, Case):
                 branches.append((case.condition, self._register(case.target)))
             else:
-                raise DefinitionError(f"switch-case entries must be Case or Default, got {case!r}")
+                raise _shape(f"switch-case entries must be Case or Default, got {case!r}")
         if not branches:
-            raise DefinitionError("a switch-case edge group needs at least one Case")
+            raise _shape("a switch-case edge group needs at least one Case")
+        if default is None:
+            raise _shape(
+                "a switch-case edge group needs a Default as its last entry (as in AF), for the "
+                "messages no Case matches: add Default(target=...)"
+            )
         return self._add(SwitchCase(self._register(source), tuple(branches), default))
 
     def add_multi_selection_edge_group(
@@ -205,13 +234,14 @@ class WorkflowBuilder:
                 f"{selection_func!r}"
             )
         ids = tuple(self._register(t) for t in targets)
-        self._require_distinct("multi-selection targets", ids)
-        return self._add(MultiSelection(self._register(source), ids, selection_func))
+        source_id = self._register(source)
+        self._require_distinct("multi-selection targets", ids, lambda t: f"{source_id}->{t}")
+        return self._add(MultiSelection(source_id, ids, selection_func))
 
     def add_chain(self, executors: Sequence[ExecutorRef]) -> Self:
         """Edges ``executors[0] -> executors[1] -> ...``."""
         if len(executors) < 2:
-            raise DefinitionError("a chain needs at least two executors")
+            raise _shape("a chain needs at least two executors")
         for source, target in itertools.pairwise(executors):
             self.add_edge(source, target)
         return self
@@ -222,16 +252,24 @@ class WorkflowBuilder:
             clash = new_pairs & {(s, t) for s in existing.sources for t in existing.targets}
             if clash:
                 source, target = sorted(clash)[0]
-                raise DefinitionError(f"duplicate edge {source!r} -> {target!r}")
+                raise EdgeDuplicationError(
+                    f"{source}->{target}",
+                    f"duplicate edge {source}->{target}: two executors are joined by one edge "
+                    "at most. Remove the second one; to route by several conditions, use one "
+                    "condition or a switch-case edge group",
+                )
         self._groups.append(group)
         return self
 
     @staticmethod
-    def _require_distinct(what: str, ids: tuple[str, ...]) -> None:
+    def _require_distinct(what: str, ids: tuple[str, ...], edge: Callable[[str], str]) -> None:
         if not ids:
-            raise DefinitionError(f"{what} must not be empty")
+            raise _shape(f"{what} must not be empty")
         if len(set(ids)) != len(ids):
-            raise DefinitionError(f"{what} must be distinct, got {list(ids)}")
+            twice = next(i for i in ids if ids.count(i) > 1)
+            raise EdgeDuplicationError(
+                edge(twice), f"{what} must be distinct, got {list(ids)}: {twice!r} is there twice"
+            )
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -324,6 +362,7 @@ class WorkflowBuilder:
             tuple(self._groups),
             self._designation(),
             self._description,
+            bool(self._strict_routing),
         )
         validate(graph)
         store = self._store if self._store is not None else open_store()
@@ -353,14 +392,18 @@ class WorkflowBuilder:
             return OutputDesignation()
         outputs, intermediates = outputs or [], intermediates or []
         if not outputs and not intermediates:
-            raise DefinitionError(
+            raise WorkflowValidationError(
                 "the output designation names no executor: list at least one in output_from= "
-                "or intermediate_output_from=, or give neither (every yield is then an output)"
+                "or intermediate_output_from=, or give neither (every yield is then an output)",
+                ValidationTypeEnum.OUTPUT_VALIDATION,
             )
         for what, ids in (("output_from", outputs), ("intermediate_output_from", intermediates)):
             twice = sorted({i for i in ids if ids.count(i) > 1})
             if twice:
-                raise DefinitionError(f"{what} names {twice} more than once")
+                raise WorkflowValidationError(
+                    f"{what} names {twice} more than once: list each executor once",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
+                )
         return OutputDesignation(frozenset(outputs), frozenset(intermediates))
 
     def _designated(
@@ -422,6 +465,11 @@ def _selections(
         None if output_from is _UNSET else output_from,
         None if intermediate_from is _UNSET else intermediate_from,
     )
+
+
+def _shape(message: str) -> WorkflowValidationError:
+    """The error for an edge group of the wrong shape."""
+    return WorkflowValidationError(message, ValidationTypeEnum.EDGE_GROUP)
 
 
 def _pattern_list(patterns: Iterable[str]) -> list[str]:

@@ -4,7 +4,11 @@ Every error that steplog raises on its own account derives from ``StepLogError``
 
     StepLogError
     ├── DefinitionError              a workflow graph that cannot run (raised by build()), or a
-    │                                bad handler (raised when it is defined); also a ValueError
+    │   │                            bad handler (raised when it is defined); also a ValueError
+    │   └── WorkflowValidationError  one with a ValidationTypeEnum category (AF's names)
+    │       ├── EdgeDuplicationError     the same source -> target edge twice
+    │       ├── TypeCompatibilityError   an edge whose source never sends what its target takes
+    │       └── GraphConnectivityError   an executor no edge from the start reaches, or unknown
     ├── ExecutionError               a run that cannot go on
     │   ├── RunInProgressError       a second run on an instance that is still running one
     │   ├── ConvergenceError         more supersteps than max_supersteps
@@ -40,6 +44,7 @@ and ``ErrorInfo.of`` record ``kernel.StoreError``, never a private module path.
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any
 
@@ -48,8 +53,10 @@ __all__ = [
     "ConvergenceError",
     "DecodeError",
     "DefinitionError",
+    "EdgeDuplicationError",
     "EncodingError",
     "ExecutionError",
+    "GraphConnectivityError",
     "GraphvizNotFoundError",
     "InvalidBatchError",
     "LogIntegrityError",
@@ -66,7 +73,10 @@ __all__ = [
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "TypeCompatibilityError",
+    "ValidationTypeEnum",
     "VisualizationError",
+    "WorkflowValidationError",
 ]
 
 
@@ -74,11 +84,119 @@ class StepLogError(Exception):
     """Root of every error raised by steplog itself."""
 
 
+class ValidationTypeEnum(enum.Enum):
+    """What kind of mistake a ``WorkflowValidationError`` reports (AF's categories, by the same
+    names and values, and ``EDGE_GROUP`` of steplog's own)."""
+
+    EDGE_DUPLICATION = "EDGE_DUPLICATION"
+    """The same ``source -> target`` edge twice, in one edge group or in two."""
+    EXECUTOR_DUPLICATION = "EXECUTOR_DUPLICATION"
+    """Two different executor objects with the same id."""
+    TYPE_COMPATIBILITY = "TYPE_COMPATIBILITY"
+    """An edge, or a handler, that can never carry or receive a message, by the declared types."""
+    GRAPH_CONNECTIVITY = "GRAPH_CONNECTIVITY"
+    """An executor the start executor's edges never reach, or an id the builder does not know."""
+    HANDLER_OUTPUT_ANNOTATION = "HANDLER_OUTPUT_ANNOTATION"
+    """A handler whose ``WorkflowContext`` annotation is wrong."""
+    OUTPUT_VALIDATION = "OUTPUT_VALIDATION"
+    """A designation of output executors that cannot hold."""
+    EDGE_GROUP = "EDGE_GROUP"
+    """steplog's: an edge group of the wrong shape (a switch-case without ``Default``, an empty
+    fan-out, a chain of one). AF raises a plain ``ValueError`` for these."""
+
+
 class DefinitionError(StepLogError, ValueError):
     """The workflow graph is not valid: unknown executors, duplicate edges, unreachable handlers;
     or a handler is (a bad signature, raised when it is defined; no handler, or two for one type,
     raised when the executor is made; a type the log cannot store, raised by ``build()``). A
-    ``ValueError``, as AF raises for the same mistakes."""
+    ``ValueError``, as AF raises for the same mistakes.
+
+    ``validation_type`` is the ``ValidationTypeEnum`` of a graph mistake (set on every
+    ``WorkflowValidationError``), None for other bad definitions (a bad option value).
+    """
+
+    validation_type: ValidationTypeEnum | None = None
+
+
+class WorkflowValidationError(DefinitionError):
+    """A graph mistake found when it is built, with its category (``validation_type``).
+
+    ``message`` is the text without the category; ``str()`` shows ``[CATEGORY] message``, as AF's
+    error of the same name does. The subclasses carry AF's attributes.
+    """
+
+    validation_type: ValidationTypeEnum
+
+    def __init__(self, message: str, validation_type: ValidationTypeEnum) -> None:
+        super().__init__(message)
+        self.message = message
+        self.validation_type = validation_type
+
+    def __str__(self) -> str:
+        return f"[{self.validation_type.value}] {self.message}"
+
+    def __reduce__(self) -> Any:
+        # The subclasses take other arguments: rebuild from the attributes, whatever they are.
+        return (_validation_error, (type(self), self.message, dict(self.__dict__)))
+
+
+class EdgeDuplicationError(WorkflowValidationError):
+    """An edge ``edge_id`` (``"source->target"``) was added twice."""
+
+    def __init__(self, edge_id: str, message: str | None = None) -> None:
+        super().__init__(
+            message or f"duplicate edge {edge_id}: each edge of the workflow must be unique",
+            ValidationTypeEnum.EDGE_DUPLICATION,
+        )
+        self.edge_id = edge_id
+
+
+class TypeCompatibilityError(WorkflowValidationError):
+    """The edge ``source_executor_id -> target_executor_id`` can never deliver: the source sends
+    ``source_types``, and the target's handlers take ``target_types``."""
+
+    def __init__(
+        self,
+        source_executor_id: str,
+        target_executor_id: str,
+        source_types: list[Any],
+        target_types: list[Any],
+        message: str | None = None,
+    ) -> None:
+        super().__init__(
+            message
+            or (
+                f"edge {source_executor_id!r} -> {target_executor_id!r} can never deliver: the "
+                f"source sends {_names(source_types)}, the target takes {_names(target_types)}"
+            ),
+            ValidationTypeEnum.TYPE_COMPATIBILITY,
+        )
+        self.source_executor_id = source_executor_id
+        self.target_executor_id = target_executor_id
+        self.source_types = source_types
+        self.target_types = target_types
+
+
+class GraphConnectivityError(WorkflowValidationError):
+    """An executor that no chain of edges from the start executor reaches (it would never run),
+    or an executor id the builder was never given."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ValidationTypeEnum.GRAPH_CONNECTIVITY)
+
+
+def _names(kinds: list[Any]) -> str:
+    return ", ".join(getattr(k, "__qualname__", repr(k)) for k in kinds) or "nothing"
+
+
+def _validation_error(
+    cls: type[WorkflowValidationError], message: str, attributes: dict[str, Any]
+) -> WorkflowValidationError:
+    """Rebuild a pickled ``WorkflowValidationError`` (of any subclass) with its attributes."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(attributes)
+    return error
 
 
 class ExecutionError(StepLogError, RuntimeError):
@@ -114,7 +232,9 @@ class StateWriteRejectedError(ExecutionError):
 
 
 class RoutingError(ExecutionError):
-    """A message was sent that no edge of the graph can deliver."""
+    """A message was sent that no edge of the graph can deliver, in a workflow built with
+    ``strict_routing=True`` (else the message is dropped, and the drop recorded); or a run's
+    input that the start executor has no handler for."""
 
 
 class ResumeError(ExecutionError):

@@ -23,6 +23,7 @@ __all__ = [
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
     "CustomEventAdded",
+    "DropReason",
     "ErrorInfo",
     "Event",
     "EventBase",
@@ -53,6 +54,11 @@ __all__ = [
 ]
 
 AbortReason = Literal["failed", "cancelled", "abandoned", "crashed"]
+DropReason = Literal["no_edges", "target_mismatch", "type_mismatch"]
+"""Why a sent message was dropped (``MessageStaged.dropped``): its sender has no outgoing edge;
+the ``target_id`` it named is not connected to it; or no target connected to it has a handler for
+the message's type. (A message that edge conditions route nowhere is not a drop: it has no
+``targets`` and no ``dropped``.)"""
 Json = Any  # a JSON tree as written by ValueCodec
 E = TypeVar("E", bound="EventBase")
 
@@ -246,6 +252,9 @@ class MessageStaged(SuperstepEvent):
     ``gathered`` names, for each of those targets that is a fan-in group's (it receives the list
     of its sources' messages once all have sent), the group's sources in order: what a reader
     without the graph needs to tell what each executor received (``replay``).
+    ``dropped`` says why a message with no ``targets`` goes nowhere although its conditions did
+    not decide so (a ``DropReason``): no edge delivers it, and it is dropped (as AF drops it),
+    recorded here. Like the rest of its superstep, a drop counts only if the superstep commits.
     """
 
     type: Literal["message_staged"] = "message_staged"
@@ -254,6 +263,7 @@ class MessageStaged(SuperstepEvent):
     targets: list[str] = Field(default_factory=list)
     message: Json = None
     gathered: dict[str, list[str]] = Field(default_factory=dict)
+    dropped: DropReason | None = None
 
 
 class OutputYielded(SuperstepEvent):

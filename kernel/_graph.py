@@ -6,7 +6,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernel._errors import DefinitionError
+from kernel._errors import (
+    GraphConnectivityError,
+    TypeCompatibilityError,
+    ValidationTypeEnum,
+    WorkflowValidationError,
+)
 from kernel._executor import Executor
 
 __all__ = [
@@ -144,7 +149,9 @@ class OutputDesignation:
 class Graph:
     """A validated graph: executors by id, the start executor, and the edge groups.
 
-    Routing over it lives in ``kernel._algo.Router``.
+    Routing over it lives in ``kernel._algo.Router``. ``strict_routing`` fails a run whose
+    handler sends a message no edge delivers (``RoutingError``); else the message is dropped,
+    and the drop recorded in the log (``MessageStaged.dropped``).
     """
 
     executors: dict[str, Executor]
@@ -152,13 +159,46 @@ class Graph:
     groups: tuple[EdgeGroup, ...]
     outputs: OutputDesignation = field(default_factory=OutputDesignation)
     description: str | None = None
+    strict_routing: bool = False
 
 
 def validate(graph: Graph) -> None:
-    """Reject edges that can never deliver, and handlers that can never receive a message."""
+    """Reject edges that can never deliver, executors that can never run, handlers that can
+    never receive a message, and output designations that cannot hold
+    (``WorkflowValidationError``s, in AF's order of checks)."""
     _check_edges(graph)
+    _check_connectivity(graph)
     _check_handlers(graph)
     _check_outputs(graph.outputs, graph.executors)
+
+
+def _check_connectivity(graph: Graph) -> None:
+    """Every executor must be reachable from the start executor along edges (AF's check)."""
+    following: dict[str, list[str]] = {}
+    for group in graph.groups:
+        for source in group.sources:
+            following.setdefault(source, []).extend(group.targets)
+    reached = {graph.start}
+    frontier = [graph.start]
+    while frontier:
+        for target in following.get(frontier.pop(), ()):
+            if target not in reached:
+                reached.add(target)
+                frontier.append(target)
+    unreached = sorted(set(graph.executors) - reached)
+    if not unreached:
+        return
+    if graph.start not in following:
+        raise GraphConnectivityError(
+            f"the start executor {graph.start!r} has no outgoing edge, so {unreached} can never "
+            f"run: add an edge from {graph.start!r}, or make the executor the edges begin at the "
+            "start executor"
+        )
+    raise GraphConnectivityError(
+        f"executors {unreached} are unreachable from the start executor {graph.start!r}: no "
+        "chain of edges leads to them, so they would never run. Add an edge to each from an "
+        "executor that is reached, or leave them out of the workflow"
+    )
 
 
 def can_yield(executor: Executor) -> bool:
@@ -172,24 +212,27 @@ def _check_outputs(designation: OutputDesignation, executors: dict[str, Executor
     outputs = designation.outputs or frozenset()
     both = sorted(outputs & designation.intermediates)
     if both:
-        raise DefinitionError(
+        raise WorkflowValidationError(
             f"executors {both} are designated both as output and as intermediate executors: "
-            "list each in output_from= or in intermediate_output_from=, not both"
+            "list each in output_from= or in intermediate_output_from=, not both",
+            ValidationTypeEnum.OUTPUT_VALIDATION,
         )
     for role, ids in (("output", outputs), ("intermediate", designation.intermediates)):
         for executor_id in sorted(ids):
             executor = executors.get(executor_id)
             if executor is None:
-                raise DefinitionError(
+                raise WorkflowValidationError(
                     f"{role} executor {executor_id!r} is not in the workflow graph: add it with "
-                    "an edge, or leave it out of the designation"
+                    "an edge, or leave it out of the designation",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
                 )
             if not can_yield(executor):
-                raise DefinitionError(
+                raise WorkflowValidationError(
                     f"{role} executor {executor_id!r} declares that it yields no workflow "
                     "outputs (every handler's context is WorkflowContext[T] or "
                     "WorkflowContext[T, Never]): declare its output type, "
-                    "WorkflowContext[T, Output]"
+                    "WorkflowContext[T, Output]",
+                    ValidationTypeEnum.OUTPUT_VALIDATION,
                 )
 
 
@@ -215,9 +258,11 @@ def _check_handlers(graph: Graph) -> None:
         for spec in graph.executors[target].handlers:
             if spec.accepts is not None and not any(spec.accepts_type(k) for k in kinds):
                 accepted = ", ".join(t.__qualname__ for t in spec.accepts) or "nothing"
-                raise DefinitionError(
+                raise WorkflowValidationError(
                     f"handler {target}.{spec.name} accepts {accepted}, but no edge into "
-                    f"{target!r} ever carries that: it can never receive a message"
+                    f"{target!r} ever carries that: it can never receive a message. Remove the "
+                    "handler, or connect a source that sends that type",
+                    ValidationTypeEnum.TYPE_COMPATIBILITY,
                 )
 
 
@@ -229,23 +274,39 @@ def _check_edges(graph: Graph) -> None:
             if sent is None:
                 continue
             for target in group.targets:
+                taken = _taken_types(graph.executors[target])
                 if isinstance(group, FanIn):
                     if not _handles(graph.executors[target], list):
-                        raise DefinitionError(
+                        raise TypeCompatibilityError(
+                            source,
+                            target,
+                            [list],
+                            taken,
                             f"fan-in edge {source!r} -> {target!r} delivers a list, but "
-                            f"{target!r} has no handler for list"
+                            f"{target!r} has no handler for list: give it a handler taking "
+                            "list[...]",
                         )
                     continue
                 if not sent:
-                    raise DefinitionError(
+                    raise TypeCompatibilityError(
+                        source,
+                        target,
+                        [],
+                        taken,
                         f"edge {source!r} -> {target!r} can never deliver: {source!r} declares "
-                        "that it sends nothing (WorkflowContext[Never])"
+                        "that it sends nothing (WorkflowContext[Never]); declare what it sends "
+                        "(WorkflowContext[T]), or remove the edge",
                     )
                 if not any(_handles(graph.executors[target], kind) for kind in sent):
                     names = ", ".join(k.__qualname__ for k in sent)
-                    raise DefinitionError(
+                    raise TypeCompatibilityError(
+                        source,
+                        target,
+                        list(sent),
+                        taken,
                         f"edge {source!r} -> {target!r} can never deliver: {source!r} sends "
-                        f"{names}, and no handler of {target!r} accepts that"
+                        f"{names}, and no handler of {target!r} accepts that; add a handler "
+                        f"for it to {target!r}, or connect {source!r} to an executor that takes it",
                     )
 
 
@@ -258,6 +319,11 @@ def _sent_types(executor: Executor) -> tuple[type, ...] | None:
             return None
         kinds.extend(sends)
     return tuple(kinds)
+
+
+def _taken_types(executor: Executor) -> list[Any]:
+    """The types the handlers of ``executor`` accept (``Any`` for one that takes anything)."""
+    return [kind for spec in executor.handlers for kind in (spec.accepts or (Any,))]
 
 
 def _handles(executor: Executor, kind: type) -> bool:

@@ -130,6 +130,7 @@ class Superstep:
         if self.outcome is not None or self.inline_task is not None:
             self._refuse_if_closed(source, "message")
         wire = self._codec.encode(message, what=f"message from {source!r}")
+        dropped = delivery.dropped  # a drop is recorded, and never delivered
         self._record(
             MessageStaged,
             {
@@ -143,9 +144,11 @@ class Superstep:
                     if delivery.fan_ins
                     else {}
                 ),
+                "dropped": dropped,
             },
         )
-        self.sent.append(Sent(source, message, delivery))
+        if dropped is None:
+            self.sent.append(Sent(source, message, delivery))
 
     def output(self, executor_id: str, value: Any, designation: OutputKind | None = None) -> None:
         """Stage a yielded value, designated as the graph says (or as ``designation`` says: a

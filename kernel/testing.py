@@ -412,18 +412,22 @@ class LogBuilder:
         superstep: str | None = None,
         run: str | None = None,
         gathered: dict[str, list[str]] | None = None,
+        dropped: ev.DropReason | None = None,
     ) -> ev.MessageStaged:
         """``MessageStaged`` from ``source`` (default: the executor last invoked), routed to
-        ``targets`` (default: ``[target]`` when a target is named); ``gathered`` names the fan-in
-        targets among them, with their groups' sources."""
+        ``targets`` (default: ``[target]`` when a target is named, none when ``dropped``, the
+        reason no edge delivered it); ``gathered`` names the fan-in targets among them, with
+        their groups' sources."""
         fields = self._in(superstep, run)
         fields.update(
             source=source if source is not None else self._executor(fields["superstep_id"]),
             target=target,
-            targets=list(targets) if targets or target is None else [target],
+            targets=list(targets) if targets or target is None or dropped else [target],
             message=self._encode(message, "a message"),
             gathered=dict(gathered or {}),
         )
+        if dropped is not None:
+            fields["dropped"] = dropped
         return self._emit(ev.MessageStaged, fields)
 
     def output(

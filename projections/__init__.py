@@ -44,6 +44,7 @@ from projections._redact import (
     sensitive_keys_of,
 )
 from projections._runrecords import (
+    DroppedMessage,
     ForkRecord,
     HistoryRows,
     MemoryHistoryRows,
@@ -86,6 +87,7 @@ __all__ = [
     "Change",
     "CommittedState",
     "DocumentView",
+    "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
     "HistoryView",

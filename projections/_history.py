@@ -43,6 +43,7 @@ from kernel import (
     Fold,
     InfoRequested,
     InstanceForked,
+    MessageStaged,
     OutputYielded,
     ResponseReceived,
     RunAbandoned,
@@ -56,6 +57,7 @@ from kernel import (
     folds,
 )
 from projections._runrecords import (
+    DroppedMessage,
     ForkRecord,
     HistoryRows,
     MemoryHistoryRows,
@@ -68,6 +70,7 @@ from projections._runrecords import (
 from projections._tracker import SuperstepTracker
 
 __all__ = [
+    "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
     "MemoryHistoryRows",
@@ -285,6 +288,20 @@ class RunHistory(Fold):
         step = self._step_of(event.superstep_id)
         if step is not None and step.status == "open":
             step.events += (event.event_type,)
+    @folds("message_staged")
+    def _message(self, event: MessageStaged) -> None:
+        # Only a drop is history's business; whether it happened is its superstep's verdict.
+        if event.dropped is None:
+            return
+        step = self._step_of(event.superstep_id)
+        if step is None or step.status != "open":
+            return
+        run = self._run_of(step.run_id)
+        if run is not None and run.status == "running":
+            drop = DroppedMessage(
+                event.source, event.target, event.dropped, event.message, event.position
+            )
+            step.dropped += (drop,)
 
     @folds(*SUPERSTEP_MARKER_TYPES)
     def _marked(self, event: SuperstepEvent) -> None:
@@ -308,6 +325,8 @@ class RunHistory(Fold):
             run.committed += 1
             if step.outputs:
                 run.outputs.extend(step.outputs)
+            if step.dropped:
+                run.dropped.extend(step.dropped)
             for request in tracker.decided_requests:
                 self._requested_by[request.request_id] = run.run_id
                 run.pending_requests.append(
@@ -445,6 +464,7 @@ class RunHistory(Fold):
         committed.sort(key=lambda s: s.position or 0)
         for step in committed:
             rows.runs[step.run_id].outputs.extend(step.outputs)
+            rows.runs[step.run_id].dropped.extend(step.dropped)
         return cls(rows, tracker=tracker, forks=forks)
 
     def __eq__(self, other: object) -> bool:

@@ -1,5 +1,5 @@
 """The records of run history: ``RunRecord``, ``SuperstepRecord``, ``RequestRecord``,
-``ForkRecord``, and where a fold keeps them.
+``ForkRecord``, ``DroppedMessage``, and where a fold keeps them.
 
 Each is the one form of its record: the fold changes it in place, readers get copies
 (``copy()``), and a materialized view stores its JSON row (``to_row`` / ``from_row``).
@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from kernel import ErrorInfo, ProjectionError
 
 __all__ = [
+    "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
     "MemoryHistoryRows",
@@ -103,6 +104,36 @@ class ForkRecord:
         return cls(**values)
 
 
+@dataclass(frozen=True, slots=True)
+class DroppedMessage:
+    """A message no edge delivered, dropped as ``MessageStaged.dropped`` recorded: who sent it,
+    the ``target`` it named (if any), the ``reason`` (a ``kernel.DropReason``), the message as a
+    wire JSON tree, and the stream position of its ``MessageStaged``."""
+
+    source: str
+    target: str | None
+    reason: str
+    message: Any
+    position: int
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as a JSON row."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DroppedMessage:
+        """The record of a row written by ``to_row``."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+def _dropped_rows(dropped: tuple[DroppedMessage, ...]) -> list[dict[str, Any]]:
+    return [drop.to_row() for drop in dropped]
+
+
+def _dropped(rows: list[dict[str, Any]]) -> tuple[DroppedMessage, ...]:
+    return tuple(DroppedMessage.from_row(row) for row in rows)
+
+
 def _requests_rows(requests: list[RequestRecord]) -> list[dict[str, Any]]:
     return [request.to_row() for request in requests]
 
@@ -130,7 +161,11 @@ _CODECS: dict[str, _Codec] = {
     "events": (list, tuple),
     "responses": (list, list),
     "pending_requests": (_requests_rows, _requests),
+    "dropped": (_dropped_rows, _dropped),
 }
+_ADDED = frozenset({"dropped", "events"})
+"""Fields added to a record after views first stored its rows: an older row lacks them, and the
+record then has the field's default."""
 _PLAIN: _Codec = (_same, _same)
 R = TypeVar("R")
 M = TypeVar("M")
@@ -156,8 +191,13 @@ def _to_row(record: Any, codecs: tuple[tuple[str, _Codec], ...]) -> dict[str, An
 
 
 def _from_row(cls: type[R], row: dict[str, Any], codecs: tuple[tuple[str, _Codec], ...]) -> R:
-    # A field added later (``events``) is missing from older rows: it takes its default.
-    return cls(**{name: decode(row[name]) for name, (_, decode) in codecs if name in row})
+    return cls(
+        **{
+            name: decode(row[name])
+            for name, (_, decode) in codecs
+            if name in row or name not in _ADDED
+        }
+    )
 
 
 @dataclass(slots=True)
@@ -169,8 +209,10 @@ class SuperstepRecord:
     ``outputs`` the outputs yielded before the marker (delivered only if ``committed``);
     ``requests`` the ids of the requests for input it made (they count only if ``committed``);
     ``events`` the types of the custom events its executors added (``ctx.add_event``), in order
-    (delivered only if ``committed``). ``start_position`` is the stream position of its
-    ``superstep_started``, ``position`` that of its marker (None while open).
+    (delivered only if ``committed``); ``dropped`` the messages it sent that no edge delivered
+    (``DroppedMessage``; dropped only if ``committed``: an aborted superstep's messages are inert
+    anyway). ``start_position`` is the stream position of its ``superstep_started``,
+    ``position`` that of its marker (None while open).
     """
 
     superstep_id: str
@@ -191,6 +233,7 @@ class SuperstepRecord:
     outputs: tuple[Any, ...] = ()
     requests: tuple[str, ...] = ()
     events: tuple[str, ...] = ()
+    dropped: tuple[DroppedMessage, ...] = ()
 
     def copy(self) -> SuperstepRecord:
         """An independent copy."""
@@ -222,8 +265,11 @@ class RunRecord:
     still be answered: a later run that continues nothing drops them; ``responses``
     the ids of the requests whose responses this run recorded.
 
-    ``outputs``, ``superstep_ids`` and ``continued_by`` follow from the other records, so its row
-    leaves them out.
+    ``dropped`` are the messages its committed supersteps sent that no edge delivered, in order
+    (``DroppedMessage``).
+
+    ``outputs``, ``superstep_ids``, ``continued_by`` and ``dropped`` follow from the other
+    records, so its row leaves them out.
     """
 
     run_id: str
@@ -244,11 +290,13 @@ class RunRecord:
     outputs: list[Any] = field(default_factory=list)
     superstep_ids: list[str] = field(default_factory=list)
     continued_by: list[str] = field(default_factory=list)
+    dropped: list[DroppedMessage] = field(default_factory=list)
 
     def copy(self) -> RunRecord:
         """An independent copy (its lists are new)."""
         return replace(
             self,
+            dropped=list(self.dropped),
             pending_requests=list(self.pending_requests),
             responses=list(self.responses),
             outputs=list(self.outputs),
@@ -257,8 +305,8 @@ class RunRecord:
         )
 
     def to_row(self) -> dict[str, Any]:
-        """The record as a JSON row, without the derived ``outputs``, ``superstep_ids`` and
-        ``continued_by``."""
+        """The record as a JSON row, without the derived ``outputs``, ``superstep_ids``,
+        ``continued_by`` and ``dropped``."""
         return _to_row(self, _RUN_ROW)
 
     @classmethod
@@ -268,7 +316,7 @@ class RunRecord:
 
 
 _STEP_ROW = _row_codecs(SuperstepRecord)
-_RUN_ROW = _row_codecs(RunRecord, "outputs", "superstep_ids", "continued_by")
+_RUN_ROW = _row_codecs(RunRecord, "outputs", "superstep_ids", "continued_by", "dropped")
 
 
 class HistoryRows(Protocol):

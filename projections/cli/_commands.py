@@ -84,6 +84,7 @@ from projections import (
     default_views,
     diff_points,
     fold_blame,
+    fold_history,
     history_of,
     sensitive_keys_of,
     state_at,
@@ -100,6 +101,7 @@ from projections.cli._keys import (
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import (
     blame_table,
+    drop_fates,
     event_line,
     events_table,
     history_tables,
@@ -412,13 +414,18 @@ def _redactor(
 def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
     blame = fold_blame(events)  # verdicts only: the values shown are the redacted events'
+    drops = drop_fates(fold_history(events))
     shown = _redactor(store, args, events).events(events)
     if args.json:
         fates = verdicts(blame)
         for event in shown:
-            sys.stdout.write(event_line(event, fates.get(event.position)) + "\n")
+            line = event_line(
+                event, fates.get(event.position), drop_status=drops.get(event.position)
+            )
+            sys.stdout.write(line + "\n")
         return 0
-    console.print(events_table(shown, blame, title=escape(f"the log of {args.instance}")))
+    title = escape(f"the log of {args.instance}")
+    console.print(events_table(shown, blame, title=title, drops=drops))
     return 0
 
 

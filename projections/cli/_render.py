@@ -20,6 +20,7 @@ from projections import KeyBlame, RunHistory, WriteStatus
 __all__ = [
     "blame_table",
     "counts",
+    "drop_fates",
     "event_line",
     "events_table",
     "history_tables",
@@ -58,18 +59,39 @@ def verdicts(blame: KeyBlame) -> dict[int, WriteStatus]:
     }
 
 
-def event_line(event: EventBase, status: WriteStatus | None) -> str:
-    """One event as a JSON line; a write also gets ``counts`` and ``write_status``."""
+def drop_fates(history: RunHistory) -> dict[int, str]:
+    """The stream position of each dropped message (``MessageStaged.dropped``) -> the status of
+    its superstep in ``history`` (``committed``: the message was dropped; ``aborted``: inert, as
+    everything of its superstep; ``open``: not decided yet)."""
+    return {drop.position: step.status for step in history.supersteps() for drop in step.dropped}
+
+
+def event_line(
+    event: EventBase, status: WriteStatus | None, *, drop_status: str | None = None
+) -> str:
+    """One event as a JSON line; a write also gets ``counts`` and ``write_status``, a dropped
+    message ``counts`` (whether the drop happened: its superstep committed)."""
     tree = event.model_dump(mode="json")
     if status is not None:
         tree["counts"] = counts(status)
         tree["write_status"] = status
+    elif drop_status is not None:
+        tree["counts"] = None if drop_status == "open" else drop_status == "committed"
     return orjson.dumps(tree).decode()
 
 
-def events_table(events: list[EventBase], blame: KeyBlame, *, title: str) -> Table:
-    """Every event; the ``counts?`` column shows each write's verdict from ``blame``."""
+def events_table(
+    events: list[EventBase],
+    blame: KeyBlame,
+    *,
+    title: str,
+    drops: dict[int, str] | None = None,
+) -> Table:
+    """Every event; the ``counts?`` column shows each write's verdict from ``blame``, and for a
+    message no edge delivered, ``dropped`` (from ``drops``, ``drop_fates``) once its superstep
+    committed."""
     fates = verdicts(blame)
+    drops = drops or {}
     table = Table(title=title, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("run", no_wrap=True)
@@ -79,14 +101,29 @@ def events_table(events: list[EventBase], blame: KeyBlame, *, title: str) -> Tab
     for event in events:
         data = event.model_dump(mode="json", exclude=_SKIP)
         status = fates.get(event.position)
+        drop = drops.get(event.position)
+        if status is not None:
+            fate = _fate(status)
+        elif drop is not None:
+            fate = _DROP_FATES.get(drop, "[yellow]pending[/]")
+        else:
+            fate = ""
         table.add_row(
             str(event.position),
             str(getattr(event, "run_id", ""))[:8],
             event.type,
             escape(_details(data)),
-            "" if status is None else _fate(status),
+            fate,
         )
     return table
+
+
+_DROP_FATES = {"committed": "[red]dropped[/]", "aborted": "[red]no (aborted)[/]"}
+_DROP_TEXT = {
+    "no_edges": "its sender has no outgoing edge",
+    "target_mismatch": "no edge joins its sender to the target it named",
+    "type_mismatch": "no connected target handles its type",
+}
 
 
 def _fate(status: WriteStatus) -> str:
@@ -168,6 +205,25 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
             escape(", ".join(r[:8] for r in step.requests)),
         )
     tables = [runs, steps]
+    dropped = [(step, drop) for step in history.supersteps() for drop in step.dropped]
+    if dropped:
+        table = Table(title="messages dropped: no edge delivered them", expand=True)
+        for column in ("#", "run", "step", "from", "to", "why", "dropped?"):
+            table.add_column(column, overflow="fold")
+        table.add_column("message (JSON)", overflow="fold", ratio=1)
+        for step, drop in dropped:
+            fate = _DROP_FATES.get(step.status, "[yellow]pending[/]")
+            table.add_row(
+                str(drop.position),
+                escape(step.run_id[:8]),
+                str(step.index),
+                escape(drop.source),
+                escape(drop.target or ""),
+                escape(_DROP_TEXT.get(drop.reason, drop.reason)),
+                "yes" if step.status == "committed" else fate,
+                escape(show_value(drop.message)),
+            )
+        tables.append(table)
     forked = history.forked_from
     asked_in_origin = f"{(forked.origin_run or '')[:8]} (origin)" if forked is not None else ""
     pending = [(run.run_id[:8], r) for run in history.runs() for r in run.pending_requests]

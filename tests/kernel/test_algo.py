@@ -124,18 +124,49 @@ async def test_fan_in_deliveries_are_logged_after_the_direct_targets():
     assert (await router.route("a", 1, "j")).targets == ()
 
 
-@pytest.mark.parametrize(
-    ("source", "message", "target", "error"),
+UNDELIVERABLE = pytest.mark.parametrize(
+    ("source", "message", "target", "error", "reason"),
     [
-        ("i", 1, None, "has no outgoing edges"),
-        ("a", 1, "t", "no edge connects them"),
-        ("a", 1.5, None, "sent a float, which no target connected to it handles"),
+        ("i", 1, None, "has no outgoing edges", "no_edges"),
+        ("a", 1, "t", "no edge connects them", "target_mismatch"),
+        ("a", 1.5, None, "sent a float, which no target connected to it handles", "type_mismatch"),
     ],
 )
-async def test_what_cannot_be_routed_is_refused_with_a_routing_error(
-    source, message, target, error
+
+
+def undeliverable_graph(*, strict: bool) -> Graph:
+    executors = {"a": Ints("a"), "i": Ints("i"), "t": Texts("t")}
+    return Graph(executors, "a", (Single("a", "i"),), strict_routing=strict)
+
+
+@UNDELIVERABLE
+async def test_what_cannot_be_routed_is_refused_with_a_routing_error_when_strict(
+    source, message, target, error, reason
 ):
-    router = Router(graph(Single("a", "i"), a=Ints("a"), i=Ints("i"), t=Texts("t")))
+    router = Router(undeliverable_graph(strict=True))
 
     with pytest.raises(RoutingError, match=error):
         await router.route(source, message, target)
+
+
+@UNDELIVERABLE
+async def test_what_cannot_be_routed_is_dropped_with_its_reason_by_default(
+    source, message, target, error, reason
+):
+    router = Router(undeliverable_graph(strict=False))
+
+    delivery = await router.route(source, message, target)
+
+    assert (delivery.targets, delivery.fan_ins, delivery.logged) == ((), (), ())
+    assert delivery.dropped == reason
+    assert router.cached(source, message, target) is delivery  # type-only routes are cached
+    inbox, buffers = deliver([Sent(source, message, delivery)], {})
+    assert (inbox, buffers) == ({}, {})
+
+
+async def test_a_message_its_conditions_route_nowhere_is_not_a_drop():
+    router = Router(graph(Single("a", "i", condition=lambda n: n > 0), a=Ints("a"), i=Ints("i")))
+
+    delivery = await router.route("a", -1, None)
+
+    assert (delivery.targets, delivery.dropped) == ((), None)

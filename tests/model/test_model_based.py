@@ -124,11 +124,17 @@ T = TypeVar("T")
 
 @st.composite
 def specs(draw: st.DrawFn) -> Spec:
-    """A graph of 1 to 4 nodes: each node's out-edges are single edges or one fan-out group."""
-    nodes = tuple(f"n{i}" for i in range(draw(st.integers(1, 4))))
+    """A graph of 1 to 4 nodes: each node's out-edges are single edges or one fan-out group.
+    Only the nodes reachable from ``n0`` are kept (``build()`` refuses a node nothing reaches)."""
+    drawn = tuple(f"n{i}" for i in range(draw(st.integers(1, 4))))
     pairs = draw(
-        st.lists(st.tuples(st.sampled_from(nodes), st.sampled_from(nodes)), unique=True, max_size=6)
+        st.lists(st.tuples(st.sampled_from(drawn), st.sampled_from(drawn)), unique=True, max_size=6)
     )
+    reached = {drawn[0]}
+    while grown := {t for s, t in pairs if s in reached} - reached:
+        reached |= grown
+    nodes = tuple(n for n in drawn if n in reached)
+    pairs = [(s, t) for s, t in pairs if s in reached]
     edges: list[tuple[str, str]] = []
     fanouts: list[tuple[str, tuple[str, ...]]] = []
     for source in nodes:

@@ -723,7 +723,8 @@ class Flags(Executor):
 
 def test_build_registers_what_handlers_accept_send_and_yield_and_their_field_types() -> None:
     store = MemoryStore()
-    WorkflowBuilder(start_executor=Shipper("ship"), store=store).add_executor(counter).build()
+    WorkflowBuilder(start_executor=Shipper("ship"), store=store).build()
+    WorkflowBuilder(start_executor=counter, store=store).build()  # unconnected: a graph of its own
     declared = {Order, Address, Shipment, Mode, Receipt, Counter}
     assert set(store.codec.registered.values()) == declared
     WorkflowBuilder(start_executor=Flags("flags"), store=store).build()
