@@ -61,6 +61,20 @@ class DefinitionView:
         """The workflow's executors, in the order they were added."""
         return list(self.graph.executors.values())
 
+    @property
+    def input_types(self) -> list[Any]:
+        """The message types a run's input may have: the start executor's ``input_types``."""
+        return self.get_start_executor().input_types
+
+    @property
+    def output_types(self) -> list[Any]:
+        """The types of the workflow's outputs: the ``workflow_output_types`` of the executors
+        whose yields are outputs (``get_output_executors()``), in order, without duplicates."""
+        found: list[Any] = []
+        for executor in self.get_output_executors():
+            found.extend(t for t in executor.workflow_output_types if t not in found)
+        return found
+
     def get_output_executors(self) -> list[Executor]:
         """The executors whose yields are workflow outputs: every executor unless
         ``output_from=`` (or ``intermediate_output_from=``) was given."""

@@ -3,9 +3,7 @@
 Each test re-tells one AF 1.23 sample from ``python/samples/.../workflows/`` in its own words.
 The sample's imports become ``from kernel import ...``, inside the test, as the sample's module
 would import them (so a name that steplog lacks fails that test alone). Every other line that had
-to change is marked ``# port:`` with the reason. A test that needs a feature another branch is
-adding is marked ``xfail(strict=True)``, naming the feature and the branch; when the feature
-lands, the test passes and the mark must go.
+to change is marked ``# port:`` with the reason.
 
 The samples build their workflows without ``store=``, as AF's do: ``default_store`` points
 ``$STEPLOG_STORE`` at memory, then at a SQLite file, so each test runs on both backends with the

@@ -112,6 +112,25 @@ def test_the_executor_accessors() -> None:
     assert list(wf.executors) == ["start", "answer"]
 
 
+class Narrate(Executor):
+    @handler
+    async def run(self, text: str, ctx: WorkflowContext[int, str]) -> None:
+        await ctx.yield_output(f"counting {text!r}")
+        await ctx.send_message(len(text))
+
+
+def test_input_and_output_types_are_the_start_executors_and_the_output_executors() -> None:
+    def graph(**kwargs: Any) -> Any:
+        narrate, answer = Narrate("narrate"), Answer("answer")
+        return WorkflowBuilder(start_executor=narrate, **kwargs).add_edge(narrate, answer).build()
+
+    assert graph().input_types == [str]
+    assert graph().output_types == [str, int]  # every executor's yields are outputs
+    # With a designation, a hidden executor's yields are no output of the workflow.
+    assert graph(output_from=["answer"]).output_types == [int]
+    assert graph(output_from=["narrate"]).output_types == [str]
+
+
 def graph_of_every_kind(**kwargs: Any) -> Any:
     start, left, right, small = Relay("start"), Relay("left"), Relay("right"), Answer("small")
     big, gather, other = Answer("big"), Gather("gather"), Answer("other")
