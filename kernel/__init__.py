@@ -83,6 +83,7 @@ from kernel._lease import Lease
 from kernel._recovery import RecoveredRun, recover
 from kernel._rekey import RekeyReport, compact_store, rekey
 from kernel._replay import RecordedError, replay
+from kernel._respond import RecordedResponse, fork_at, record_response
 from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._runner import RunResult
@@ -150,6 +151,7 @@ __all__ = [
     "ProjectionError",
     "Recorded",
     "RecordedError",
+    "RecordedResponse",
     "RecoveredRun",
     "RekeyReport",
     "RerunReport",
@@ -192,9 +194,11 @@ __all__ = [
     "executor",
     "fold_committed",
     "folds",
+    "fork_at",
     "handler",
     "mask_url",
     "open_store",
+    "record_response",
     "recover",
     "rekey",
     "replay",

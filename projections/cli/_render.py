@@ -15,16 +15,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernel import EventBase, RecoveredRun
-from projections import KeyBlame, RunHistory, WriteStatus
+from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 
 __all__ = [
+    "LOG_PAGE",
+    "bisect_document",
     "blame_table",
     "counts",
+    "event_document",
     "event_line",
     "events_table",
+    "history_document",
     "history_tables",
+    "log_table",
     "recovered_json",
     "recovered_table",
+    "run_document",
     "show_json",
     "show_time",
     "show_value",
@@ -273,3 +279,77 @@ def _cut(text: str, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
 def show_time(moment: datetime | None) -> str:
     """A time as ``HH:MM:SS.mmm`` (empty for None)."""
     return "" if moment is None else moment.strftime("%H:%M:%S.%f")[:-3]
+
+
+# -- streamed log pages and JSON documents ------------------------------------------------------
+
+LOG_PAGE = 200
+"""Events per table that ``steplog log`` prints (the log is streamed, a table per page)."""
+
+
+def event_document(event: EventBase, status: WriteStatus | None) -> dict[str, Any]:
+    """One event as ``log --json`` prints it: the event's fields; a write's also ``counts`` and
+    ``write_status`` (the blame fold's verdict when its superstep was decided)."""
+    tree = event.model_dump(mode="json")
+    if status is not None:
+        tree["counts"] = counts(status)
+        tree["write_status"] = status
+    return tree
+
+
+def log_table(
+    page: list[tuple[EventBase, WriteStatus | None]], *, title: str, header: bool
+) -> Table:
+    """One page of ``steplog log``: the events with each write's verdict."""
+    table = Table(title=title if header else None, expand=True, show_header=header)
+    table.add_column("#", justify="right", no_wrap=True, min_width=5)
+    table.add_column("run", no_wrap=True, min_width=8)
+    table.add_column("event", no_wrap=True, min_width=20)
+    table.add_column("details", overflow="fold", ratio=1)
+    table.add_column("counts?", no_wrap=True, min_width=12)
+    for event, status in page:
+        data = event.model_dump(mode="json", exclude=_SKIP)
+        table.add_row(
+            str(event.position),
+            str(getattr(event, "run_id", ""))[:8],
+            event.type,
+            escape(_details(data)),
+            "" if status is None else _fate(status),
+        )
+    return table
+
+
+def run_document(run: RunRecord, instance_id: str) -> dict[str, Any]:
+    """A run as ``runs``, ``show`` and ``history`` print it in JSON."""
+    return {
+        "instance_id": instance_id,
+        **run.to_row(),
+        "continued_by": list(run.continued_by),
+        "outputs": list(run.outputs),
+    }
+
+
+def history_document(history: RunHistory, instance_id: str) -> dict[str, Any]:
+    """What ``history --json`` prints."""
+    forked = history.forked_from
+    return {
+        "instance_id": instance_id,
+        "forked_from": None if forked is None else forked.to_row(),
+        "runs": [run_document(run, instance_id) for run in history.runs()],
+        "supersteps": [step.to_row() for step in history.supersteps()],
+        "pending_requests": [r.to_row() for r in history.pending_requests()],
+        "forks": [fork.to_row() for fork in history.forks()],
+    }
+
+
+def bisect_document(found: BisectResult) -> dict[str, Any]:
+    """Where ``bisect`` found the condition first true (without the values: a sensitive one
+    would show)."""
+    return {
+        "superstep_id": found.superstep_id,
+        "run_id": found.run_id,
+        "index": found.index,
+        "position": found.position,
+        "timestamp": None if found.timestamp is None else found.timestamp.isoformat(),
+        "origin_instance": found.origin_instance,
+    }

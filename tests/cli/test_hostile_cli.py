@@ -2,9 +2,9 @@
 the usual exit status, and nothing overwritten.
 
 - No output of the command ever holds a store URL's password.
-- A malformed URL, a bad instance id, another application's SQLite file, a database or a row
-  written by a newer steplog, a corrupted row: exit 2 with one line naming the problem (and,
-  for a row, its position); the file's bytes are unchanged.
+- A malformed URL, a bad instance id, another application's SQLite file, a corrupted row: exit
+  2, and a database or a row written by a newer steplog: exit 5, with one line naming the
+  problem (and, for a row, its position); the file's bytes are unchanged.
 - Every reading command works on a read-only SQLite store (file, or file and directory).
 - Every command is linear in what it shows: a 5 MB value is shown cut, with its size, in the
   ``state`` table, and whole with ``state --json``.
@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
-from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
+from projections.cli import EXIT_BAD_INPUT, EXIT_NEWER_SCHEMA, EXIT_STORE, main
 from tests.store.test_hostile_store import (
     REFUSED_URLS,
     SECRET,
@@ -176,7 +176,8 @@ def test_a_damaged_or_newer_row_is_one_line_naming_it_and_nothing_is_overwritten
     url = logged(tmp_path / "s.db")
     rewrite_row(tmp_path / "s.db", change)
     before = (tmp_path / "s.db").read_bytes()
-    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    expected = EXIT_NEWER_SCHEMA if damage == "newer-batch-format" else EXIT_BAD_INPUT
+    assert main(["--store", url, *command]) == expected
     err = " ".join(one_line_complaint(capsys.readouterr().err).split())
     assert re.search(problem, err), err
     assert "'orders-1'#" in err
@@ -191,7 +192,7 @@ def test_a_database_written_by_a_newer_steplog_is_one_line_and_left_as_it_is(
     with closing(sqlite3.connect(tmp_path / "s.db")) as db, db:
         db.execute("UPDATE steplog_meta SET value = '99' WHERE key = 'schema_version'")
     before = (tmp_path / "s.db").read_bytes()
-    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    assert main(["--store", url, *command]) == EXIT_NEWER_SCHEMA == 5
     err = one_line_complaint(capsys.readouterr().err)
     assert "was written by a newer steplog (store schema version 99" in err
     assert "upgrade steplog" in err
