@@ -83,9 +83,9 @@ from kernel._lease import Lease
 from kernel._recovery import RecoveredRun, recover
 from kernel._rekey import RekeyReport, compact_store, rekey
 from kernel._replay import RecordedError, replay
-from kernel._respond import RecordedResponse, fork_at, record_response
 from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
+from kernel._respond import RecordedResponse, fork_at, record_response
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
 

@@ -253,7 +253,7 @@ def test_checkpoints_requests_and_replay(
     assert outputs == [4, 5]
     assert events[-1]["type"] == "completed"
     code, out, _ = cli(capsys, "--store", url, "replay", "--", prepared.failed_run[:6])
-    assert "boom at 4" in out
+    assert (code, "boom at 4" in out) == (0, True)
 
 
 def test_respond_records_a_response_the_workflow_then_continues_with(
