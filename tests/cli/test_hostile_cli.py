@@ -211,6 +211,18 @@ READING = [
     ["blame", INSTANCE, "n"],
     ["diff", INSTANCE, "pos:1", "pos:8"],
     ["bisect", INSTANCE, "--key", "n"],
+    ["bisect", INSTANCE, "--key", "n", "--json"],
+    ["runs"],
+    ["runs", INSTANCE, "--json"],
+    ["checkpoints", INSTANCE],
+    ["checkpoints", INSTANCE, "--json"],
+    ["requests"],
+    ["requests", INSTANCE, "--json"],
+    ["log", INSTANCE, "--type", "state_staged", "--from", "2", "--limit", "3"],
+    ["history", INSTANCE, "--json"],
+    ["blame", INSTANCE, "n", "--json"],
+    ["diff", INSTANCE, "pos:1", "pos:8", "--json"],
+    ["instances", "--json"],
 ]
 _RUN_ALL = """
 import contextlib, io, json, sys
@@ -243,9 +255,12 @@ def test_every_reading_command_works_on_a_read_only_store(tmp_path: Path, locked
     directory = tmp_path / "ro"
     directory.mkdir()
     url = logged(directory / "s.db")
-    commands = [["--store", url, *command] for command in READING]
+    with open_store(url) as store:
+        run = store.read(INSTANCE, upto=1)[0].run_id
+    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    commands = [["--store", url, *command] for command in [*READING, *by_run]]
     expected = run_all(commands, child=False)  # what each prints while the store is writable
-    assert [status for status, _, _ in expected] == [0] * len(READING)
+    assert [status for status, _, _ in expected] == [0] * len(commands)
     before = (directory / "s.db").read_bytes()
     (directory / "s.db").chmod(0o444)
     if locked == "file-and-directory":
