@@ -178,19 +178,27 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
     if args.json:
         emit({"instance_id": args.instance, "checkpoints": marks})
         return 0
-    table = Table(title=escape(f"checkpoints of {args.instance}"), expand=True)
-    for column in ("checkpoint", "run", "#", "position", "committed at", ""):
-        table.add_column(column, no_wrap=True)
+    table = Table(title=escape(f"checkpoints of {args.instance}"))
+    for column in ("checkpoint", "instance", "run", "#", "position", "committed at", "latest"):
+        table.add_column(column, overflow="fold")
     for mark in marks:
         table.add_row(
             escape(mark["checkpoint_id"]),
+            escape(mark["instance_id"]),
             escape((mark["run_id"] or "")[:8]),
             "" if mark["index"] is None else str(mark["index"]),
             str(mark["position"]),
             mark["timestamp"] or "",
-            "latest: continue it with resume(); fork any" if mark["latest"] else "",
+            "yes" if mark["latest"] else "",
         )
-    console.print(table if marks else "no checkpoints: no superstep committed")
+    if not marks:
+        console.print("no checkpoints: no superstep committed", markup=False)
+        return 0
+    console.print(table)
+    console.print(
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
+        markup=False,
+    )
     return 0
 
 
