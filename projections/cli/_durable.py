@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from typing import Any
 
 import orjson
@@ -26,11 +27,12 @@ from kernel import (
     record_response,
     replay,
 )
-from projections import RunHistory, fold_history, forks_of
+from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections.cli._ids import events_of, find_run
 from projections.cli._json import emit, emit_line
 from projections.cli._points import UsageError, parse_point
-from projections.cli._render import run_document, show_time, show_value
+from projections.cli._render import LOG_PAGE, run_document, show_time, show_value
+from projections.cli._runstream import run_row, stream_runs
 
 __all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
 
@@ -69,19 +71,37 @@ def _instances(store: EventStore, named: str | None) -> list[str]:
 
 
 def _runs(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    found = [
-        (name, run)
-        for name in _instances(store, args.instance)
-        for run in history(store, name).runs()
-    ]
+    """Each run as soon as it has ended (``_runstream``): one JSON document written piece by
+    piece, or a table per page."""
+    found = (
+        (name, run) for name in _instances(store, args.instance) for run in stream_runs(store, name)
+    )
     if args.json:
-        emit({"runs": [run_document(run, name) for name, run in found]})
+        sys.stdout.write('{"runs":[')
+        for n, (name, run) in enumerate(found):
+            sys.stdout.write(("," if n else "") + orjson.dumps(run_row(run, name)).decode())
+            sys.stdout.flush()
+        sys.stdout.write("]}\n")
         return 0
-    table = Table(title="runs", expand=True)
+    page: list[tuple[str, RunRecord]] = []
+    first = True
+    for item in found:
+        page.append(item)
+        if len(page) >= LOG_PAGE:
+            console.print(_runs_table(page, header=first))
+            page, first = [], False
+    if page or first:
+        console.print(_runs_table(page, header=first))
+    return 0
+
+
+def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
+    table = Table(title="runs" if header else None, expand=True, show_header=header)
+    widths = {"instance": 10, "run": 8, "status": 17, "started": 12, "ended": 12}
     for column in ("instance", "run", "status", "started", "ended", "steps", "ok", "aborted"):
-        table.add_column(column, no_wrap=True)
+        table.add_column(column, no_wrap=True, min_width=widths.get(column, 5))
     table.add_column("error", overflow="fold", ratio=1)
-    for name, run in found:
+    for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
         table.add_row(
             escape(name),
@@ -94,8 +114,7 @@ def _runs(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             str(run.aborted),
             escape(error[:400]),
         )
-    console.print(table)
-    return 0
+    return table
 
 
 def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
