@@ -5,6 +5,7 @@ unique-prefix ids, and ``respond``/``fork`` continued by the workflow itself."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from rich.console import Console
 
+import projections.cli._commands as commands
 from kernel import WorkflowBuilder, open_store
 from projections.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_PROBLEM, main, schema_of
 from projections.cli._demo import run_demo
@@ -436,3 +439,29 @@ def test_completion_scripts_name_every_command(
         script = tmp_path / "steplog.fish"
         script.write_text(out)
         subprocess.run(["fish", "-n", str(script)], check=True)
+
+
+def test_rebuild_and_verify_show_progress_on_a_terminal_only(
+    prepared: Prepared, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = cli(capsys, "--store", prepared.url, "rebuild")
+    assert (code, err) == (0, "")  # piped: no bar
+    assert "state: rebuilt up to global position" in out
+    code, out, err = cli(capsys, "--store", prepared.url, "verify", "--json")
+    assert (code, err) == (0, "")
+    assert all(view["ok"] for view in json.loads(out)["views"].values())
+
+    screen = io.StringIO()
+
+    def terminal(*args: Any, stderr: bool = False, **kwargs: Any) -> Console:
+        if stderr:
+            return Console(file=screen, force_terminal=True, width=120)
+        return Console(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "Console", terminal)
+    code, out, _ = cli(capsys, "--store", prepared.url, "rebuild", "history")
+    assert code == 0
+    shown = screen.getvalue()
+    assert "rebuilding history" in shown
+    assert " events" in shown
+    assert "/s" in shown  # the rate
