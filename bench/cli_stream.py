@@ -56,6 +56,7 @@ def main(args: list[str] | None = None) -> None:
     instance = f"{spec.name}-0000"
     print(f"log: {path.name} ({meta.get('events', '?')} events; generated now: {generated})")
     cases = [
+        ["instances"],  # the baseline: starting Python, importing steplog, opening the store
         ["runs", instance, "--json"],
         ["runs", instance],
         ["log", instance, "--json", "--limit", "1000"],

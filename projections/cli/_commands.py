@@ -87,7 +87,6 @@ from projections import (
     Projector,
     SensitiveKeys,
     VerifyReport,
-    WriteStatus,
     backend_for,
     bisect,
     blame_keys,
@@ -114,7 +113,6 @@ from projections.cli._keys import (
 from projections.cli._logstream import stream_log
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import (
-    LOG_PAGE,
     bisect_document,
     blame_table,
     event_document,
@@ -122,6 +120,7 @@ from projections.cli._render import (
     history_document,
     history_tables,
     log_table,
+    print_paged,
     recovered_json,
     recovered_table,
     show_time,
@@ -534,17 +533,8 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         for event, status in stream:
             emit_line(event_document(event, status))
         return 0
-    page: list[tuple[EventBase, WriteStatus | None]] = []
-    first = True
-    for item in stream:
-        page.append(item)
-        if len(page) >= LOG_PAGE:
-            console.print(
-                log_table(page, title=escape(f"the log of {args.instance}"), header=first)
-            )
-            page, first = [], False
-    if page or first:
-        console.print(log_table(page, title=escape(f"the log of {args.instance}"), header=first))
+    title = escape(f"the log of {args.instance}")
+    print_paged(console, stream, lambda page, first: log_table(page, title=title, header=first))
     return 0
 
 

@@ -31,7 +31,7 @@ from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections.cli._ids import events_of, find_run
 from projections.cli._json import emit, emit_line
 from projections.cli._points import UsageError, parse_point
-from projections.cli._render import LOG_PAGE, run_document, show_time, show_value
+from projections.cli._render import print_paged, run_document, show_time, show_value
 from projections.cli._runstream import run_row, stream_runs
 
 __all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
@@ -77,21 +77,14 @@ def _runs(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         (name, run) for name in _instances(store, args.instance) for run in stream_runs(store, name)
     )
     if args.json:
-        sys.stdout.write('{"runs":[')
-        for n, (name, run) in enumerate(found):
-            sys.stdout.write(("," if n else "") + orjson.dumps(run_row(run, name)).decode())
+        opening = '{"runs":['
+        for name, run in found:
+            sys.stdout.write(opening + orjson.dumps(run_row(run, name)).decode())
             sys.stdout.flush()
-        sys.stdout.write("]}\n")
+            opening = ","
+        sys.stdout.write(('{"runs":[' if opening != "," else "") + "]}\n")
         return 0
-    page: list[tuple[str, RunRecord]] = []
-    first = True
-    for item in found:
-        page.append(item)
-        if len(page) >= LOG_PAGE:
-            console.print(_runs_table(page, header=first))
-            page, first = [], False
-    if page or first:
-        console.print(_runs_table(page, header=first))
+    print_paged(console, found, lambda page, first: _runs_table(page, header=first))
     return 0
 
 

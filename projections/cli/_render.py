@@ -7,10 +7,13 @@ Whether a write counted is never decided here: it is the blame fold's ``WriteRec
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -28,6 +31,7 @@ __all__ = [
     "history_document",
     "history_tables",
     "log_table",
+    "print_paged",
     "recovered_json",
     "recovered_table",
     "run_document",
@@ -42,6 +46,7 @@ SHOWN_CHARS = 400
 one is cut, with its length, so that every command's output is linear in what it shows (rich
 folds a long cell in time quadratic in its length)."""
 
+T = TypeVar("T")
 _SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
 _COUNTED: frozenset[WriteStatus] = frozenset({"committed", "superseded"})
 
@@ -353,3 +358,27 @@ def bisect_document(found: BisectResult) -> dict[str, Any]:
         "timestamp": None if found.timestamp is None else found.timestamp.isoformat(),
         "origin_instance": found.origin_instance,
     }
+
+
+def print_paged(
+    console: Console,
+    items: Iterable[T],
+    table_of: Callable[[list[T], bool], Table],
+    *,
+    page_size: int = LOG_PAGE,
+    every: float = 0.5,
+) -> None:
+    """Print ``items`` as they come, a table per page: a page is printed when it holds
+    ``page_size`` rows, or ``every`` seconds after the last one was (a stream that is slow to
+    come still shows its first rows at once). ``table_of(rows, first)`` makes a page's table
+    (``first``: the page that carries the title and the header)."""
+    page: list[T] = []
+    first = True
+    last = time.monotonic()
+    for item in items:
+        page.append(item)
+        if len(page) >= page_size or time.monotonic() - last >= every:
+            console.print(table_of(page, first))
+            page, first, last = [], False, time.monotonic()
+    if page or first:
+        console.print(table_of(page, first))
