@@ -120,3 +120,31 @@ def test_the_examples_in_cli_md_are_real_output(
         return
     for args, documented, output in shown:
         assert documented == output, f"docs/cli.md is stale for 'steplog {args}'"
+
+
+def test_the_readme_tour_runs_after_the_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every ``steplog`` line of the README's tour exits 0 on what ``steplog demo`` wrote (RUN:
+    the demo's first run)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STEPLOG_STORE", raising=False)
+    readme = (DOC.parents[1] / "README.md").read_text()
+    (demo,) = re.findall(r"\.venv/bin/steplog (demo[^\n]*)", readme)
+    assert main(shlex.split(demo)) == 0
+    with open_store("sqlite:///steplog.db") as store:
+        run_id = store.read("orders-1", upto=1)[0].run_id
+    tour = re.search(r"look at what it wrote.*?```bash\n(.*?)```", readme, re.S)
+    assert tour is not None
+    lines = [line.split("#")[0].strip() for line in tour[1].splitlines()]
+    commands = [part.strip() for line in lines for part in line.split("&&") if part.strip()]
+    assert len(commands) >= 14
+    capsys.readouterr()
+    for command in commands:
+        args = shlex.split(command)[1:]
+        if "RUN" in args:  # an id may start with "-": after "--"
+            at = args.index("RUN")
+            args = [*args[:at], "--", run_id, *args[at + 1 :]]
+        code = main(args)
+        captured = capsys.readouterr()
+        assert code == 0, (command, captured.err)
