@@ -61,9 +61,9 @@ def main(args: list[str] | None = None) -> None:
         ["runs", instance],
         ["log", instance, "--json", "--limit", "1000"],
         ["log", instance, "--json", "--limit", "1000", "--reveal"],
+        ["log", instance, "--limit", "1000", "--reveal"],
         ["log", instance, "--json", "--reveal"],
         ["log", instance, "--json"],
-        ["log", instance, "--reveal"],
     ]
     for case in cases:
         first, total, size, peak = measure(["--store", url, *case])

@@ -101,7 +101,14 @@ from projections.cli._completion import add_completion_command, completion_comma
 from projections.cli._demo import run_demo
 from projections.cli._demo_recovery import run_recovery_act
 from projections.cli._durable import DURABLE_COMMANDS, add_durable_commands
-from projections.cli._ids import find_run, instance_id, pick, superstep_ids
+from projections.cli._ids import (
+    closest,
+    find_run,
+    instance_id,
+    pick,
+    superstep_ids,
+    written_keys,
+)
 from projections.cli._json import emit, emit_line, quiet_console
 from projections.cli._keys import (
     add_key_commands,
@@ -549,8 +556,7 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
     if args.key:
         missing = [k for k in args.key if k not in values]
         if missing:
-            close = difflib.get_close_matches(missing[0], list(values), n=3, cutoff=0.5)
-            hint = f"; closest: {', '.join(close)}" if close else ""
+            hint = closest(missing[0], values)
             raise UsageError(
                 f"key {missing[0]!r} has no committed value in {args.instance!r} at "
                 f"{at.label}{hint}"
@@ -582,7 +588,8 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
 def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     blame = _redactor(store, args).blame(blame_keys(store, args.instance, [args.key]))
     if not blame.writes(args.key):
-        raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
+        hint = closest(args.key, written_keys(store, args.instance))
+        raise UsageError(f"key {args.key!r} was never written in {args.instance!r}{hint}")
     if args.json:
         writes = [w.model_dump(mode="json") for w in blame.writes(args.key)]
         emit({"instance_id": args.instance, "key": args.key, "writes": writes})
@@ -1011,6 +1018,8 @@ COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = 
     "keygen": lambda store, args, console: keygen(console, as_json=args.json),
     "rekey": rekey_command,
     **DURABLE_COMMANDS,
+    # (main runs it before opening any store: a completion script needs none)
+    "completion": lambda store, args, console: completion_command(_parser(), args.shell),
 }
 READING_COMMANDS = frozenset(COMMANDS) - _WRITERS
 """The commands that only read: none of them creates a file, a schema or a row."""

@@ -10,10 +10,20 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterable, Iterator
 
-from kernel import EventBase, EventStore, RunStarted, SuperstepStarted
+from kernel import EventBase, EventStore, InstanceForked, RunStarted, StateStaged, SuperstepStarted
 from projections.cli._points import UsageError
 
-__all__ = ["RUN_WINDOW", "events_of", "find_run", "instance_id", "pick", "runs_of", "superstep_ids"]
+__all__ = [
+    "RUN_WINDOW",
+    "closest",
+    "events_of",
+    "find_run",
+    "instance_id",
+    "pick",
+    "runs_of",
+    "superstep_ids",
+    "written_keys",
+]
 
 RUN_WINDOW = 5000
 """Stream positions read per window while looking for runs."""
@@ -34,9 +44,13 @@ def pick(text: str, ids: Iterable[str], what: str, where: str) -> str:
             f"{what} {text!r} is ambiguous in {where}: {len(matches)} {what}s start with it "
             f"({shown}); give more characters"
         )
-    close = difflib.get_close_matches(text, known, n=3, cutoff=0.5)
-    hint = f"; closest: {', '.join(close)}" if close else ""
-    raise UsageError(f"no {what} {text!r} in {where}{hint}")
+    raise UsageError(f"no {what} {text!r} in {where}{closest(text, known)}")
+
+
+def closest(text: str, known: Iterable[str]) -> str:
+    """``"; closest: a, b"`` naming the ids of ``known`` most like ``text`` (or ``""``)."""
+    close = difflib.get_close_matches(text, list(known), n=3, cutoff=0.5)
+    return f"; closest: {', '.join(close)}" if close else ""
 
 
 def instance_id(store: EventStore, text: str) -> str:
@@ -81,3 +95,14 @@ def find_run(store: EventStore, text: str, instance: str | None = None) -> tuple
     where = f"instance {instance!r}" if instance is not None else store.url
     run = pick(text, owners, "run", where)
     return owners[run], run
+
+
+def written_keys(store: EventStore, instance: str) -> set[str]:
+    """Every key ``instance`` staged a write of, or was forked with."""
+    keys: set[str] = set()
+    for event in events_of(store, instance, ("state_staged", "instance_forked")):
+        if isinstance(event, StateStaged):
+            keys.add(event.key)
+        elif isinstance(event, InstanceForked):
+            keys.update(event.values)
+    return keys

@@ -368,6 +368,9 @@ def test_unique_prefixes_ambiguity_and_closest_matches(
     code, _, err = cli(capsys, "--store", url, "state", "count", "--key", "cont")
     assert code == EXIT_BAD_INPUT
     assert "closest: count" in err
+    code, _, err = cli(capsys, "--store", url, "blame", "o1", "secrte")
+    assert code == EXIT_BAD_INPUT
+    assert "key 'secrte' was never written in 'o1'; closest: secret" in err
     for bad in ("pos:x", "time:yesterday", "step:"):
         code, _, err = cli(capsys, "--store", url, "state", "count", bad)
         assert code == EXIT_BAD_INPUT, bad
