@@ -375,10 +375,11 @@ def print_paged(
     page: list[T] = []
     first = True
     last = time.monotonic()
+    wait = min(every, 0.1)  # the first rows are shown at once
     for item in items:
         page.append(item)
-        if len(page) >= page_size or time.monotonic() - last >= every:
+        if len(page) >= page_size or time.monotonic() - last >= wait:
             console.print(table_of(page, first))
-            page, first, last = [], False, time.monotonic()
+            page, first, last, wait = [], False, time.monotonic(), every
     if page or first:
         console.print(table_of(page, first))
