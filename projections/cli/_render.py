@@ -7,7 +7,6 @@ Whether a write counted is never decided here: it is the blame fold's ``WriteRec
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -365,21 +364,18 @@ def print_paged(
     items: Iterable[T],
     table_of: Callable[[list[T], bool], Table],
     *,
+    first_page: int = 20,
     page_size: int = LOG_PAGE,
-    every: float = 0.5,
 ) -> None:
-    """Print ``items`` as they come, a table per page: a page is printed when it holds
-    ``page_size`` rows, or ``every`` seconds after the last one was (a stream that is slow to
-    come still shows its first rows at once). ``table_of(rows, first)`` makes a page's table
-    (``first``: the page that carries the title and the header)."""
+    """Print ``items`` as they come, a table per page: the first of ``first_page`` rows (shown
+    at once, however slowly the rest comes), the next of ``page_size``. ``table_of(rows,
+    first)`` makes a page's table (``first``: the page with the title and the header)."""
     page: list[T] = []
     first = True
-    last = time.monotonic()
-    wait = min(every, 0.1)  # the first rows are shown at once
     for item in items:
         page.append(item)
-        if len(page) >= page_size or time.monotonic() - last >= wait:
+        if len(page) >= (first_page if first else page_size):
             console.print(table_of(page, first))
-            page, first, last, wait = [], False, time.monotonic(), every
+            page, first = [], False
     if page or first:
         console.print(table_of(page, first))
