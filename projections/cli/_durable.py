@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ from rich.table import Table
 from kernel import (
     DecodeError,
     EventStore,
+    MessageStaged,
     RecordedError,
     ValueCodec,
     WorkflowEvent,
@@ -117,11 +119,17 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     assert run is not None
     steps = past.supersteps(run_id)
     asked = {r.request_id: r for r in run.pending_requests}
+    sent = Counter(
+        event.superstep_id
+        for event in events_of(store, instance, ("message_staged",))
+        if isinstance(event, MessageStaged) and event.run_id == run_id
+    )  # staged: delivered only if the superstep committed
     if args.json:
         emit(
             {
                 "run": run_document(run, instance),
                 "supersteps": [step.to_row() for step in steps],
+                "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
             }
         )
         return 0
@@ -138,8 +146,9 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     if run.error is not None:
         console.print(f"error: {run.error.type}: {run.error.message}", markup=False)
     table = Table(title="supersteps", expand=True)
-    for column in ("#", "superstep", "status", "executors", "keys written", "outputs"):
+    for column in ("#", "superstep", "status", "executors", "keys written", "messages"):
         table.add_column(column, overflow="fold")
+    table.add_column("outputs", overflow="fold")
     table.add_column("requests", overflow="fold")
     for step in steps:
         table.add_row(
@@ -148,6 +157,7 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             step.status + (f" ({step.reason})" if step.reason else ""),
             escape(", ".join(step.executors)),
             escape(", ".join(step.keys)),
+            str(sent[step.superstep_id]),
             escape(show_value(list(step.outputs))) if step.outputs else "",
             escape(", ".join(r + (" (pending)" if r in asked else "") for r in step.requests)),
         )

@@ -184,6 +184,7 @@ def test_runs_and_show_tell_status_counts_and_supersteps(
     shown = json.loads(out)
     assert [s["status"] for s in shown["supersteps"]] == ["committed"] * 3 + ["aborted"]
     assert shown["supersteps"][0]["keys"] == ["count"]
+    assert list(shown["messages"].values()) == [1, 1, 1, 0]  # the failed one sent nothing
 
 
 def test_log_filters_and_streams_with_the_folds_verdicts(
@@ -371,7 +372,10 @@ def test_unique_prefixes_ambiguity_and_closest_matches(
     code, _, err = cli(capsys, "--store", url, "blame", "o1", "secrte")
     assert code == EXIT_BAD_INPUT
     assert "key 'secrte' was never written in 'o1'; closest: secret" in err
-    for bad in ("pos:x", "time:yesterday", "step:"):
+    code, _, err = cli(capsys, "--store", url, "state", "count", "time:2026-11-30T14:55:00")
+    assert code == EXIT_BAD_INPUT
+    assert "has no timezone" in err
+    for bad in ("pos:x", "time:yesterday", "time:2026-13-01T00:00Z", "step:", "when:now"):
         code, _, err = cli(capsys, "--store", url, "state", "count", bad)
         assert code == EXIT_BAD_INPUT, bad
         assert len(err.strip().splitlines()) == 1
