@@ -173,9 +173,22 @@ _NAMES_AN_INSTANCE = frozenset(
 """The commands whose ``instance`` (or ``--instance``) names an existing one, or a prefix."""
 
 
+_EPILOG = """\
+ids: instance, run and superstep ids may be shortened to a unique prefix (an id that
+  starts with '-' goes after '--').
+points: pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 (with a timezone), inside:SUPERSTEP.
+--json: one JSON document on standard output (JSON lines for log and replay), nothing else.
+exit status: 0 ok, 1 a problem found, 2 bad input, 3 store missing or unreachable,
+  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it).
+See docs/cli.md."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="steplog", description="Audit, time travel and replay of steplog workflow logs."
+        prog="steplog",
+        description="Audit, time travel and replay of steplog workflow logs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG,
     )
     parser.add_argument(
         "--store",
@@ -190,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show a traceback on an error (for bug reports)"
     )
+    parser.add_argument("--json", dest="global_json", action="store_true", help="as COMMAND --json")
     add_keys_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_key_commands(commands)
@@ -313,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    args.json = getattr(args, "json", False) or args.global_json
     console = quiet_console() if args.json else Console(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     args.store_url = url  # for the demo's child process, which opens the same store

@@ -472,3 +472,11 @@ def test_rebuild_and_verify_show_progress_on_a_terminal_only(
     assert "rebuilding history" in shown
     assert " events" in shown
     assert "/s" in shown  # the rate
+
+
+def test_json_may_also_come_before_the_command(
+    prepared: Prepared, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, "--store", prepared.url, "--json", "instances")
+    assert code == 0
+    jsonschema.validate(json.loads(out), schema_of("instances"))
