@@ -73,6 +73,7 @@ from kernel import (
     EventBase,
     EventStore,
     LogIntegrityError,
+    MissingKeyError,
     SchemaVersionError,
     StepLogError,
     StoreUnavailableError,
@@ -362,6 +363,9 @@ def _failed(error: StepLogError) -> int:
     if isinstance(error, SchemaVersionError):
         _complain(error)  # (its message says to upgrade steplog)
         return EXIT_NEWER_SCHEMA
+    if isinstance(error, MissingKeyError):
+        _complain(error)  # (its message says which key to give, and how)
+        return EXIT_BAD_INPUT
     if isinstance(error, DecodeError):
         _complain(
             DecodeError(
@@ -370,7 +374,7 @@ def _failed(error: StepLogError) -> int:
             )
         )
         return EXIT_BAD_INPUT
-    _complain(error)  # bad input; a MissingKeyError says which key to give, and how
+    _complain(error)  # bad input
     return EXIT_BAD_INPUT
 
 

@@ -25,6 +25,8 @@ from tests.durable.test_requests import Reviewer
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 BLOCK = re.compile(r"```console\n\$ steplog (?P<args>[^\n]*)\n(?P<out>.*?)```", re.S)
 _HASH = re.compile(r"\b[0-9a-f]{32,64}\b")
+_NEW_KEY = re.compile(r'"key":"[A-Za-z0-9_=-]{40,}"')
+KEY = "Zm9yIHRoZSBkb2NzIG9ubHksIG5ldmVyIHVzZSBpdCE="  # 32 bytes, for the rekey example
 
 
 def ticking(start: datetime) -> Callable[[], datetime]:
@@ -84,6 +86,7 @@ def run(args: str, capsys: pytest.CaptureFixture[str]) -> str:
     text = captured.out + captured.err
     text = "\n".join(line.rstrip() for line in text.splitlines())
     text = _HASH.sub("<sha256>", text)
+    text = _NEW_KEY.sub('"key":"<a new random key>"', text)
     if code:
         text += f"\n(exit status {code})"
     return text.strip("\n") + "\n"
@@ -104,6 +107,7 @@ def test_the_examples_in_cli_md_are_real_output(
         functools.partial(record_response, clock=clock, id_factory=counter_ids("answer")),
     )
     monkeypatch.setattr(durable, "fork_at", functools.partial(fork_at, clock=clock))
+    (tmp_path / "keys.txt").write_text(KEY + "\n")
     text = DOC.read_text()
     shown: list[tuple[str, str, str]] = []
     for found in BLOCK.finditer(text):

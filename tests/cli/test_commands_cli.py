@@ -155,6 +155,10 @@ def test_demo_and_rekey_json_match_their_schemas(
     (document,) = documents("rekey", out)
     jsonschema.validate(document, schema_of("rekey"))
     assert document["rows"]["sealed"] > 0
+    code, out, err = cli(capsys, "--store", sqlite_url, "state", "d")  # no key given
+    assert (code, out) == (EXIT_BAD_INPUT, "")
+    assert "open the store with its key" in err
+    assert "damaged" not in err  # a missing key is not a damaged row
 
 
 def test_runs_and_show_tell_status_counts_and_supersteps(
