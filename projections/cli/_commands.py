@@ -169,9 +169,10 @@ nothing is created."""
 _WRITERS = WRITING_COMMANDS | {"recover", "respond", "fork", "rekey", "keygen", "completion"}
 _NAMES_AN_INSTANCE = frozenset(
     {"log", "state", "history", "blame", "diff", "bisect", "head", "recover", "runs", "requests",
-     "checkpoints", "fork", "verify"}
+     "checkpoints", "fork"}
 )  # fmt: skip
-"""The commands whose ``instance`` (or ``--instance``) names an existing one, or a prefix."""
+"""The commands whose ``instance`` names an existing one, or a unique prefix of one. (``verify
+--instance`` takes the exact id: an instance deleted whole has no events, only a chain head.)"""
 
 
 _EPILOG = """\
