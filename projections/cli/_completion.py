@@ -49,28 +49,43 @@ def _globals(parser: argparse.ArgumentParser) -> list[str]:
     return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
 
 
+def _taking_values(parser: argparse.ArgumentParser) -> list[str]:
+    """The global options followed by a value (``--store URL``): that word is no command."""
+    return [
+        o
+        for a in parser._actions
+        if a.nargs != 0 and not isinstance(a, argparse._SubParsersAction)
+        for o in a.option_strings
+        if o.startswith("--")
+    ]
+
+
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script for ``shell`` (one of ``SHELLS``)."""
     commands = _commands(parser)
     options = _globals(parser)
+    valued = _taking_values(parser)
     if shell == "bash":
-        return _bash(commands, options)
+        return _bash(commands, options, valued)
     if shell == "zsh":
-        return _zsh(commands, options)
-    return _fish(commands, options)
+        return _zsh(commands, options, valued)
+    return _fish(commands, options, valued)
 
 
-def _bash(commands: dict[str, tuple[str, list[str]]], options: list[str]) -> str:
+def _bash(commands: dict[str, tuple[str, list[str]]], options: list[str], valued: list[str]) -> str:
     cases = "\n".join(
         f"        {name}) opts={_quote(' '.join(opts))} ;;" for name, (_, opts) in commands.items()
     )
     return f"""# bash completion for steplog (steplog completion bash)
 _steplog() {{
-    local cur command word opts
+    local cur command word opts skip
     cur="${{COMP_WORDS[COMP_CWORD]}}"
     command=""
+    skip=""
     for word in "${{COMP_WORDS[@]:1:COMP_CWORD-1}}"; do
+        if [ -n "$skip" ]; then skip=""; continue; fi
         case "$word" in
+            {"|".join(valued) or "--"}) skip=1 ;;
             -*) ;;
             *) command="$word"; break ;;
         esac
@@ -94,7 +109,7 @@ complete -o default -F _steplog steplog
 """
 
 
-def _zsh(commands: dict[str, tuple[str, list[str]]], options: list[str]) -> str:
+def _zsh(commands: dict[str, tuple[str, list[str]]], options: list[str], valued: list[str]) -> str:
     described = "\n".join(
         f"        {_quote(name + ':' + _plain(text))}" for name, (text, _) in commands.items()
     )
@@ -109,10 +124,14 @@ _steplog() {{
     commands=(
 {described}
     )
-    local command=""
-    local word
+    local command="" skip="" word
     for word in ${{words[2,CURRENT-1]}}; do
-        if [[ "$word" != -* ]]; then command="$word"; break; fi
+        if [[ -n "$skip" ]]; then skip=""; continue; fi
+        case "$word" in
+            {"|".join(valued) or "--"}) skip=1 ;;
+            -*) ;;
+            *) command="$word"; break ;;
+        esac
     done
     if [[ -z "$command" ]]; then
         if [[ "$PREFIX" == -* ]]; then
@@ -130,20 +149,19 @@ if [[ "$funcstack[1]" == "_steplog" ]]; then _steplog "$@"; else compdef _steplo
 """
 
 
-def _fish(commands: dict[str, tuple[str, list[str]]], options: list[str]) -> str:
+def _fish(commands: dict[str, tuple[str, list[str]]], options: list[str], valued: list[str]) -> str:
     names = " ".join(commands)
+    none_yet = f"not __fish_seen_subcommand_from {names}"
     lines = ["# fish completion for steplog (steplog completion fish)", "complete -c steplog -f"]
     for option in options:
-        lines.append(f"complete -c steplog -n '__fish_use_subcommand' -l {option[2:]}")
+        value = " -r" if option in valued else ""
+        lines.append(f"complete -c steplog -n '{none_yet}' -l {option[2:]}{value}")
     for name, (text, opts) in commands.items():
-        lines.append(
-            f"complete -c steplog -n '__fish_use_subcommand' -a {name} -d {_quote(_plain(text))}"
-        )
+        lines.append(f"complete -c steplog -n '{none_yet}' -a {name} -d {_quote(_plain(text))}")
         for option in opts:
             lines.append(
                 f"complete -c steplog -n '__fish_seen_subcommand_from {name}' -l {option[2:]}"
             )
-    lines.append(f"# commands: {names}")
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -442,6 +443,12 @@ def test_completion_scripts_name_every_command(
             check=True, capture_output=True, text=True,
         ).stdout.split()  # fmt: skip
         assert words == ["log"]
+        after_a_value = subprocess.run(
+            ["bash", "-c", f'source {script}; COMP_WORDS=(steplog --store x runs --j); '
+             'COMP_CWORD=4; _steplog; echo "${COMPREPLY[@]}"'],
+            check=True, capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        assert after_a_value == ["--json"]  # "x" is --store's value, not a command
     if shell == "zsh" and shutil.which("zsh"):
         script = tmp_path / "_steplog"
         script.write_text(out)
@@ -450,6 +457,17 @@ def test_completion_scripts_name_every_command(
         script = tmp_path / "steplog.fish"
         script.write_text(out)
         subprocess.run(["fish", "-n", str(script)], check=True)
+
+        def offered(line: str) -> list[str]:
+            done = subprocess.run(
+                ["fish", "-c", f"source {script}; complete -C {shlex.quote(line)}"],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            return [row.split("\t")[0] for row in done.stdout.splitlines()]
+
+        assert offered("steplog lo") == ["log"]
+        assert offered("steplog --store x ru") == ["runs"]
+        assert "--type" in offered("steplog log --ty")
 
 
 def test_rebuild_and_verify_show_progress_on_a_terminal_only(
