@@ -112,6 +112,7 @@ from kernel._rekey import RekeyReport, compact_store, rekey
 from kernel._replay import RecordedError, replay
 from kernel._requests import PendingRequest
 from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
+from kernel._respond import RecordedResponse, fork_at, record_response
 from kernel._runner import RunResult
 from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
 from kernel._subworkflow import (
@@ -191,6 +192,7 @@ __all__ = [
     "ProjectionError",
     "Recorded",
     "RecordedError",
+    "RecordedResponse",
     "RecoveredRun",
     "RekeyReport",
     "RerunReport",
@@ -250,9 +252,11 @@ __all__ = [
     "executor",
     "fold_committed",
     "folds",
+    "fork_at",
     "handler",
     "mask_url",
     "open_store",
+    "record_response",
     "recover",
     "rekey",
     "replay",

@@ -57,7 +57,7 @@ from kernel import (
     folds,
 )
 from projections._runrecords import in_memory
-from projections._tracker import SuperstepTracker
+from projections._tracker import Outcome, SuperstepTracker
 
 __all__ = ["KeyBlame", "MemoryWriteRows", "WriteRecord", "WriteRows", "WriteStatus", "fold_blame"]
 
@@ -273,6 +273,13 @@ class KeyBlame(Fold):
                 rows.get(position).status = "unmarked"
 
     # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def last_outcome(self) -> Outcome:
+        """What the last marker or run end folded in did (``SuperstepTracker.outcome``): which
+        superstep it decided and how, for a reader that follows decisions as it folds (the
+        streamed ``steplog log``). Meaningful right after folding one of those events."""
+        return self._tracker.outcome
 
     def _memory(self) -> MemoryWriteRows:
         return in_memory(self._rows, MemoryWriteRows, "blame")

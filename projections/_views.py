@@ -166,7 +166,13 @@ class Projector:
         many events were folded, summed over the views."""
         return sum(self._catch_up(spec, spec.table, upto) for spec in self.views.values())
 
-    def _catch_up(self, spec: ViewSpec, table: str, upto: int | None) -> int:
+    def _catch_up(
+        self,
+        spec: ViewSpec,
+        table: str,
+        upto: int | None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
         done = 0
         while True:
             position = self.backend.position(table)
@@ -188,6 +194,8 @@ class Projector:
                     self._fold_page(spec, tx, table, page)
                 tx.set_position(table, horizon if complete else page[-1].global_position)
             done += len(page)
+            if progress is not None:
+                progress(done, horizon if complete else page[-1].global_position)
             if complete:
                 return done
 
@@ -247,11 +255,18 @@ class Projector:
 
     # -- rebuild and verify -------------------------------------------------------------------
 
-    def rebuild(self, name: str, *, resume: bool = False) -> int:
+    def rebuild(
+        self,
+        name: str,
+        *,
+        resume: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
         """Refold view ``name`` from the whole log into a shadow table, then swap it in.
 
         Readers see the old view until the swap. ``resume=True`` continues an interrupted rebuild
         from its shadow's position instead of starting over. Returns the events folded.
+        ``progress(events folded, global position reached)`` is called after each page.
         """
         spec = self._spec(name)
         shadow = f"{spec.table}__shadow"
@@ -261,7 +276,7 @@ class Projector:
             if not resume:
                 self.backend.drop(shadow)
             self.backend.ensure(shadow)
-            done = self._catch_up(spec, shadow, None)
+            done = self._catch_up(spec, shadow, None, progress)
             self.backend.swap(shadow, spec.table)
         return done
 
@@ -271,22 +286,31 @@ class Projector:
             f"{self.lock_wait:g} s for it to finish); try again when it is done"
         )
 
-    def verify(self, name: str) -> VerifyReport:
-        """Refold view ``name`` into a scratch table up to the live view's position and compare."""
+    def verify(
+        self, name: str, *, progress: Callable[[int, int], None] | None = None
+    ) -> VerifyReport:
+        """Refold view ``name`` into a scratch table up to the live view's position and compare.
+        ``progress(events folded, global position reached)`` is called after each page."""
         spec = self._spec(name)
         scratch = f"{spec.table}__verify"
         with self.backend.lock(scratch, self.lock_wait) as held:
             if not held:
                 raise self._busy("verify", name)
-            return self._verify(name, spec, scratch)
+            return self._verify(name, spec, scratch, progress)
 
-    def _verify(self, name: str, spec: ViewSpec, scratch: str) -> VerifyReport:
+    def _verify(
+        self,
+        name: str,
+        spec: ViewSpec,
+        scratch: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> VerifyReport:
         self.backend.drop(scratch)
         self.backend.ensure(scratch)
         try:
             for _ in range(5):
                 position, live = self.backend.rows(spec.table)
-                self._catch_up(spec, scratch, position)
+                self._catch_up(spec, scratch, position, progress)
                 rebuilt_position, rebuilt = self.backend.rows(scratch)
                 if rebuilt_position == position:
                     break

@@ -7,18 +7,26 @@ from projections.cli._commands import (
     COMMANDS,
     EXIT_BAD_INPUT,
     EXIT_BROKEN_CHAIN,
+    EXIT_INTERNAL,
+    EXIT_NEWER_SCHEMA,
     EXIT_PROBLEM,
     EXIT_STORE,
+    READING_COMMANDS,
     WRITING_COMMANDS,
     main,
 )
+from projections.cli._json import schema_of
 
 __all__ = [
     "COMMANDS",
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_CHAIN",
+    "EXIT_INTERNAL",
+    "EXIT_NEWER_SCHEMA",
     "EXIT_PROBLEM",
     "EXIT_STORE",
+    "READING_COMMANDS",
     "WRITING_COMMANDS",
     "main",
+    "schema_of",
 ]

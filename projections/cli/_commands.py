@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,11 +53,19 @@ from typing import Any
 import orjson
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from kernel import (
     DEFAULT_STORE_ENV,
+    EVENT_TYPES,
     ChainHead,
     ChainProblem,
     ChainReport,
@@ -84,13 +94,23 @@ from projections import (
     default_views,
     diff_points,
     fold_blame,
-    fold_history,
     history_of,
     sensitive_keys_of,
     state_at,
 )
+from projections.cli._completion import add_completion_command, completion_command
 from projections.cli._demo import run_demo
 from projections.cli._demo_recovery import run_recovery_act
+from projections.cli._durable import DURABLE_COMMANDS, add_durable_commands
+from projections.cli._ids import (
+    closest,
+    find_run,
+    instance_id,
+    pick,
+    superstep_ids,
+    written_keys,
+)
+from projections.cli._json import emit, emit_line, quiet_console
 from projections.cli._keys import (
     add_key_commands,
     add_keys_option,
@@ -98,26 +118,32 @@ from projections.cli._keys import (
     keyring_of,
     rekey_command,
 )
+from projections.cli._logstream import stream_log
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import (
+    bisect_document,
     blame_table,
-    drop_fates,
-    event_line,
+    event_document,
     events_table,
+    history_document,
     history_tables,
+    log_table,
+    print_paged,
     recovered_json,
     recovered_table,
     show_time,
     show_value,
-    verdicts,
 )
 
 __all__ = [
     "COMMANDS",
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_CHAIN",
+    "EXIT_INTERNAL",
+    "EXIT_NEWER_SCHEMA",
     "EXIT_PROBLEM",
     "EXIT_STORE",
+    "READING_COMMANDS",
     "WRITING_COMMANDS",
     "main",
 ]
@@ -132,14 +158,39 @@ EXIT_STORE = 3
 EXIT_BROKEN_CHAIN = 4
 """The log's hash chain is broken: ``verify`` found a problem (or a saved head's signature does
 not match), or a command met one while reading without ``--allow-broken-chain``."""
+EXIT_NEWER_SCHEMA = 5
+"""The store (its database, or a row) was written by a newer steplog: upgrade steplog."""
+EXIT_INTERNAL = 70
+"""An unexpected error (a bug): one line on standard error; ``--debug`` shows the traceback."""
 WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
-"""The commands that may create the store (they write to it). ``recover`` writes too, but only to
-a store that exists: a missing one is ``EXIT_STORE``, and nothing is created."""
+"""The commands that may create the store (they write to it). ``recover``, ``respond``, ``fork``
+and ``rekey`` write too, but only to a store that exists: a missing one is ``EXIT_STORE``, and
+nothing is created."""
+_WRITERS = WRITING_COMMANDS | {"recover", "respond", "fork", "rekey", "keygen", "completion"}
+_NAMES_AN_INSTANCE = frozenset(
+    {"log", "state", "history", "blame", "diff", "bisect", "head", "recover", "runs", "requests",
+     "checkpoints", "fork"}
+)  # fmt: skip
+"""The commands whose ``instance`` names an existing one, or a unique prefix of one. (``verify
+--instance`` takes the exact id: an instance deleted whole has no events, only a chain head.)"""
+
+
+_EPILOG = """\
+ids: instance, run and superstep ids may be shortened to a unique prefix (an id that
+  starts with '-' goes after '--').
+points: pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 (with a timezone), inside:SUPERSTEP.
+--json: one JSON document on standard output (JSON lines for log and replay), nothing else.
+exit status: 0 ok, 1 a problem found, 2 bad input, 3 store missing or unreachable,
+  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it).
+See docs/cli.md."""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="steplog", description="Audit, time travel and replay of steplog workflow logs."
+        prog="steplog",
+        description="Audit, time travel and replay of steplog workflow logs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG,
     )
     parser.add_argument(
         "--store",
@@ -151,19 +202,37 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read a log whose hash chain is broken anyway (labelled on standard error)",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="show a traceback on an error (for bug reports)"
+    )
+    parser.add_argument("--json", dest="global_json", action="store_true", help="as COMMAND --json")
     add_keys_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_key_commands(commands)
     demo = commands.add_parser("demo", help="run the stale-write bug scenario; show nothing leaked")
     demo.add_argument("--instance", default=None, help="instance id (default: a fresh one)")
     commands.add_parser("instances", help="list workflow instances in the store")
-    log = commands.add_parser("log", help="show every event of an instance")
+    log = commands.add_parser("log", help="show the events of an instance, streamed")
     log.add_argument("instance")
-    log.add_argument("--json", action="store_true", help="one JSON object per line")
+    log.add_argument("--run", default=None, metavar="RUN", help="only this run's events")
+    log.add_argument(
+        "--superstep", default=None, metavar="SUPERSTEP", help="only this superstep's events"
+    )
+    log.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="only events of this type, e.g. state_staged (repeatable)",
+    )
+    log.add_argument(
+        "--from", dest="start", type=int, default=1, metavar="POS", help="from this position"
+    )
+    log.add_argument("--limit", type=int, default=None, metavar="N", help="at most N events")
     state = commands.add_parser("state", help="committed state, now or at a POINT")
     state.add_argument("instance")
     state.add_argument("point", nargs="?", help="pos:N, step:ID, run:RUN:K, time:ISO, inside:ID")
-    state.add_argument("--json", action="store_true", help="one JSON object of every whole value")
+    state.add_argument("--key", action="append", default=[], metavar="K", help="only key K")
     history = commands.add_parser("history", help="runs of an instance and their supersteps")
     history.add_argument("instance")
     blame = commands.add_parser("blame", help="every write of a key and whether it counted")
@@ -176,14 +245,18 @@ def _parser() -> argparse.ArgumentParser:
     search = commands.add_parser("bisect", help="first superstep after which KEY has a value")
     search.add_argument("instance")
     search.add_argument("--key", required=True)
-    search.add_argument("--equals", default=None, help="a JSON value the key must equal")
+    wanted = search.add_mutually_exclusive_group()
+    wanted.add_argument("--equals", default=None, help="a JSON value the key must equal")
+    wanted.add_argument("--exists", action="store_true", help="the key has a value (the default)")
     for command in (log, state, blame, changes, search):
         _sensitivity_options(command)
     project = commands.add_parser("project", help="catch the materialized views up with the log")
     project.add_argument("--views", default=",".join(VIEW_NAMES), help="comma-separated views")
     project.add_argument("--follow", action="store_true", help="keep following until interrupted")
-    rebuild = commands.add_parser("rebuild", help="rebuild a view aside and swap it in")
-    rebuild.add_argument("view", choices=VIEW_NAMES)
+    rebuild = commands.add_parser("rebuild", help="rebuild views aside and swap them in")
+    rebuild.add_argument(
+        "views", nargs="*", metavar="VIEW", help=f"{', '.join(VIEW_NAMES)} (default: all)"
+    )
     check = commands.add_parser(
         "verify", help="check the log's hash chain, then compare views with a rebuild"
     )
@@ -204,18 +277,24 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--sign-key-file", default=None, metavar="FILE", help="check each head's signature"
     )
-    check.add_argument("--json", action="store_true", help="one JSON document")
     head = commands.add_parser("head", help="print an instance's chain head as JSON, to keep")
     head.add_argument("instance")
     head.add_argument(
         "--sign-key-file", default=None, metavar="FILE", help="sign it (HMAC-SHA256) with this key"
     )
-    head.add_argument("--json", action="store_true", help="on one line")
     recovery = commands.add_parser(
         "recover", help="close runs left open by dead processes (aborted as crashed)"
     )
     recovery.add_argument("instance", nargs="?", help="one instance (default: every instance)")
-    recovery.add_argument("--json", action="store_true", help="a JSON list of the closed runs")
+    add_durable_commands(commands)
+    add_completion_command(commands)
+    for name, command in commands.choices.items():
+        if name != "completion":
+            command.add_argument(
+                "--json",
+                action="store_true",
+                help="print one JSON document (JSON lines for log and replay), nothing else",
+            )
     return parser
 
 
@@ -235,13 +314,27 @@ def _sensitivity_options(command: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found (``EXIT_PROBLEM``),
     2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``),
-    4 the log's hash chain is broken (``EXIT_BROKEN_CHAIN``)."""
+    4 the log's hash chain is broken (``EXIT_BROKEN_CHAIN``), 5 the store was written by a newer
+    steplog (``EXIT_NEWER_SCHEMA``), 70 an unexpected error (``EXIT_INTERNAL``)."""
     args = _parser().parse_args(argv)
-    console = Console(highlight=False)
+    if args.command == "completion":  # needs no store
+        return completion_command(_parser(), args.shell)
+    try:
+        return _run(args)
+    except Exception as error:  # the last line of defence: one line, no traceback
+        if args.debug:
+            raise
+        _complain(StepLogError(f"unexpected {type(error).__name__}: {error} (--debug shows where)"))
+        return EXIT_INTERNAL
+
+
+def _run(args: argparse.Namespace) -> int:
+    args.json = getattr(args, "json", False) or args.global_json
+    console = quiet_console() if args.json else Console(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     args.store_url = url  # for the demo's child process, which opens the same store
     if args.command == "keygen":  # needs no store
-        return keygen(console)
+        return keygen(console, as_json=args.json)
     try:
         with open_store(
             url,
@@ -249,22 +342,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow_broken_chain=args.allow_broken_chain,
             keyring=keyring_of(args),
         ) as store:
+            if args.command in _NAMES_AN_INSTANCE and getattr(args, "instance", None) is not None:
+                args.instance = instance_id(store, args.instance)
             code = COMMANDS[args.command](store, args, console)
             _label_broken(store.chain_problems)
             return code
-    except LogIntegrityError as error:
+    except StepLogError as error:
+        if args.debug:
+            raise
+        return _failed(error)
+
+
+def _failed(error: StepLogError) -> int:
+    """Say what went wrong in one line on standard error; return the exit status for it."""
+    if isinstance(error, LogIntegrityError):
         _complain_broken(error)
         return EXIT_BROKEN_CHAIN
-    except StoreUnavailableError as error:
-        _complain(error)
+    if isinstance(error, StoreUnavailableError):
+        _complain(error)  # (the store's errors show its URL masked)
         return EXIT_STORE
-    except SchemaVersionError as error:
+    if isinstance(error, SchemaVersionError):
         _complain(error)  # (its message says to upgrade steplog)
-        return EXIT_BAD_INPUT
-    except MissingKeyError as error:
+        return EXIT_NEWER_SCHEMA
+    if isinstance(error, MissingKeyError):
         _complain(error)  # (its message says which key to give, and how)
         return EXIT_BAD_INPUT
-    except DecodeError as error:
+    if isinstance(error, DecodeError):
         _complain(
             DecodeError(
                 f"{error}; the row is damaged or was written by another program: nothing was "
@@ -272,9 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         return EXIT_BAD_INPUT
-    except StepLogError as error:
-        _complain(error)
-        return EXIT_BAD_INPUT
+    _complain(error)  # bad input
+    return EXIT_BAD_INPUT
 
 
 def _complain(error: StepLogError) -> None:
@@ -329,6 +431,7 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         "Upstream, run 2 committed run 1's pending write. Here is what steplog's log says.\n"
     )
     wf, outcome = asyncio.run(run_demo(store, instance_id))
+    report: dict[str, Any] = {**outcome.model_dump(mode="json"), "recovery": None}
     console.print(f"store: {escape(store.url)}   instance: [bold]{escape(instance_id)}[/]")
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
@@ -339,15 +442,26 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     console.print(blame_table(blame, "secret", instance_id))
     if outcome.leaked:
         console.print("[bold red]LEAK: 'secret' is in committed state[/]")
-        return EXIT_PROBLEM
-    console.print(
-        "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep was "
-        "aborted (failed), and no commit exists for it."
-    )
-    return _demo_recovery(store, args.store_url, f"{instance_id}-recovery", console)
+        code = EXIT_PROBLEM
+    else:
+        console.print(
+            "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep "
+            "was aborted (failed), and no commit exists for it."
+        )
+        code = _demo_recovery(store, args.store_url, f"{instance_id}-recovery", console, report)
+    wrote = [i for i in (instance_id, f"{instance_id}-recovery", f"{instance_id}-recovery-fork")]
+    report["wrote"] = [i for i in wrote if store.version(i)]
+    report["ok"] = code == 0
+    if args.json:
+        emit(report)
+    else:
+        console.print(f"wrote instances: {', '.join(report['wrote'])}", markup=False)
+    return code
 
 
-def _demo_recovery(store: EventStore, url: str, instance_id: str, console: Console) -> int:
+def _demo_recovery(
+    store: EventStore, url: str, instance_id: str, console: Console, report: dict[str, Any]
+) -> int:
     """The second act: a run killed mid-superstep, recovered, resumed; then a fork."""
     console.rule("[bold]act 2: a run killed mid-superstep, recovered and resumed; then a fork")
     if store.url.startswith("memory"):
@@ -360,6 +474,7 @@ def _demo_recovery(store: EventStore, url: str, instance_id: str, console: Conso
         "instance at the first checkpoint and runs the fork with a changed order.\n"
     )
     outcome = asyncio.run(run_recovery_act(store, url, instance_id))
+    report["recovery"] = outcome.model_dump(mode="json")
     console.print(f"instance: [bold]{escape(instance_id)}[/]")
     console.print(f"child process killed by signal {outcome.killed_by}")
     for closed in outcome.recovered:
@@ -388,7 +503,11 @@ def _demo_recovery(store: EventStore, url: str, instance_id: str, console: Conso
 
 
 def _instances(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    for instance in store.instances():
+    names = store.instances()
+    if args.json:
+        emit({"instances": [{"instance_id": n, "events": store.version(n)} for n in names]})
+        return 0
+    for instance in names:
         console.print(instance, markup=False)
     return 0
 
@@ -412,20 +531,37 @@ def _redactor(
 
 
 def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    events = _require_events(store, args.instance)
-    blame = fold_blame(events)  # verdicts only: the values shown are the redacted events'
-    drops = drop_fates(fold_history(events))
-    shown = _redactor(store, args, events).events(events)
+    """The events, streamed window by window (see ``_logstream``); a table per page."""
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    unknown = sorted(set(args.type) - EVENT_TYPES.keys())
+    if unknown:
+        close = {t: difflib.get_close_matches(t, list(EVENT_TYPES), n=1) for t in unknown}
+        hint = "; ".join(f"{t!r}: did you mean {c[0]!r}?" for t, c in close.items() if c)
+        raise UsageError(f"unknown event types {unknown}{'; ' + hint if hint else ''}")
+    run = superstep = None
+    if args.run is not None:
+        run = find_run(store, args.run, args.instance)[1]
+    if args.superstep is not None:
+        superstep = pick(
+            args.superstep, superstep_ids(store, args.instance), "superstep", repr(args.instance)
+        )
+    stream = stream_log(
+        store,
+        args.instance,
+        _redactor(store, args),
+        run=run,
+        superstep=superstep,
+        types=args.type,
+        start=args.start,
+        limit=args.limit,
+    )
     if args.json:
-        fates = verdicts(blame)
-        for event in shown:
-            line = event_line(
-                event, fates.get(event.position), drop_status=drops.get(event.position)
-            )
-            sys.stdout.write(line + "\n")
+        for event, status in stream:
+            emit_line(event_document(event, status))
         return 0
     title = escape(f"the log of {args.instance}")
-    console.print(events_table(shown, blame, title=title, drops=drops))
+    print_paged(console, stream, lambda page, first: log_table(page, title=title, header=first))
     return 0
 
 
@@ -436,31 +572,48 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
     events = _require_events(store, args.instance)
     point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
     at = _redactor(store, args, events).state(state_at(events, point))
+    values = at.values
+    if args.key:
+        missing = [k for k in args.key if k not in values]
+        if missing:
+            hint = closest(missing[0], values)
+            raise UsageError(
+                f"key {missing[0]!r} has no committed value in {args.instance!r} at "
+                f"{at.label}{hint}"
+            )
+        values = {k: values[k] for k in args.key}
     if args.json:
-        sys.stdout.write(orjson.dumps(at.values, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        sys.stdout.write(orjson.dumps(values, option=orjson.OPT_SORT_KEYS).decode() + "\n")
         return 0
     table = Table(title=escape(f"{args.instance}: {at.label}"))
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
-    for key in sorted(at.values):
-        table.add_row(escape(key), escape(show_value(at.values[key], hint="--json shows it whole")))
+    for key in sorted(values):
+        table.add_row(escape(key), escape(show_value(values[key], hint="--json shows it whole")))
     console.print(table)
     return 0
 
 
 def _history(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     _require_events(store, args.instance)
-    for table in history_tables(history_of(store, args.instance), args.instance):
+    history = history_of(store, args.instance)
+    if args.json:
+        emit(history_document(history, args.instance))
+        return 0
+    for table in history_tables(history, args.instance):
         console.print(table)
     return 0
 
 
 def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    if store.version(args.instance) == 0:
-        raise UsageError(f"no instance {args.instance!r} in {store.url}")
     blame = _redactor(store, args).blame(blame_keys(store, args.instance, [args.key]))
     if not blame.writes(args.key):
-        raise UsageError(f"key {args.key!r} was never written in {args.instance!r}")
+        hint = closest(args.key, written_keys(store, args.instance))
+        raise UsageError(f"key {args.key!r} was never written in {args.instance!r}{hint}")
+    if args.json:
+        writes = [w.model_dump(mode="json") for w in blame.writes(args.key)]
+        emit({"instance_id": args.instance, "key": args.key, "writes": writes})
+        return 0
     console.print(blame_table(blame, args.key, args.instance))
     return 0
 
@@ -469,6 +622,18 @@ def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
     before, after = parse_point(args.before, events), parse_point(args.after, events)
     changes = _redactor(store, args, events).diff(diff_points(events, before, after))
+    if args.json:
+        emit(
+            {
+                "instance_id": args.instance,
+                "before": args.before,
+                "after": args.after,
+                "added": changes.added,
+                "removed": changes.removed,
+                "changed": {k: {"old": c.old, "new": c.new} for k, c in changes.changed.items()},
+            }
+        )
+        return 0
     table = Table(title=escape(f"{args.instance}: {args.before} -> {args.after}"))
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
@@ -503,6 +668,16 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
         predicate = lambda state: key in state and state[key] == expected  # noqa: E731
         wanted = f"{key!r} == {args.equals}"
     found = bisect(events, predicate)
+    if args.json:
+        emit(
+            {
+                "instance_id": args.instance,
+                "key": key,
+                "condition": {"exists": True} if args.equals is None else {"equals": args.equals},
+                "found": None if found is None else bisect_document(found),
+            }
+        )
+        return EXIT_PROBLEM if found is None else 0
     if found is None:
         console.print(
             f"never: no committed superstep of {args.instance} has {wanted}", markup=False
@@ -535,6 +710,9 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
     projector = Projector(store, names)
     if not args.follow:
         projector.catch_up()
+        if args.json:
+            emit({"views": {name: {"position": projector.position(name)} for name in names}})
+            return 0
         for name in names:
             console.print(f"{name}: at global position {projector.position(name)}")
         return 0
@@ -553,13 +731,32 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 
 def _rebuild(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    projector = Projector(store, [args.view])
-    folded = projector.rebuild(args.view)
-    console.print(
-        f"{args.view}: rebuilt up to global position {projector.position(args.view)} "
-        f"({folded} events folded)"
-    )
+    """Rebuild the named views (every view when none is named) aside, one by one, and swap each
+    in; with a progress bar on a terminal."""
+    names = _views_named(args.views) or list(VIEW_NAMES)
+    done: dict[str, dict[str, int]] = {}
+    for name in names:
+        projector = Projector(store, [name])
+        with _progress(f"rebuilding {name}", store.last_position()) as progress:
+            folded = projector.rebuild(name, progress=progress)
+        done[name] = {"position": projector.position(name), "folded": folded}
+        if not args.json:
+            console.print(
+                f"{name}: rebuilt up to global position {done[name]['position']} "
+                f"({folded} events folded)"
+            )
+    if args.json:
+        emit({"views": done})
     return 0
+
+
+def _views_named(named: Sequence[str]) -> list[str]:
+    unknown = sorted(set(named) - set(VIEW_NAMES))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], VIEW_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown views {unknown}{hint}; choose from {', '.join(VIEW_NAMES)}")
+    return list(dict.fromkeys(named))
 
 
 def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> int:
@@ -592,17 +789,22 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
                     )
                 )
                 return EXIT_BROKEN_CHAIN
-    with _progress() as progress:
-        report = store.verify_chain(args.instance, heads=heads, progress=progress)
+    with _progress("checking the hash chain", store.last_position()) as progress:
+        counted = None if progress is None else (lambda events: progress(events, 0))
+        report = store.verify_chain(args.instance, heads=heads, progress=counted)
     views: dict[str, VerifyReport] | None = None
     if report.ok or args.allow_broken_chain:
-        views = {name: Projector(store, [name]).verify(name) for name in names}
+        views = {}
+        for name in names:
+            with _progress(f"verifying {name}", store.last_position()) as progress:
+                views[name] = Projector(store, [name]).verify(name, progress=progress)
     if args.json:
-        document = {
-            "chain": _chain_json(report, args.head, heads, signed=key is not None),
-            "views": None if views is None else {n: _view_json(r) for n, r in views.items()},
-        }
-        sys.stdout.write(orjson.dumps(document).decode() + "\n")
+        emit(
+            {
+                "chain": _chain_json(report, args.head, heads, signed=key is not None),
+                "views": None if views is None else {n: _view_json(r) for n, r in views.items()},
+            }
+        )
     else:
         _print_chain(console, report, args.head, heads, signed=key is not None)
         _print_views(console, views, names)
@@ -613,11 +815,8 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
 
 def _views_to_verify(store: EventStore, named: Sequence[str]) -> list[str]:
     """The views named (checked), or every built-in view whose table exists."""
-    unknown = sorted(set(named) - set(VIEW_NAMES))
-    if unknown:
-        raise UsageError(f"unknown views {unknown}; choose from {', '.join(VIEW_NAMES)}")
     if named:
-        return list(dict.fromkeys(named))
+        return _views_named(named)
     backend = backend_for(store)
     return [spec.name for spec in default_views() if backend.exists(spec.table)]
 
@@ -650,21 +849,33 @@ def _saved_head(path: str) -> ChainHead:
 
 
 @contextmanager
-def _progress() -> Iterator[Callable[[int], None] | None]:
-    """A progress callback showing the events checked on standard error, when it is a terminal
-    (else None: nothing is shown)."""
+def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on standard error when it is a terminal (else None: nothing is shown):
+    the events done, their rate and the time left, the bar measured in global positions of the
+    log (``total``: the last one)."""
     console = Console(stderr=True)
     if not console.is_terminal:
         yield None
         return
     with Progress(
         SpinnerColumn(),
-        TextColumn("checking the hash chain: {task.completed} events"),
+        TextColumn(escape(label)),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[events]:,} events"),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
     ) as bar:
-        task = bar.add_task("chain", total=None)
-        yield lambda events: bar.update(task, completed=events)
+        task = bar.add_task(label, total=max(total, 1), events=0, rate="")
+        started = time.monotonic()
+
+        def update(events: int, position: int) -> None:
+            elapsed = max(time.monotonic() - started, 1e-6)
+            bar.update(task, completed=position, events=events, rate=f"{events / elapsed:,.0f}/s")
+
+        yield update
 
 
 def _chain_json(
@@ -824,9 +1035,14 @@ COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = 
     "verify": _verify,
     "head": _head,
     "recover": _recover,
-    "keygen": lambda store, args, console: keygen(console),
+    "keygen": lambda store, args, console: keygen(console, as_json=args.json),
     "rekey": rekey_command,
+    **DURABLE_COMMANDS,
+    # (main runs it before opening any store: a completion script needs none)
+    "completion": lambda store, args, console: completion_command(_parser(), args.shell),
 }
+READING_COMMANDS = frozenset(COMMANDS) - _WRITERS
+"""The commands that only read: none of them creates a file, a schema or a row."""
 
 
 if __name__ == "__main__":  # pragma: no cover

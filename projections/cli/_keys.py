@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 
 from kernel import KEYS_ENV, EventStore, Keyring, StoreConfigError, compact_store, rekey
@@ -73,9 +75,13 @@ def keyring_of(args: argparse.Namespace, environ: dict[str, str] | None = None) 
     return Keyring.from_text(keys)
 
 
-def keygen(console: Console) -> int:
-    """Print a new key."""
-    console.print(Keyring.generate(), markup=False, highlight=False)
+def keygen(console: Console, *, as_json: bool = False) -> int:
+    """Print a new key (with ``as_json``: as ``{"key": KEY}``)."""
+    key = Keyring.generate()
+    if as_json:
+        sys.stdout.write(orjson.dumps({"key": key}).decode() + "\n")
+        return 0
+    console.print(key, markup=False, highlight=False)
     return 0
 
 
@@ -106,7 +112,28 @@ def rekey_command(store: EventStore, args: argparse.Namespace, console: Console)
         f"meanwhile; {docs.transactions} write transactions",
         markup=False,
     )
-    if (rows.written or docs.rewritten) and not args.no_compact:
+    compacted = bool((rows.written or docs.rewritten) and not args.no_compact)
+    if compacted:
         compact_store(store, tables=docs.table_names)
         console.print("compacted: the old rows' bytes are gone from the store's files")
+    if getattr(args, "json", False):
+        document = {
+            "rows": {
+                "read": rows.rows,
+                "resealed": rows.resealed,
+                "sealed": rows.sealed,
+                "current": rows.current,
+                "changed_meanwhile": rows.changed_meanwhile,
+                "transactions": rows.transactions,
+            },
+            "documents": {
+                "read": docs.documents,
+                "rewritten": docs.rewritten,
+                "changed_meanwhile": docs.changed_meanwhile,
+                "transactions": docs.transactions,
+            },
+            "key": rows.key,
+            "compacted": compacted,
+        }
+        sys.stdout.write(orjson.dumps(document).decode() + "\n")
     return 0

@@ -29,7 +29,10 @@ def parse_point(text: str, events: list[EventBase]) -> Point:
             runs = {e.run_id for e in events if isinstance(e, RunEvent)}
             return AtSuperstep(run_id=_unique(run, runs, "run"), index=int(index))
         if kind == "time":
-            return AtTime(datetime.fromisoformat(rest))
+            moment = datetime.fromisoformat(rest)
+            if moment.tzinfo is None:
+                raise ValueError("it has no timezone; add one, e.g. +00:00 or Z")
+            return AtTime(moment)
     except ValueError as error:
         raise UsageError(f"bad point {text!r}: {error}") from error
     raise UsageError(

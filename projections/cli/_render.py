@@ -7,25 +7,32 @@ Whether a write counted is never decided here: it is the blame fold's ``WriteRec
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kernel import EventBase, RecoveredRun
-from projections import KeyBlame, RunHistory, WriteStatus
+from kernel import EventBase, MessageStaged, RecoveredRun
+from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 
 __all__ = [
+    "LOG_PAGE",
+    "bisect_document",
     "blame_table",
     "counts",
-    "drop_fates",
-    "event_line",
+    "event_document",
     "events_table",
+    "history_document",
     "history_tables",
+    "log_table",
+    "print_paged",
     "recovered_json",
     "recovered_table",
+    "run_document",
     "show_json",
     "show_time",
     "show_value",
@@ -37,6 +44,7 @@ SHOWN_CHARS = 400
 one is cut, with its length, so that every command's output is linear in what it shows (rich
 folds a long cell in time quadratic in its length)."""
 
+T = TypeVar("T")
 _SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
 _COUNTED: frozenset[WriteStatus] = frozenset({"committed", "superseded"})
 
@@ -59,39 +67,14 @@ def verdicts(blame: KeyBlame) -> dict[int, WriteStatus]:
     }
 
 
-def drop_fates(history: RunHistory) -> dict[int, str]:
-    """The stream position of each dropped message (``MessageStaged.dropped``) -> the status of
-    its superstep in ``history`` (``committed``: the message was dropped; ``aborted``: inert, as
-    everything of its superstep; ``open``: not decided yet)."""
-    return {drop.position: step.status for step in history.supersteps() for drop in step.dropped}
-
-
-def event_line(
-    event: EventBase, status: WriteStatus | None, *, drop_status: str | None = None
-) -> str:
-    """One event as a JSON line; a write also gets ``counts`` and ``write_status``, a dropped
-    message ``counts`` (whether the drop happened: its superstep committed)."""
-    tree = event.model_dump(mode="json")
-    if status is not None:
-        tree["counts"] = counts(status)
-        tree["write_status"] = status
-    elif drop_status is not None:
-        tree["counts"] = None if drop_status == "open" else drop_status == "committed"
-    return orjson.dumps(tree).decode()
-
-
 def events_table(
     events: list[EventBase],
     blame: KeyBlame,
     *,
     title: str,
-    drops: dict[int, str] | None = None,
 ) -> Table:
-    """Every event; the ``counts?`` column shows each write's verdict from ``blame``, and for a
-    message no edge delivered, ``dropped`` (from ``drops``, ``drop_fates``) once its superstep
-    committed."""
+    """Every event; the ``counts?`` column shows each write's verdict from ``blame``."""
     fates = verdicts(blame)
-    drops = drops or {}
     table = Table(title=title, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("run", no_wrap=True)
@@ -101,13 +84,7 @@ def events_table(
     for event in events:
         data = event.model_dump(mode="json", exclude=_SKIP)
         status = fates.get(event.position)
-        drop = drops.get(event.position)
-        if status is not None:
-            fate = _fate(status)
-        elif drop is not None:
-            fate = _DROP_FATES.get(drop, "[yellow]pending[/]")
-        else:
-            fate = ""
+        fate = "" if status is None else _fate(status)
         table.add_row(
             str(event.position),
             str(getattr(event, "run_id", ""))[:8],
@@ -329,3 +306,109 @@ def _cut(text: str, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
 def show_time(moment: datetime | None) -> str:
     """A time as ``HH:MM:SS.mmm`` (empty for None)."""
     return "" if moment is None else moment.strftime("%H:%M:%S.%f")[:-3]
+
+
+# -- streamed log pages and JSON documents ------------------------------------------------------
+
+LOG_PAGE = 200
+"""Events per table that ``steplog log`` prints (the log is streamed, a table per page)."""
+
+
+def event_document(event: EventBase, status: WriteStatus | None) -> dict[str, Any]:
+    """One event as ``log --json`` prints it: the event's fields; a write's also ``counts`` and
+    ``write_status`` (the blame fold's verdict when its superstep was decided)."""
+    tree = event.model_dump(mode="json")
+    if status is None:
+        return tree
+    tree["counts"] = counts(status)
+    if not _is_drop(event):  # a dropped message's status is its superstep's fate
+        tree["write_status"] = status
+    return tree
+
+
+def log_table(
+    page: list[tuple[EventBase, WriteStatus | None]], *, title: str, header: bool
+) -> Table:
+    """One page of ``steplog log``: the events with each write's verdict."""
+    table = Table(title=title if header else None, expand=True, show_header=header)
+    table.add_column("#", justify="right", no_wrap=True, min_width=5)
+    table.add_column("run", no_wrap=True, min_width=8)
+    table.add_column("event", no_wrap=True, min_width=20)
+    table.add_column("details", overflow="fold", ratio=1)
+    table.add_column("counts?", no_wrap=True, min_width=12)
+    for event, status in page:
+        data = event.model_dump(mode="json", exclude=_SKIP)
+        table.add_row(
+            str(event.position),
+            str(getattr(event, "run_id", ""))[:8],
+            event.type,
+            escape(_details(data)),
+            "" if status is None else _drop_fate(status) if _is_drop(event) else _fate(status),
+        )
+    return table
+
+
+def _is_drop(event: EventBase) -> bool:
+    return isinstance(event, MessageStaged) and event.dropped is not None
+
+
+def _drop_fate(status: WriteStatus) -> str:
+    return _DROP_FATES.get(status, "[yellow]pending[/]")
+
+
+def run_document(run: RunRecord, instance_id: str) -> dict[str, Any]:
+    """A run as ``runs``, ``show`` and ``history`` print it in JSON."""
+    return {
+        "instance_id": instance_id,
+        **run.to_row(),
+        "continued_by": list(run.continued_by),
+        "outputs": list(run.outputs),
+    }
+
+
+def history_document(history: RunHistory, instance_id: str) -> dict[str, Any]:
+    """What ``history --json`` prints."""
+    forked = history.forked_from
+    return {
+        "instance_id": instance_id,
+        "forked_from": None if forked is None else forked.to_row(),
+        "runs": [run_document(run, instance_id) for run in history.runs()],
+        "supersteps": [step.to_row() for step in history.supersteps()],
+        "pending_requests": [r.to_row() for r in history.pending_requests()],
+        "forks": [fork.to_row() for fork in history.forks()],
+    }
+
+
+def bisect_document(found: BisectResult) -> dict[str, Any]:
+    """Where ``bisect`` found the condition first true (without the values: a sensitive one
+    would show)."""
+    return {
+        "superstep_id": found.superstep_id,
+        "run_id": found.run_id,
+        "index": found.index,
+        "position": found.position,
+        "timestamp": None if found.timestamp is None else found.timestamp.isoformat(),
+        "origin_instance": found.origin_instance,
+    }
+
+
+def print_paged(
+    console: Console,
+    items: Iterable[T],
+    table_of: Callable[[list[T], bool], Table],
+    *,
+    first_page: int = 20,
+    page_size: int = LOG_PAGE,
+) -> None:
+    """Print ``items`` as they come, a table per page: the first of ``first_page`` rows (shown
+    at once, however slowly the rest comes), the next of ``page_size``. ``table_of(rows,
+    first)`` makes a page's table (``first``: the page with the title and the header)."""
+    page: list[T] = []
+    first = True
+    for item in items:
+        page.append(item)
+        if len(page) >= (first_page if first else page_size):
+            console.print(table_of(page, first))
+            page, first = [], False
+    if page or first:
+        console.print(table_of(page, first))

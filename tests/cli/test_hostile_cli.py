@@ -2,9 +2,9 @@
 the usual exit status, and nothing overwritten.
 
 - No output of the command ever holds a store URL's password.
-- A malformed URL, a bad instance id, another application's SQLite file, a database or a row
-  written by a newer steplog, a corrupted row: exit 2 with one line naming the problem (and,
-  for a row, its position); the file's bytes are unchanged.
+- A malformed URL, a bad instance id, another application's SQLite file, a corrupted row: exit
+  2, and a database or a row written by a newer steplog: exit 5, with one line naming the
+  problem (and, for a row, its position); the file's bytes are unchanged.
 - Every reading command works on a read-only SQLite store (file, or file and directory).
 - Every command is linear in what it shows: a 5 MB value is shown cut, with its size, in the
   ``state`` table, and whole with ``state --json``.
@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
-from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
+from projections.cli import EXIT_BAD_INPUT, EXIT_NEWER_SCHEMA, EXIT_STORE, main
 from tests.store.test_hostile_store import (
     REFUSED_URLS,
     SECRET,
@@ -176,7 +176,8 @@ def test_a_damaged_or_newer_row_is_one_line_naming_it_and_nothing_is_overwritten
     url = logged(tmp_path / "s.db")
     rewrite_row(tmp_path / "s.db", change)
     before = (tmp_path / "s.db").read_bytes()
-    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    expected = EXIT_NEWER_SCHEMA if damage == "newer-batch-format" else EXIT_BAD_INPUT
+    assert main(["--store", url, *command]) == expected
     err = " ".join(one_line_complaint(capsys.readouterr().err).split())
     assert re.search(problem, err), err
     assert "'orders-1'#" in err
@@ -191,7 +192,7 @@ def test_a_database_written_by_a_newer_steplog_is_one_line_and_left_as_it_is(
     with closing(sqlite3.connect(tmp_path / "s.db")) as db, db:
         db.execute("UPDATE steplog_meta SET value = '99' WHERE key = 'schema_version'")
     before = (tmp_path / "s.db").read_bytes()
-    assert main(["--store", url, *command]) == EXIT_BAD_INPUT
+    assert main(["--store", url, *command]) == EXIT_NEWER_SCHEMA == 5
     err = one_line_complaint(capsys.readouterr().err)
     assert "was written by a newer steplog (store schema version 99" in err
     assert "upgrade steplog" in err
@@ -210,6 +211,18 @@ READING = [
     ["blame", INSTANCE, "n"],
     ["diff", INSTANCE, "pos:1", "pos:8"],
     ["bisect", INSTANCE, "--key", "n"],
+    ["bisect", INSTANCE, "--key", "n", "--json"],
+    ["runs"],
+    ["runs", INSTANCE, "--json"],
+    ["checkpoints", INSTANCE],
+    ["checkpoints", INSTANCE, "--json"],
+    ["requests"],
+    ["requests", INSTANCE, "--json"],
+    ["log", INSTANCE, "--type", "state_staged", "--from", "2", "--limit", "3"],
+    ["history", INSTANCE, "--json"],
+    ["blame", INSTANCE, "n", "--json"],
+    ["diff", INSTANCE, "pos:1", "pos:8", "--json"],
+    ["instances", "--json"],
 ]
 _RUN_ALL = """
 import contextlib, io, json, sys
@@ -242,9 +255,12 @@ def test_every_reading_command_works_on_a_read_only_store(tmp_path: Path, locked
     directory = tmp_path / "ro"
     directory.mkdir()
     url = logged(directory / "s.db")
-    commands = [["--store", url, *command] for command in READING]
+    with open_store(url) as store:
+        run = store.read(INSTANCE, upto=1)[0].run_id
+    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    commands = [["--store", url, *command] for command in [*READING, *by_run]]
     expected = run_all(commands, child=False)  # what each prints while the store is writable
-    assert [status for status, _, _ in expected] == [0] * len(READING)
+    assert [status for status, _, _ in expected] == [0] * len(commands)
     before = (directory / "s.db").read_bytes()
     (directory / "s.db").chmod(0o444)
     if locked == "file-and-directory":

@@ -1,0 +1,377 @@
+"""The CLI's run and durable-execution commands: ``runs``, ``show``, ``checkpoints``,
+``requests``, ``replay``, ``respond`` and ``fork``.
+
+Every answer comes from the projections' run history (``fold_history``) or from the kernel
+(``replay``, ``record_response``, ``fork_at``): nothing here decides what a log means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections import Counter
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from kernel import (
+    DecodeError,
+    EventStore,
+    MessageStaged,
+    RecordedError,
+    ValueCodec,
+    WorkflowEvent,
+    fork_at,
+    record_response,
+    replay,
+)
+from projections import RunHistory, RunRecord, fold_history, forks_of
+from projections.cli._ids import events_of, find_run
+from projections.cli._json import emit, emit_line
+from projections.cli._points import UsageError, parse_point
+from projections.cli._render import print_paged, run_document, show_time, show_value
+from projections.cli._runstream import run_row, stream_runs
+
+__all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
+
+
+def add_durable_commands(commands: Any) -> None:
+    """The subcommands of this module."""
+    runs = commands.add_parser("runs", help="runs of an instance (or of every instance)")
+    runs.add_argument("instance", nargs="?", help="one instance (default: every instance)")
+    show = commands.add_parser("show", help="one run: its supersteps, outputs and requests")
+    show.add_argument("run", help="a run id, or a unique prefix of one")
+    marks = commands.add_parser("checkpoints", help="the committed supersteps of an instance")
+    marks.add_argument("instance")
+    asked = commands.add_parser("requests", help="requests waiting for a response")
+    asked.add_argument("instance", nargs="?", help="one instance (default: every instance)")
+    answer = commands.add_parser(
+        "respond", help="record a response to a pending request, for the workflow to go on with"
+    )
+    answer.add_argument("run", help="the run that waits (id or unique prefix)")
+    answer.add_argument("request_id", metavar="REQUEST_ID")
+    answer.add_argument("value", metavar="JSON", help="the response, as JSON")
+    again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
+    again.add_argument("run", help="a run id, or a unique prefix of one")
+    branch = commands.add_parser("fork", help="start a new instance from a point of another")
+    branch.add_argument("instance")
+    branch.add_argument("point", help="pos:N, step:ID, run:RUN:K or time:ISO")
+    branch.add_argument("--to", required=True, metavar="NEW_INSTANCE", dest="to")
+
+
+def history(store: EventStore, instance: str) -> RunHistory:
+    """The instance's run history, folded window by window, with its forks."""
+    return fold_history(events_of(store, instance), RunHistory(forks=forks_of(store, instance)))
+
+
+def _instances(store: EventStore, named: str | None) -> list[str]:
+    return [named] if named is not None else store.instances()
+
+
+def _runs(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """Each run as soon as it has ended (``_runstream``): one JSON document written piece by
+    piece, or a table per page."""
+    found = (
+        (name, run) for name in _instances(store, args.instance) for run in stream_runs(store, name)
+    )
+    if args.json:
+        opening = '{"runs":['
+        for name, run in found:
+            sys.stdout.write(opening + orjson.dumps(run_row(run, name)).decode())
+            sys.stdout.flush()
+            opening = ","
+        sys.stdout.write(('{"runs":[' if opening != "," else "") + "]}\n")
+        return 0
+    print_paged(console, found, lambda page, first: _runs_table(page, header=first))
+    return 0
+
+
+def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
+    table = Table(title="runs" if header else None, expand=True, show_header=header)
+    widths = {"instance": 10, "run": 8, "status": 17, "started": 12, "ended": 12}
+    for column in ("instance", "run", "status", "started", "ended", "steps", "ok", "aborted"):
+        table.add_column(column, no_wrap=True, min_width=widths.get(column, 5))
+    table.add_column("error", overflow="fold", ratio=1)
+    for name, run in page:
+        error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        table.add_row(
+            escape(name),
+            escape(run.run_id[:8]),
+            "waiting for input" if run.status == "awaiting_input" else run.status,
+            show_time(run.started_at),
+            show_time(run.ended_at),
+            str(run.supersteps),
+            str(run.committed),
+            str(run.aborted),
+            escape(error[:400]),
+        )
+    return table
+
+
+def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    instance, run_id = find_run(store, args.run)
+    past = history(store, instance)
+    run = past.run(run_id)
+    assert run is not None
+    steps = past.supersteps(run_id)
+    asked = {r.request_id: r for r in run.pending_requests}
+    sent = Counter(
+        event.superstep_id
+        for event in events_of(store, instance, ("message_staged",))
+        if isinstance(event, MessageStaged) and event.run_id == run_id
+    )  # staged: delivered only if the superstep committed
+    if args.json:
+        emit(
+            {
+                "run": run_document(run, instance),
+                "supersteps": [step.to_row() for step in steps],
+                "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+            }
+        )
+        return 0
+    status = "waiting for input" if run.status == "awaiting_input" else run.status
+    console.print(
+        f"run {run_id} of {instance} ({run.workflow_name}): {status}, started "
+        f"{run.started_at.isoformat()}, ended "
+        f"{run.ended_at.isoformat() if run.ended_at else '-'}",
+        markup=False,
+        soft_wrap=True,
+    )
+    if run.continues is not None:
+        console.print(f"continues run {run.continues} after {run.checkpoint}", markup=False)
+    if run.error is not None:
+        console.print(f"error: {run.error.type}: {run.error.message}", markup=False)
+    table = Table(title="supersteps", expand=True)
+    for column in ("#", "superstep", "status", "executors", "keys written", "messages"):
+        table.add_column(column, overflow="fold")
+    table.add_column("outputs", overflow="fold")
+    table.add_column("requests", overflow="fold")
+    for step in steps:
+        table.add_row(
+            str(step.index),
+            escape(step.superstep_id[:8]),
+            step.status + (f" ({step.reason})" if step.reason else ""),
+            escape(", ".join(step.executors)),
+            escape(", ".join(step.keys)),
+            str(sent[step.superstep_id]),
+            escape(show_value(list(step.outputs))) if step.outputs else "",
+            escape(", ".join(r + (" (pending)" if r in asked else "") for r in step.requests)),
+        )
+    console.print(table)
+    if run.outputs:
+        console.print(f"outputs: {show_value(run.outputs)}", markup=False, soft_wrap=True)
+    return 0
+
+
+def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    past = history(store, args.instance)
+    marks: list[dict[str, Any]] = [
+        {
+            "checkpoint_id": step.superstep_id,
+            "instance_id": args.instance,
+            "run_id": step.run_id,
+            "index": step.index,
+            "position": step.position,
+            "timestamp": None if step.ended_at is None else step.ended_at.isoformat(),
+            "latest": False,
+        }
+        for step in past.supersteps()
+        if step.status == "committed"
+    ]
+    forked = past.forked_from
+    if not marks and forked is not None and forked.checkpoint is not None:
+        marks.append(
+            {
+                "checkpoint_id": forked.checkpoint,
+                "instance_id": forked.origin_instance,
+                "run_id": forked.origin_run,
+                "index": None,
+                "position": forked.origin_position,
+                "timestamp": forked.forked_at.isoformat(),
+                "latest": False,
+            }
+        )
+    if marks:
+        marks[-1]["latest"] = True
+    if args.json:
+        emit({"instance_id": args.instance, "checkpoints": marks})
+        return 0
+    table = Table(title=escape(f"checkpoints of {args.instance}"))
+    for column in ("checkpoint", "instance", "run", "#", "position", "committed at", "latest"):
+        table.add_column(column, overflow="fold")
+    for mark in marks:
+        table.add_row(
+            escape(mark["checkpoint_id"]),
+            escape(mark["instance_id"]),
+            escape((mark["run_id"] or "")[:8]),
+            "" if mark["index"] is None else str(mark["index"]),
+            str(mark["position"]),
+            mark["timestamp"] or "",
+            "yes" if mark["latest"] else "",
+        )
+    if not marks:
+        console.print("no checkpoints: no superstep committed", markup=False)
+        return 0
+    console.print(table)
+    console.print(
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
+        markup=False,
+    )
+    return 0
+
+
+def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    found: list[dict[str, Any]] = []
+    for name in _instances(store, args.instance):
+        past = history(store, name)
+        owner = {r.request_id: run.run_id for run in past.runs() for r in run.pending_requests}
+        forked = past.forked_from
+        for request in past.pending_requests():
+            run_id = owner.get(request.request_id, forked.origin_run if forked else None)
+            found.append({"instance_id": name, "run_id": run_id, **request.to_row()})
+    if args.json:
+        emit({"requests": found})
+        return 0
+    if not found:
+        console.print("no request is waiting for a response", markup=False)
+        return 0
+    table = Table(title="requests waiting for a response", expand=True)
+    for column in ("instance", "run", "request", "executor", "response type"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("data (JSON)", overflow="fold", ratio=1)
+    for row in found:
+        table.add_row(
+            escape(row["instance_id"]),
+            escape((row["run_id"] or "")[:8]),
+            escape(row["request_id"]),
+            escape(row["executor_id"]),
+            escape(row["response_type"]),
+            escape(show_value(row["data"])),
+        )
+    console.print(table)
+    console.print("answer one with: steplog respond RUN REQUEST_ID JSON", markup=False)
+    return 0
+
+
+def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    instance, run_id = find_run(store, args.run)
+    codec = store.codec
+
+    async def replayed() -> list[WorkflowEvent]:
+        return [event async for event in replay(store, run_id, instance_id=instance)]
+
+    table = Table(title=escape(f"replay of run {run_id} of {instance}"), expand=True)
+    for column in ("event", "superstep", "executor"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("data", overflow="fold", ratio=1)
+    for event in asyncio.run(replayed()):
+        error = event.error
+        document = {
+            "type": event.type,
+            "run_id": event.run_id,
+            "superstep": event.superstep,
+            "superstep_id": event.superstep_id,
+            "executor_id": event.executor_id,
+            "request_id": event.request_id,
+            "origin": event.origin.value,
+            "state": None if event.state is None else event.state.value,
+            "data": None if event.data is None else codec.encode(event.data, what="replayed data"),
+            "error": None
+            if error is None
+            else {
+                "type": error.info.type
+                if isinstance(error, RecordedError)
+                else type(error).__name__,
+                "message": error.info.message if isinstance(error, RecordedError) else str(error),
+            },
+        }
+        if args.json:
+            emit_line(document)
+            continue
+        detail = document["data"] if error is None else document["error"]
+        table.add_row(
+            event.type,
+            "" if event.superstep is None else str(event.superstep),
+            escape(event.executor_id or ""),
+            "" if detail is None else escape(show_value(detail)),
+        )
+    if not args.json:
+        console.print(table)
+    return 0
+
+
+def _error_document(error: BaseException | None) -> dict[str, str] | None:
+    if error is None:
+        return None
+    if isinstance(error, RecordedError):
+        return {"type": error.info.type, "message": error.info.message}
+    return {"type": type(error).__name__, "message": str(error)}
+
+
+def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    instance, run_id = find_run(store, args.run)
+    try:
+        value = ValueCodec().decode(orjson.loads(args.value), what="the response")
+    except (orjson.JSONDecodeError, DecodeError) as error:
+        raise UsageError(f"the response must be JSON, got {args.value!r}: {error}") from error
+    recorded = record_response(store, run_id, args.request_id, value, instance_id=instance)
+    if args.json:
+        emit(
+            {
+                "instance_id": instance,
+                "request_id": args.request_id,
+                "run_id": recorded.run_id,
+                "continues": run_id,
+                "positions": [recorded.first_position, recorded.last_position],
+            }
+        )
+        return 0
+    console.print(
+        f"recorded the response to request {args.request_id} of {instance} in run "
+        f"{recorded.run_id} (positions {recorded.first_position}..{recorded.last_position}); "
+        "the workflow goes on with it at its next resume()",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    events = list(events_of(store, args.instance))
+    point = parse_point(args.point, events)
+    forked = fork_at(store, args.instance, point, args.to)
+    if args.json:
+        emit(
+            {
+                "instance_id": args.to,
+                "origin_instance": forked.origin_instance,
+                "origin_position": forked.origin_position,
+                "checkpoint": forked.checkpoint,
+                "origin_run": forked.origin_run,
+                "values": sorted(forked.values),
+            }
+        )
+        return 0
+    console.print(
+        f"forked {args.instance} at position {forked.origin_position} into {args.to} "
+        f"({len(forked.values)} committed keys; checkpoint {forked.checkpoint or 'none'}): wrote "
+        f"{args.to}#1 (instance_forked)",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+DURABLE_COMMANDS = {
+    "runs": _runs,
+    "show": _show,
+    "checkpoints": _checkpoints,
+    "requests": _requests,
+    "replay": _replay,
+    "respond": _respond,
+    "fork": _fork,
+}

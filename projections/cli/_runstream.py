@@ -1,0 +1,79 @@
+"""``steplog runs``, streamed: each run of an instance as soon as it has ended, folded by the
+projections' run history window by window, in memory that does not grow with the log.
+
+A run's status, times, superstep counts, error, lineage start (``continues``, ``checkpoint``),
+responses and ``closed_by`` are final once its end is folded; its superstep records are then
+dropped (``_PassingRows``), and the run is printed. Runs of an instance are sequential (one
+lease holder at a time), so printing them as they end keeps start order. A run still open at the
+end of the log is printed last, as ``running``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from kernel import EventStore
+from projections import RunHistory, RunRecord, SuperstepRecord
+from projections.cli._ids import events_of
+
+__all__ = ["run_row", "stream_runs"]
+
+
+class _PassingRows:
+    """``HistoryRows`` that forget a run (and its supersteps) once it was printed."""
+
+    __slots__ = ("runs", "steps")
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunRecord] = {}
+        self.steps: dict[str, SuperstepRecord] = {}
+
+    def run(self, run_id: str) -> RunRecord | None:
+        return self.runs.get(run_id)
+
+    def step(self, superstep_id: str) -> SuperstepRecord | None:
+        return self.steps.get(superstep_id)
+
+    def add_run(self, record: RunRecord) -> None:
+        self.runs[record.run_id] = record
+
+    def add_step(self, record: SuperstepRecord) -> None:
+        self.steps[record.superstep_id] = record
+
+    def forget(self, run: RunRecord) -> None:
+        self.runs.pop(run.run_id, None)
+        for superstep_id in run.superstep_ids:
+            self.steps.pop(superstep_id, None)
+
+
+def stream_runs(store: EventStore, instance_id: str) -> Iterator[RunRecord]:
+    """The runs of ``instance_id`` in start order, each as soon as it has ended."""
+    rows = _PassingRows()
+    fold = RunHistory(rows)
+    started: deque[str] = deque()
+    for event in events_of(store, instance_id, RunHistory.EVENT_TYPES):
+        fold.apply(event)
+        if event.type == "run_started":
+            run_id = getattr(event, "run_id", "")
+            if run_id in rows.runs and run_id not in started:
+                started.append(run_id)
+        while started:
+            run = rows.runs.get(started[0])
+            if run is None or run.status == "running":
+                break
+            started.popleft()
+            rows.forget(run)
+            yield run
+    for run_id in started:
+        run = rows.runs.get(run_id)
+        if run is not None:
+            yield run
+
+
+def run_row(run: RunRecord, instance_id: str) -> dict[str, Any]:
+    """A run as ``runs --json`` prints it: what is final once the run has ended."""
+    row = run.to_row()
+    row.pop("pending_requests", None)
+    return {"instance_id": instance_id, **row}

@@ -1,0 +1,154 @@
+"""docs/cli.md's examples are real output: each ```console block's command is run, in order, on
+one store made by real workflows with a fixed clock and counter ids, and its output compared
+with the block. ``STEPLOG_WRITE_DOCS=1`` rewrites the blocks instead."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import re
+import shlex
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import projections.cli._durable as durable
+from kernel import WorkflowBuilder, counter_ids, fork_at, open_store, record_response
+from projections.cli import main
+from projections.cli._demo import Checkout, Order
+from tests.durable.helpers import Counter, Tick
+from tests.durable.test_requests import Reviewer
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+BLOCK = re.compile(r"```console\n\$ steplog (?P<args>[^\n]*)\n(?P<out>.*?)```", re.S)
+_HASH = re.compile(r"\b[0-9a-f]{32,64}\b")
+_NEW_KEY = re.compile(r'"key":"[A-Za-z0-9_=-]{40,}"')
+KEY = "Zm9yIHRoZSBkb2NzIG9ubHksIG5ldmVyIHVzZSBpdCE="  # 32 bytes, for the rekey example
+
+
+def ticking(start: datetime) -> Callable[[], datetime]:
+    """A clock that moves 1 ms each time it is read."""
+    moments = (start + timedelta(milliseconds=n) for n in range(10**9))
+    return lambda: next(moments)
+
+
+async def populate(url: str, clock: Callable[[], datetime]) -> None:
+    with open_store(url, create=True) as store:
+        ids = counter_ids("c")
+
+        def counting(fail_at: int | None = None):  # type: ignore[no-untyped-def]
+            counter = Counter("counter", 5, fail_at=fail_at)
+            return (
+                WorkflowBuilder(
+                    start_executor=counter,
+                    store=store,
+                    instance_id="count",
+                    clock=clock,
+                    id_factory=ids,
+                )
+                .add_edge(counter, counter)
+                .build()
+            )
+
+        with pytest.raises(RuntimeError):
+            await counting(fail_at=4).run(Tick(1))
+        await counting().resume()
+        await (
+            WorkflowBuilder(
+                start_executor=Reviewer("reviewer"),
+                store=store,
+                instance_id="r",
+                clock=clock,
+                id_factory=counter_ids("r"),
+            )
+            .build()
+            .run("v1")
+        )
+        checkout = WorkflowBuilder(
+            start_executor=Checkout(id="checkout"),
+            store=store,
+            instance_id="o1",
+            name="checkout",
+            clock=clock,
+            id_factory=counter_ids("o"),
+        ).build()
+        with pytest.raises(ConnectionError):
+            await checkout.run(Order(id="A-1", payment_fails=True))
+        await checkout.run(Order(id="A-1"))
+
+
+def run(args: str, capsys: pytest.CaptureFixture[str]) -> str:
+    code = main(shlex.split(args))
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    text = "\n".join(line.rstrip() for line in text.splitlines())
+    text = _HASH.sub("<sha256>", text)
+    text = _NEW_KEY.sub('"key":"<a new random key>"', text)
+    if code:
+        text += f"\n(exit status {code})"
+    return text.strip("\n") + "\n"
+
+
+def test_the_examples_in_cli_md_are_real_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the default store: sqlite:///steplog.db, here
+    monkeypatch.delenv("STEPLOG_STORE", raising=False)
+    monkeypatch.delenv("STEPLOG_KEYS", raising=False)
+    monkeypatch.setenv("COLUMNS", "110")
+    clock = ticking(datetime(2026, 11, 30, 14, 55, tzinfo=UTC))
+    asyncio.run(populate("sqlite:///steplog.db", clock))
+    monkeypatch.setattr(
+        durable,
+        "record_response",
+        functools.partial(record_response, clock=clock, id_factory=counter_ids("answer")),
+    )
+    monkeypatch.setattr(durable, "fork_at", functools.partial(fork_at, clock=clock))
+    (tmp_path / "keys.txt").write_text(KEY + "\n")
+    text = DOC.read_text()
+    shown: list[tuple[str, str, str]] = []
+    for found in BLOCK.finditer(text):
+        shown.append((found["args"], found["out"], run(found["args"], capsys)))
+    assert len(shown) >= 20
+    if os.environ.get("STEPLOG_WRITE_DOCS"):
+        outputs = iter(shown)
+
+        def fill(found: re.Match[str]) -> str:
+            args, _, output = next(outputs)
+            return f"```console\n$ steplog {args}\n{output}```"
+
+        DOC.write_text(BLOCK.sub(fill, text))
+        return
+    for args, documented, output in shown:
+        assert documented == output, f"docs/cli.md is stale for 'steplog {args}'"
+
+
+def test_the_readme_tour_runs_after_the_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every ``steplog`` line of the README's tour exits 0 on what ``steplog demo`` wrote (RUN:
+    the demo's first run)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STEPLOG_STORE", raising=False)
+    readme = (DOC.parents[1] / "README.md").read_text()
+    (demo,) = re.findall(r"\.venv/bin/steplog (demo[^\n]*)", readme)
+    assert main(shlex.split(demo)) == 0
+    with open_store("sqlite:///steplog.db") as store:
+        run_id = store.read("orders-1", upto=1)[0].run_id
+    tour = re.search(r"look at what it wrote.*?```bash\n(.*?)```", readme, re.S)
+    assert tour is not None
+    lines = [line.split("#")[0].strip() for line in tour[1].splitlines()]
+    commands = [part.strip() for line in lines for part in line.split("&&") if part.strip()]
+    assert len(commands) >= 14
+    capsys.readouterr()
+    for command in commands:
+        args = shlex.split(command)[1:]
+        if "RUN" in args:  # an id may start with "-": after "--"
+            at = args.index("RUN")
+            args = [*args[:at], "--", run_id, *args[at + 1 :]]
+        code = main(args)
+        captured = capsys.readouterr()
+        assert code == 0, (command, captured.err)

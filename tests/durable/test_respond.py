@@ -1,0 +1,126 @@
+"""``record_response`` and ``fork_at``: answering and forking from the log alone, without the
+workflow, as the runner and ``Workflow.fork`` would (then the workflow goes on from there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kernel import (
+    Executor,
+    ResponseError,
+    ResumeError,
+    WorkflowBuilder,
+    WorkflowContext,
+    fork_at,
+    handler,
+    open_store,
+    record_response,
+    response_handler,
+)
+from tests.durable.helpers import Approval, Counter, Tick, reopen
+from tests.durable.test_requests import Reviewer
+
+
+class TwoQuestions(Executor):
+    """Asks two questions in one superstep; yields both answers once both came."""
+
+    @handler
+    async def ask(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+        await ctx.request_info(Approval(f"{text}-a"), str)
+        await ctx.request_info(Approval(f"{text}-b"), int)
+
+    @response_handler
+    async def said(self, request: Approval, answer: str, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state(request.draft, answer)
+        await ctx.yield_output(f"{request.draft}={answer}")
+
+    @response_handler
+    async def counted(self, request: Approval, answer: int, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state(request.draft, answer)
+        await ctx.yield_output(f"{request.draft}={answer}")
+
+
+def build(store: Any, executor: Executor, instance_id: str = "q") -> Any:
+    return WorkflowBuilder(start_executor=executor, store=store, instance_id=instance_id).build()
+
+
+def counting(store: Any, instance_id: str = "count", *, fail_at: int | None = None) -> Any:
+    counter = Counter("counter", 5, fail_at=fail_at)
+    return (
+        WorkflowBuilder(start_executor=counter, store=store, instance_id=instance_id)
+        .add_edge(counter, counter)
+        .build()
+    )
+
+
+async def test_a_recorded_response_is_delivered_by_the_next_resume(store_url: str) -> None:
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    recorded = record_response(store, request.run_id, request.request_id, "approve")
+
+    events = store.read("q", after=recorded.first_position - 1)
+    assert [e.type for e in events] == ["run_started", "response_received", "run_awaiting_input"]
+    assert events[0].continues == request.run_id
+    assert events[1].value == "approve"
+    later = build(reopen(store_url, store), Reviewer("reviewer"))
+    assert later.pending_requests() == []
+    result = await later.resume()
+    assert result.get_outputs() == ["v1"]
+    assert later.committed_state() == {"draft": "v1", "approved": "v1"}
+
+
+async def test_two_requests_answered_one_at_a_time_then_resumed(store_url: str) -> None:
+    store = open_store(store_url)
+    first = await build(store, TwoQuestions("two")).run("x")
+    a, b = first.pending_requests
+    one = record_response(store, a.run_id, a.request_id, "yes")
+    with pytest.raises(ResponseError, match="already answered"):
+        record_response(store, one.run_id, a.request_id, "again")
+    with pytest.raises(ResponseError, match="must be a int; got a str"):
+        record_response(store, one.run_id, b.request_id, "7")
+    wf = build(store, TwoQuestions("two"))
+    assert [r.request_id for r in wf.pending_requests()] == [b.request_id]
+    record_response(store, one.run_id, b.request_id, 7)
+    result = await wf.resume()
+    assert sorted(result.get_outputs()) == ["x-a=yes", "x-b=7"]
+    assert wf.committed_state() == {"x-a": "yes", "x-b": 7}
+
+
+async def test_refusals_append_nothing(store_url: str) -> None:
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    version = store.version("q")
+    with pytest.raises(ResponseError, match="no pending request 'nope'"):
+        record_response(store, request.run_id, "nope", "approve")
+    with pytest.raises(ResponseError, match="must be a str"):
+        record_response(store, request.run_id, request.request_id, 3)
+    with pytest.raises(ResumeError, match="has no run"):
+        record_response(store, "other-run", request.request_id, "x", instance_id="q")
+    assert store.version("q") == version
+
+
+async def test_fork_at_appends_what_workflow_fork_appends(store_url: str) -> None:
+    store = open_store(store_url)
+    with pytest.raises(RuntimeError):
+        await counting(store, fail_at=4).run(Tick(1))
+    origin = counting(store)
+    waiting = await build(store, Reviewer("reviewer"), "r").run("v1")
+    assert waiting.status == "awaiting_input"
+    reviewer = build(store, Reviewer("reviewer"), "r")
+    points: list[tuple[Any, Any, str]] = [
+        (origin, c.checkpoint_id, "count") for c in origin.checkpoints()
+    ]
+    points += [(origin, 3, "count"), (reviewer, store.version("r"), "r"), (reviewer, 2, "r")]
+    for n, (wf, at, instance) in enumerate(points):
+        by_workflow = wf.fork(at=at, instance_id=f"wf-{n}").events()[0]
+        by_log = fork_at(store, instance, at, f"log-{n}")
+        skip = {"instance_id", "timestamp"}
+        assert by_log.model_dump(exclude=skip) == by_workflow.model_dump(exclude=skip), at
+    resumed = await counting(store, "log-1").resume()
+    assert resumed.get_outputs() == [1, 2, 3, 4, 5]
+    with pytest.raises(Exception, match="already has events"):
+        fork_at(store, "count", 3, "log-1")
