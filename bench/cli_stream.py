@@ -59,7 +59,8 @@ def main(args: list[str] | None = None) -> None:
         ["instances"],  # the baseline: starting Python, importing steplog, opening the store
         ["runs", instance, "--json"],
         ["runs", instance],
-        ["log", instance, "--json", "--limit", "1000"],
+        ["log", instance, "--json", "--limit", "1000"],  # the default redaction
+        ["log", instance, "--limit", "1000"],
         ["log", instance, "--json", "--limit", "1000", "--reveal"],
         ["log", instance, "--limit", "1000", "--reveal"],
         ["log", instance, "--json", "--reveal"],
