@@ -56,8 +56,8 @@ from kernel._mapper import (
     ChainedRow,
     EventMapper,
     RowLink,
-    genesis,
     _place,
+    genesis,
     row_count,
 )
 from kernel._urls import hide, mask_url, split_url
@@ -1163,7 +1163,7 @@ def row_may_hold(
             return True
         try:
             state = keyring.open(state, _place(instance_id, last, topic), f"row {instance_id!r}")
-        except Exception:  # noqa: BLE001 - decoding the row raises the right error
+        except (StepLogError, ValueError):  # decoding the row raises the right error
             return True
     return needle.search(state) is not None
 
