@@ -146,16 +146,27 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
             start_executor=Reviewer("reviewer"), store=store, instance_id="r"
         )
         (request,) = (await reviewer.build().run("v1")).pending_requests
-    assert cli(capsys, "--store", url, "respond", "--", _last_run(url, "r"), request.request_id,
-               '"approve"')[0] == 0  # fmt: skip
+    answered = cli(
+        capsys,
+        "--store",
+        url,
+        "respond",
+        "--",
+        _last_run(url, "r"),
+        request.request_id,
+        '"approve"',
+    )
+    assert answered[0] == 0
     with open_store(url) as store:
-        await WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build().resume()
+        await (
+            WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
+            .build()
+            .resume()
+        )
         (_again,) = (
-            await WorkflowBuilder(
-                start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-            ).build().run("v2")
+            await WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
+            .build()
+            .run("v2")
         ).pending_requests
         origin = build_counter(store, fail_at=4)
         with pytest.raises(RuntimeError):
