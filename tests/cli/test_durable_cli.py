@@ -9,6 +9,7 @@ import json
 import pytest
 
 from kernel import WorkflowBuilder, open_store
+from kernel.testing import LogBuilder
 from projections.cli import main
 from tests.durable.test_requests import Reviewer
 from tests.durable.test_resume import Tick
@@ -190,6 +191,47 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
         code, out = cli(capsys, "--store", url, "show", "--json", "--", run_id)
         assert code == 0, out
         assert json.loads(out) == document, run_id
+    _history_says_what_the_whole_history_says(url, capsys)
+
+
+def _many_runs(store, count: int = 25) -> list[str]:
+    """``many``: ``count`` runs, each continuing the one before from its start."""
+    log = LogBuilder("many")
+    runs: list[str] = []
+    for n in range(count):
+        started = log.start_run(n, continues=runs[-1] if runs else None)
+        log.start_superstep()
+        log.invoke("x")
+        log.write("n", n)
+        log.commit()
+        log.complete_run()
+        runs.append(started.run_id)
+    log.append_to(store)
+    return runs
+
+
+def _history_says_what_the_whole_history_says(url: str, capsys) -> None:
+    """``history``, folded window by window, its runs table printed as the runs end: its JSON is
+    the document of the history folded from every event at once, and its table lists every
+    run, continuations included, on pages past the first."""
+    from projections import history_of
+    from projections.cli._render import history_document
+
+    with open_store(url) as store:
+        many = _many_runs(store)
+        names = store.instances()
+        documents = {name: history_document(history_of(store, name), name) for name in names}
+    for name in names:
+        code, out = cli(capsys, "--store", url, "history", "--json", name)
+        assert code == 0, out
+        assert json.loads(out) == documents[name], name
+    code, out = cli(capsys, "--store", url, "history", "many")
+    assert code == 0
+    assert out.count("continued by") == len(many) - 1
+    for run_id in many:
+        assert run_id[:8] in out
+    assert out.index(many[-1][:8]) > out.index("runs of many") > -1
+    assert out.index("supersteps") > out.index(many[-1][:8])
 
 
 def _last_run(url: str, instance: str) -> str:
