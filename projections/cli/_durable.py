@@ -29,6 +29,7 @@ from kernel import (
     RunStarted,
     ValueCodec,
     WorkflowEvent,
+    checkpoint_statuses,
     fork_at,
     record_response,
     replay,
@@ -198,8 +199,14 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+_STATUS_TEXT = {"awaiting_input": "waiting for input"}
+
+
 def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """The committed supersteps (from the run history), each with its status where the log
+    alone says it (``kernel.checkpoint_statuses``; None where only the workflow can say)."""
     past = history(store, args.instance)
+    statuses = checkpoint_statuses(store, args.instance)
     marks: list[dict[str, Any]] = [
         {
             "checkpoint_id": step.superstep_id,
@@ -209,6 +216,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             "position": step.position,
             "timestamp": None if step.ended_at is None else step.ended_at.isoformat(),
             "latest": False,
+            "status": statuses.get(step.superstep_id),
         }
         for step in past.supersteps()
         if step.status == "committed"
@@ -224,6 +232,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
                 "position": forked.origin_position,
                 "timestamp": forked.forked_at.isoformat(),
                 "latest": False,
+                "status": statuses.get(forked.checkpoint),
             }
         )
     if marks:
@@ -232,7 +241,9 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
         emit({"instance_id": args.instance, "checkpoints": marks})
         return 0
     table = Table(title=escape(f"checkpoints of {args.instance}"))
-    for column in ("checkpoint", "instance", "run", "#", "position", "committed at", "latest"):
+    for column in (
+        "checkpoint", "instance", "run", "#", "position", "committed at", "latest", "status"
+    ):  # fmt: skip
         table.add_column(column, overflow="fold")
     for mark in marks:
         table.add_row(
@@ -243,14 +254,17 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             str(mark["position"]),
             mark["timestamp"] or "",
             "yes" if mark["latest"] else "",
+            _STATUS_TEXT.get(mark["status"], mark["status"] or "-"),
         )
     if not marks:
         console.print("no checkpoints: no superstep committed", markup=False)
         return 0
     console.print(table)
     console.print(
-        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any; "
+        "status '-': the log alone does not say (the workflow's checkpoints() does)",
         markup=False,
+        soft_wrap=True,
     )
     return 0
 
