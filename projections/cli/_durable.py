@@ -261,11 +261,14 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
         return 0
     console.print(table)
     console.print(
-        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any; "
-        "status '-': the log alone does not say (the workflow's checkpoints() does)",
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
         markup=False,
-        soft_wrap=True,
     )
+    if any(mark["status"] is None for mark in marks):
+        console.print(
+            "status -: the log alone does not say (the workflow's checkpoints() does)",
+            markup=False,
+        )
     return 0
 
 
