@@ -15,32 +15,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from kernel import EventStore, RunStarted
-from projections import RunHistory, RunRecord, SuperstepRecord
+from projections import MemoryHistoryRows, RunHistory, RunRecord
 from projections.cli._ids import events_of
 
 __all__ = ["continuations", "run_row", "stream_history", "stream_runs"]
 
 
-class _PassingRows:
+class _PassingRows(MemoryHistoryRows):
     """``HistoryRows`` that forget a run (and its supersteps) once it was printed."""
 
-    __slots__ = ("runs", "steps")
-
-    def __init__(self) -> None:
-        self.runs: dict[str, RunRecord] = {}
-        self.steps: dict[str, SuperstepRecord] = {}
-
-    def run(self, run_id: str) -> RunRecord | None:
-        return self.runs.get(run_id)
-
-    def step(self, superstep_id: str) -> SuperstepRecord | None:
-        return self.steps.get(superstep_id)
-
-    def add_run(self, record: RunRecord) -> None:
-        self.runs[record.run_id] = record
-
-    def add_step(self, record: SuperstepRecord) -> None:
-        self.steps[record.superstep_id] = record
+    __slots__ = ()
 
     def forget(self, run: RunRecord) -> None:
         self.runs.pop(run.run_id, None)
