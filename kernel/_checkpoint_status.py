@@ -20,19 +20,27 @@ run; a run that failed between supersteps) the status is None. Reading never wri
 from __future__ import annotations
 
 from kernel._checkpoints import CheckpointStatus, Ledger
-from kernel._instance import read_ledger
 from kernel._owner import presumed_reason
 from kernel._store import EventStore
 
 __all__ = ["checkpoint_statuses", "ledger_statuses"]
+
+_WINDOW = 5000  # stream positions per read
 
 
 def checkpoint_statuses(store: EventStore, instance_id: str) -> dict[str, CheckpointStatus | None]:
     """The status of each checkpoint (committed superstep) of ``instance_id``, by checkpoint id,
     oldest first, as the log alone says it (None: only ``Workflow.checkpoints()`` can say; see
     the module docstring). A fork that committed nothing has one: the origin's checkpoint it was
-    forked at. Raises what ``store.read`` raises."""
-    return ledger_statuses(read_ledger(store, instance_id))
+    forked at. The log is read a window at a time (the events are never all in memory at once).
+    Raises what ``store.read`` raises."""
+    ledger = Ledger(instance_id)
+    end = store.version(instance_id)
+    for after in range(0, end, _WINDOW):
+        ledger.apply_all(
+            store.read(instance_id, after=after, upto=after + _WINDOW, types=Ledger.EVENT_TYPES)
+        )
+    return ledger_statuses(ledger)
 
 
 def ledger_statuses(ledger: Ledger) -> dict[str, CheckpointStatus | None]:
