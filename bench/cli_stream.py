@@ -1,12 +1,14 @@
 """``steplog runs`` and ``steplog log`` on one instance of about 1M events: time to the first
 byte on standard output, total time, and the peak memory (max RSS) of the command's process.
 
-    python -m bench.cli_stream [--supersteps 142858]
+    python -m bench.cli_stream [--supersteps 142858] [--only TEXT]
 
 The log (``bench._logs``: 7 events per superstep, runs of 100 supersteps, every fifth failing)
 is generated once into ``bench/.cache/``. Each command runs as its own process, its standard
 output read through a pipe (so ``log`` streams JSON lines, as a script reading it would see it);
-``log --limit`` shows that the first page needs no full read. Nothing here is asserted.
+``log --limit`` shows that the first page needs no full read (with the default redaction too:
+the run starts are found by their rows' bytes); ``show`` reads one run's window. Nothing here is
+asserted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench._logs import LogSpec, ensure_log
+from kernel import open_store
 
 __all__ = ["main", "measure"]
 
@@ -46,26 +49,44 @@ def measure(argv: list[str]) -> tuple[float, float, int, float]:
     return first_at, total, size, usage.ru_maxrss / 1024
 
 
+def _middle_run(url: str, instance: str) -> str:
+    """The id of a run in the middle of ``instance`` (read from one window, so that this
+    process stays small: a child's peak RSS counts what it was forked with)."""
+    with open_store(url, create=False) as store:
+        middle = store.version(instance) // 2
+        starts = store.read(instance, after=middle, upto=middle + 5000, types=["run_started"])
+    return getattr(starts[0], "run_id", "")
+
+
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cli_stream")
     parser.add_argument("--supersteps", type=int, default=142_858, help="7 events each")
+    parser.add_argument("--only", default=None, help="only the cases whose command has this")
     options = parser.parse_args(args)
     spec = LogSpec(name="cli", instances=1, supersteps=options.supersteps, run_length=100)
     path, meta, generated = ensure_log(spec, CACHE)
     url = f"sqlite:///{path}"
     instance = f"{spec.name}-0000"
     print(f"log: {path.name} ({meta.get('events', '?')} events; generated now: {generated})")
+    middle = _middle_run(url, instance)
     cases = [
         ["instances"],  # the baseline: starting Python, importing steplog, opening the store
         ["runs", instance, "--json"],
         ["runs", instance],
-        ["log", instance, "--json", "--limit", "1000"],
+        ["log", instance, "--json", "--limit", "1000"],  # the default redaction
+        ["log", instance, "--limit", "1000"],
         ["log", instance, "--json", "--limit", "1000", "--reveal"],
         ["log", instance, "--limit", "1000", "--reveal"],
         ["log", instance, "--json", "--reveal"],
         ["log", instance, "--json"],
+        ["show", middle],
+        ["show", middle, "--json"],
+        ["history", instance, "--json"],
+        ["history", instance],
     ]
     for case in cases:
+        if options.only is not None and options.only not in " ".join(case):
+            continue
         first, total, size, peak = measure(["--store", url, *case])
         print(
             f"steplog {' '.join(case):<40} first byte {first:6.2f} s  all {total:7.2f} s  "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel._builder import WorkflowBuilder
 from kernel._chain import ChainHead, ChainProblem, ChainReport
+from kernel._checkpoint_status import checkpoint_statuses
 from kernel._checkpoints import Checkpoint, CheckpointStatus
 from kernel._cipher import KEYS_ENV, Keyring
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
@@ -247,6 +248,7 @@ __all__ = [
     "WorkflowValidationError",
     "WorkflowViz",
     "apply_committed",
+    "checkpoint_statuses",
     "compact_store",
     "counter_ids",
     "executor",

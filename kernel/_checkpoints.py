@@ -111,6 +111,9 @@ class RunLine:
     responses: list[ResponseReceived] = field(default_factory=list)
     steps: list[_Step] = field(default_factory=list)
     end: RunEvent | None = None
+    tried_after: bool = False
+    """Whether a superstep started after the run's last committed one was decided uncommitted
+    (aborted): the runner starts a superstep only with messages to deliver."""
 
     @property
     def run_id(self) -> str:
@@ -181,6 +184,8 @@ class Ledger(SuperstepFold):
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
         start = self._starts.pop(marker.superstep_id, None)
         line = self.runs.get(marker.run_id)
+        if line is not None and start is not None:
+            line.tried_after = not committed
         if not committed or start is None or line is None:
             return
         step = _Step(
@@ -207,6 +212,11 @@ class Ledger(SuperstepFold):
     def last_run(self) -> RunLine | None:
         """The run started last, if any."""
         return next(reversed(self.runs.values()), None)
+
+    def tried_after(self, line: RunLine) -> bool:
+        """Whether ``line`` started a superstep after its last committed one that did not
+        commit (aborted, or never marked)."""
+        return line.tried_after or any(s.run_id == line.run_id for s in self._starts.values())
 
     def find(self, checkpoint_id: str) -> _Step | None:
         for step in reversed(self.checkpoints):

@@ -63,7 +63,6 @@ copy, equal to it)."""
 SENSITIVE_TYPES: Final = ("run_started", "instance_forked")
 """The event types the rule is read from: run starts (their patterns) and the fork event."""
 
-_PAGE = 20_000  # stream positions per read when the run starts are looked up in a store
 E = TypeVar("E", bound=EventBase)
 
 
@@ -218,10 +217,11 @@ def sensitive_keys_of(
     of the instance it was forked from (and so on up its lineage), and ``extra`` (the reader's).
 
     ``events`` are the instance's events when the caller has read them all already (then only a
-    fork's origin is read). Otherwise only run starts and the fork event are decoded
-    (``store.read(..., types=SENSITIVE_TYPES)``, in position windows): the whole stream is
-    scanned, which costs about what reading its rows costs. Raises ``ProjectionError`` for a bad
-    pattern in ``extra``, and what ``store.read`` raises.
+    fork's origin is read). Otherwise only run starts and the fork event are looked for
+    (``store.find_events(..., SENSITIVE_TYPES)``): every row is looked at, but only the rows
+    that may hold one are decoded, so the answer is the one a full read gives, at a fraction of
+    its cost. Raises ``ProjectionError`` for a bad pattern in ``extra``, and what
+    ``store.find_events`` raises.
     """
     rule = SensitiveKeys(extra)  # checked before anything is read
     found: list[str] = []
@@ -239,9 +239,4 @@ def sensitive_keys_of(
 
 
 def _starts_and_fork(store: EventStore, instance_id: str) -> list[EventBase]:
-    end = store.version(instance_id)
-    return [
-        event
-        for start in range(0, end, _PAGE)
-        for event in store.read(instance_id, after=start, upto=start + _PAGE, types=SENSITIVE_TYPES)
-    ]
+    return store.find_events(instance_id, SENSITIVE_TYPES)

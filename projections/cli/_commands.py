@@ -86,6 +86,7 @@ from projections import (
     VIEW_NAMES,
     AtPosition,
     Projector,
+    RunHistory,
     SensitiveKeys,
     VerifyReport,
     backend_for,
@@ -94,7 +95,7 @@ from projections import (
     default_views,
     diff_points,
     fold_blame,
-    history_of,
+    forks_of,
     sensitive_keys_of,
     state_at,
 )
@@ -126,7 +127,9 @@ from projections.cli._render import (
     event_document,
     events_table,
     history_document,
-    history_tables,
+    history_rest_tables,
+    history_runs_table,
+    history_title,
     log_table,
     print_paged,
     recovered_json,
@@ -134,6 +137,7 @@ from projections.cli._render import (
     show_time,
     show_value,
 )
+from projections.cli._runstream import continuations, stream_history
 
 __all__ = [
     "COMMANDS",
@@ -595,12 +599,29 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 
 def _history(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    _require_events(store, args.instance)
-    history = history_of(store, args.instance)
+    """Folded window by window (the events are never all in memory); the runs table is printed
+    page by page as the runs end, the other tables once everything is folded."""
+    if store.version(args.instance) == 0:
+        raise UsageError(f"no instance {args.instance!r} in {store.url}")
+    history = RunHistory(forks=forks_of(store, args.instance))
+    runs = stream_history(store, history, args.instance)
     if args.json:
+        for _ in runs:
+            pass
         emit(history_document(history, args.instance))
         return 0
-    for table in history_tables(history, args.instance):
+    later = continuations(store, args.instance)
+    print_paged(  # (the title is made with the first page: a fork's first event is folded then)
+        console,
+        runs,
+        lambda page, first: history_runs_table(
+            page,
+            history_title(history, args.instance) if first else None,
+            header=first,
+            continued_by=later,
+        ),
+    )
+    for table in history_rest_tables(history, args.instance):
         console.print(table)
     return 0
 

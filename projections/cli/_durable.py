@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -19,18 +20,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernel import (
+    RUN_END_TYPES,
     DecodeError,
+    EventBase,
     EventStore,
     MessageStaged,
     RecordedError,
+    RunStarted,
     ValueCodec,
     WorkflowEvent,
+    checkpoint_statuses,
     fork_at,
     record_response,
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
-from projections.cli._ids import events_of, find_run
+from projections.cli._ids import RUN_WINDOW, events_of, find_run
 from projections.cli._json import emit, emit_line
 from projections.cli._points import UsageError, parse_point
 from projections.cli._render import print_paged, run_document, show_time, show_value
@@ -66,6 +71,38 @@ def add_durable_commands(commands: Any) -> None:
 def history(store: EventStore, instance: str) -> RunHistory:
     """The instance's run history, folded window by window, with its forks."""
     return fold_history(events_of(store, instance), RunHistory(forks=forks_of(store, instance)))
+
+
+_LATER = ("run_started", "response_received", *RUN_END_TYPES)
+"""What ``show`` reads of the runs after the one shown: what answers, or stops waiting for, its
+requests, and whether a later run continues it."""
+
+
+def run_window(store: EventStore, instance: str, run_id: str) -> tuple[RunHistory, Counter[str]]:
+    """The run history of ``instance`` folded from what concerns run ``run_id``: the fork
+    event (if any), every event from the run's start to the next run's, and the starts, responses
+    and ends of the later runs (the run starts are found by their rows' bytes). Its record of the
+    run, and of its supersteps, are those of the whole instance's history. With it, the number
+    of messages each superstep of the run staged (delivered only if the superstep committed)."""
+    starts = [e for e in store.find_events(instance, ("run_started",)) if isinstance(e, RunStarted)]
+    at = next(n for n, e in enumerate(starts) if e.run_id == run_id)
+    begin = starts[at].position - 1
+    end = starts[at + 1].position - 1 if at + 1 < len(starts) else store.version(instance)
+
+    def events() -> Iterator[EventBase]:
+        if begin:
+            yield from store.read(instance, upto=1, types=("instance_forked",))
+        after = begin
+        while after < end:
+            for event in store.read(instance, after=after, upto=min(after + RUN_WINDOW, end)):
+                if isinstance(event, MessageStaged) and event.run_id == run_id:
+                    sent[event.superstep_id] += 1
+                yield event
+            after += RUN_WINDOW
+        yield from store.find_events(instance, _LATER, after=end)
+
+    sent: Counter[str] = Counter()
+    return fold_history(events(), RunHistory(forks=forks_of(store, instance))), sent
 
 
 def _instances(store: EventStore, named: str | None) -> list[str]:
@@ -114,16 +151,11 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
 
 def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     instance, run_id = find_run(store, args.run)
-    past = history(store, instance)
+    past, sent = run_window(store, instance, run_id)
     run = past.run(run_id)
     assert run is not None
     steps = past.supersteps(run_id)
     asked = {r.request_id: r for r in run.pending_requests}
-    sent = Counter(
-        event.superstep_id
-        for event in events_of(store, instance, ("message_staged",))
-        if isinstance(event, MessageStaged) and event.run_id == run_id
-    )  # staged: delivered only if the superstep committed
     if args.json:
         emit(
             {
@@ -167,8 +199,14 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+_STATUS_TEXT = {"awaiting_input": "waiting for input"}
+
+
 def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """The committed supersteps (from the run history), each with its status where the log
+    alone says it (``kernel.checkpoint_statuses``; None where only the workflow can say)."""
     past = history(store, args.instance)
+    statuses = checkpoint_statuses(store, args.instance)
     marks: list[dict[str, Any]] = [
         {
             "checkpoint_id": step.superstep_id,
@@ -178,6 +216,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             "position": step.position,
             "timestamp": None if step.ended_at is None else step.ended_at.isoformat(),
             "latest": False,
+            "status": statuses.get(step.superstep_id),
         }
         for step in past.supersteps()
         if step.status == "committed"
@@ -193,6 +232,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
                 "position": forked.origin_position,
                 "timestamp": forked.forked_at.isoformat(),
                 "latest": False,
+                "status": statuses.get(forked.checkpoint),
             }
         )
     if marks:
@@ -201,7 +241,9 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
         emit({"instance_id": args.instance, "checkpoints": marks})
         return 0
     table = Table(title=escape(f"checkpoints of {args.instance}"))
-    for column in ("checkpoint", "instance", "run", "#", "position", "committed at", "latest"):
+    for column in (
+        "checkpoint", "instance", "run", "#", "position", "committed at", "latest", "status"
+    ):  # fmt: skip
         table.add_column(column, overflow="fold")
     for mark in marks:
         table.add_row(
@@ -212,6 +254,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             str(mark["position"]),
             mark["timestamp"] or "",
             "yes" if mark["latest"] else "",
+            _STATUS_TEXT.get(mark["status"], mark["status"] or "-"),
         )
     if not marks:
         console.print("no checkpoints: no superstep committed", markup=False)
@@ -221,6 +264,11 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
         "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
         markup=False,
     )
+    if any(mark["status"] is None for mark in marks):
+        console.print(
+            "status -: the log alone does not say (the workflow's checkpoints() does)",
+            markup=False,
+        )
     return 0
 
 

@@ -71,8 +71,9 @@ def events_of(store: EventStore, instance: str, types: Collection[str] = ()) -> 
 
 
 def runs_of(store: EventStore, instance: str) -> Iterator[RunStarted]:
-    """The ``run_started`` events of ``instance``, in order."""
-    for event in events_of(store, instance, ("run_started",)):
+    """The ``run_started`` events of ``instance``, in order (found by their rows' bytes:
+    ``EventStore.find_events``)."""
+    for event in store.find_events(instance, ("run_started",)):
         if isinstance(event, RunStarted):
             yield event
 

@@ -7,7 +7,7 @@ Whether a write counted is never decided here: it is the blame fold's ``WriteRec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -27,7 +27,10 @@ __all__ = [
     "event_document",
     "events_table",
     "history_document",
+    "history_rest_tables",
+    "history_runs_table",
     "history_tables",
+    "history_title",
     "log_table",
     "print_paged",
     "recovered_json",
@@ -136,28 +139,50 @@ def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
 def history_tables(history: RunHistory, instance: str) -> list[Table]:
     """The runs (status, times, counts, lineage, error), the supersteps, the requests still
     waiting for a response, and the instance's forks: what ``steplog history`` prints."""
+    return [
+        history_runs_table(history.runs(), history_title(history, instance)),
+        *history_rest_tables(history, instance),
+    ]
+
+
+def history_title(history: RunHistory, instance: str) -> str:
+    """The title of ``history``'s runs table."""
     forked = history.forked_from
     title = f"runs of {instance}"
     if forked is not None:
         title += f" (forked from {forked.origin_instance} at position {forked.origin_position})"
-    runs = Table(title=escape(title), expand=True)
+    return title
+
+
+def history_runs_table(
+    runs: Iterable[RunRecord],
+    title: str | None,
+    *,
+    header: bool = True,
+    continued_by: Mapping[str, Sequence[str]] | None = None,
+) -> Table:
+    """The runs table of ``history`` (or a page of it: ``title`` None and no ``header`` after
+    the first). ``continued_by`` gives the runs continuing each run when the runs are shown
+    before the later runs are folded."""
+    table = Table(title=None if title is None else escape(title), expand=True, show_header=header)
     for column in ("run", "status", "started / ended", "steps", "ok", "aborted", "lineage"):
-        runs.add_column(column, no_wrap=column != "lineage")
-    runs.add_column("error", overflow="fold", ratio=1)
-    for run in history.runs():
+        table.add_column(column, no_wrap=column != "lineage")
+    table.add_column("error", overflow="fold", ratio=1)
+    for run in runs:
         error = _cut(f"{run.error.type}: {run.error.message}") if run.error else ""
         lineage = []
         if run.continues is not None:
             at = f" after {run.checkpoint[:8]}" if run.checkpoint else " from its start"
             lineage.append(f"continues {run.continues[:8]}{at}")
-        if run.continued_by:
-            lineage.append("continued by " + ", ".join(r[:8] for r in run.continued_by))
+        later = run.continued_by if continued_by is None else continued_by.get(run.run_id, ())
+        if later:
+            lineage.append("continued by " + ", ".join(r[:8] for r in later))
         if run.responses:
             lineage.append(f"{len(run.responses)} response(s)")
         if run.closed_by is not None:
             lineage.append(f"closed by {run.closed_by[:8]}")
         status: str = "waiting for input" if run.status == "awaiting_input" else run.status
-        runs.add_row(
+        table.add_row(
             escape(run.run_id[:8]),
             status,
             f"{show_time(run.started_at)}\n{show_time(run.ended_at)}",
@@ -167,6 +192,12 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
             escape("\n".join(lineage)),
             escape(error),
         )
+    return table
+
+
+def history_rest_tables(history: RunHistory, instance: str) -> list[Table]:
+    """The tables ``history`` prints after the runs: supersteps, messages dropped, requests
+    waiting, forks."""
     steps = Table(title="supersteps", expand=True)
     for column in ("run", "#", "superstep", "status", "executors", "keys written", "requests"):
         steps.add_column(column, overflow="fold")
@@ -181,7 +212,7 @@ def history_tables(history: RunHistory, instance: str) -> list[Table]:
             escape(", ".join(step.keys)),
             escape(", ".join(r[:8] for r in step.requests)),
         )
-    tables = [runs, steps]
+    tables = [steps]
     dropped = [(step, drop) for step in history.supersteps() for drop in step.dropped]
     if dropped:
         table = Table(title="messages dropped: no edge delivered them", expand=True)

@@ -14,11 +14,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from kernel import EventStore
+from kernel import EventStore, RunStarted
 from projections import MemoryHistoryRows, RunHistory, RunRecord
 from projections.cli._ids import events_of
 
-__all__ = ["run_row", "stream_runs"]
+__all__ = ["continuations", "run_row", "stream_history", "stream_runs"]
 
 
 class _PassingRows(MemoryHistoryRows):
@@ -52,6 +52,46 @@ def stream_runs(store: EventStore, instance_id: str) -> Iterator[RunRecord]:
             yield run
     for run_id in started:
         run = rows.runs.get(run_id)
+        if run is not None:
+            yield run
+
+
+def continuations(store: EventStore, instance_id: str) -> dict[str, list[str]]:
+    """The runs continuing each run of ``instance_id`` (``RunRecord.continued_by``, as the run
+    history folds it), from its run starts alone (found by their rows' bytes)."""
+    seen: set[str] = set()
+    found: dict[str, list[str]] = {}
+    for event in store.find_events(instance_id, ("run_started",)):
+        if not isinstance(event, RunStarted) or event.run_id in seen:
+            continue
+        seen.add(event.run_id)
+        if event.continues is not None and event.continues in seen:
+            later = found.setdefault(event.continues, [])
+            if event.run_id not in later:
+                later.append(event.run_id)
+    return found
+
+
+def stream_history(store: EventStore, history: RunHistory, instance_id: str) -> Iterator[RunRecord]:
+    """Fold the events of ``instance_id`` into ``history`` window by window, and yield each run
+    as soon as it has ended (then in start order those still open): ``history`` is complete
+    once the iterator is. A run yielded is final but for ``continued_by``
+    (``continuations`` gives it)."""
+    started: deque[str] = deque()
+    seen: set[str] = set()
+    for event in events_of(store, instance_id, RunHistory.EVENT_TYPES):
+        history.apply(event)
+        if isinstance(event, RunStarted) and event.run_id not in seen:
+            seen.add(event.run_id)
+            started.append(event.run_id)
+        while started:
+            run = history.run(started[0])
+            if run is None or run.status == "running":
+                break
+            started.popleft()
+            yield run
+    for run_id in started:
+        run = history.run(run_id)
         if run is not None:
             yield run
 

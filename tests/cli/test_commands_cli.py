@@ -237,12 +237,18 @@ def test_checkpoints_requests_and_replay(
     code, out, _ = cli(capsys, "--store", url, "checkpoints", "count", "--json")
     marks = json.loads(out)["checkpoints"]
     with open_store(url) as store:
-        expected = [c.checkpoint_id for c in counting(store).checkpoints()]
+        known = counting(store).checkpoints()
+        expected = [c.checkpoint_id for c in known]
     assert [m["checkpoint_id"] for m in marks] == expected
     assert [m["latest"] for m in marks] == [False] * (len(marks) - 1) + [True]
+    # the log says each status here (the failed run was resumed to its end): the workflow's
+    assert [m["status"] for m in marks] == [c.status for c in known]
+    assert [m["status"] for m in marks] == ["superseded"] * (len(marks) - 1) + ["completed"]
     code, out, _ = cli(capsys, "--store", url, "checkpoints", "count")
     assert expected[-1] in out
     assert "latest" in out
+    assert out.count("superseded") == len(marks) - 1
+    assert "completed" in out
 
     code, out, _ = cli(capsys, "--store", url, "requests", "--json")
     (request,) = json.loads(out)["requests"]

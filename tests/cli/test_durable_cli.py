@@ -3,11 +3,13 @@ resumed runs and forks in ``history``, and ``blame``, ``bisect`` and ``log`` on 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from kernel import WorkflowBuilder, open_store
+from kernel.testing import LogBuilder
 from projections.cli import main
 from tests.durable.test_requests import Reviewer
 from tests.durable.test_resume import Tick
@@ -105,3 +107,133 @@ async def test_blame_bisect_and_log_on_a_fork(sqlite_url, capsys, wide):
     code, out = cli(capsys, "--store", sqlite_url, "state", "f", "pos:1")
     assert code == 0
     assert "count" in out
+
+
+def _show_from_everything(store, instance: str, run_id: str) -> dict:
+    """``show --json`` as folded from every event of the instance (before ``run_window``)."""
+    from collections import Counter
+
+    from projections.cli._durable import history
+    from projections.cli._ids import events_of
+    from projections.cli._render import run_document
+
+    past = history(store, instance)
+    run = past.run(run_id)
+    steps = past.supersteps(run_id)
+    sent = Counter(
+        e.superstep_id
+        for e in events_of(store, instance, ("message_staged",))
+        if e.run_id == run_id
+    )
+    return {
+        "run": run_document(run, instance),
+        "supersteps": [step.to_row() for step in steps],
+        "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+    }
+
+
+async def test_show_reads_a_window_and_says_what_the_whole_history_says(
+    durable_store_url, capsys, wide
+):
+    """``show RUN`` folds only its run's window (and the later runs' starts, responses and
+    ends): its JSON is the one folded from the whole instance, for every run of instances with
+    requests answered by ``respond`` and by a run, a failed and resumed run, and a fork."""
+    from tests.projections.test_sensitive import fork_secrets, write_secrets
+
+    url = durable_store_url
+    with open_store(url) as store:
+        await asyncio.to_thread(lambda: fork_secrets(store, write_secrets(store)))
+        reviewer = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        )
+        (request,) = (await reviewer.build().run("v1")).pending_requests
+    answered = cli(
+        capsys,
+        "--store",
+        url,
+        "respond",
+        "--",
+        _last_run(url, "r"),
+        request.request_id,
+        '"approve"',
+    )
+    assert answered[0] == 0
+    with open_store(url) as store:
+        await (
+            WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
+            .build()
+            .resume()
+        )
+        (_again,) = (
+            await WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
+            .build()
+            .run("v2")
+        ).pending_requests
+        origin = build_counter(store, fail_at=4)
+        with pytest.raises(RuntimeError):
+            await origin.run(Tick(1))
+        second = origin.checkpoints()[1].checkpoint_id
+        await build_counter(store).fork(at=second, instance_id="count-fork").resume()
+        await build_counter(store).resume()
+        runs = {
+            name: [e.run_id for e in store.read(name, types=["run_started"])]
+            for name in store.instances()
+        }
+        expected = {
+            run_id: _show_from_everything(store, name, run_id)
+            for name, ids in runs.items()
+            for run_id in ids
+        }
+    assert sum(len(ids) for ids in runs.values()) >= 9
+    pending = [doc for doc in expected.values() if doc["run"]["pending_requests"]]
+    assert pending  # a run still waits (the second review)
+    for run_id, document in expected.items():
+        code, out = cli(capsys, "--store", url, "show", "--json", "--", run_id)
+        assert code == 0, out
+        assert json.loads(out) == document, run_id
+    _history_says_what_the_whole_history_says(url, capsys)
+
+
+def _many_runs(store, count: int = 25) -> list[str]:
+    """``many``: ``count`` runs, each continuing the one before from its start."""
+    log = LogBuilder("many")
+    runs: list[str] = []
+    for n in range(count):
+        started = log.start_run(n, continues=runs[-1] if runs else None)
+        log.start_superstep()
+        log.invoke("x")
+        log.write("n", n)
+        log.commit()
+        log.complete_run()
+        runs.append(started.run_id)
+    log.append_to(store)
+    return runs
+
+
+def _history_says_what_the_whole_history_says(url: str, capsys) -> None:
+    """``history``, folded window by window, its runs table printed as the runs end: its JSON is
+    the document of the history folded from every event at once, and its table lists every
+    run, continuations included, on pages past the first."""
+    from projections import history_of
+    from projections.cli._render import history_document
+
+    with open_store(url) as store:
+        many = _many_runs(store)
+        names = store.instances()
+        documents = {name: history_document(history_of(store, name), name) for name in names}
+    for name in names:
+        code, out = cli(capsys, "--store", url, "history", "--json", name)
+        assert code == 0, out
+        assert json.loads(out) == documents[name], name
+    code, out = cli(capsys, "--store", url, "history", "many")
+    assert code == 0
+    assert out.count("continued by") == len(many) - 1
+    for run_id in many:
+        assert run_id[:8] in out
+    assert out.index(many[-1][:8]) > out.index("runs of many") > -1
+    assert out.index("supersteps") > out.index(many[-1][:8])
+
+
+def _last_run(url: str, instance: str) -> str:
+    with open_store(url) as store:
+        return [e.run_id for e in store.read(instance, types=["run_started"])][-1]

@@ -78,9 +78,7 @@ def one_line_complaint(err: str) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    "url", [*REFUSED_URLS, f"postgresql://postgres:{SECRET}@127.0.0.1:1/test"]
-)
+@pytest.mark.parametrize("url", [*REFUSED_URLS, f"postgresql://postgres:{SECRET}@127.0.0.1:1/test"])
 def test_no_output_shows_the_password_of_the_store_url(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -295,4 +293,3 @@ def test_a_5_mb_value_is_shown_cut_with_its_size_and_whole_with_json(
     for command in others:
         assert main(["--store", url, *command]) == 0, command
         assert len(capsys.readouterr().out) < 20_000, command
-

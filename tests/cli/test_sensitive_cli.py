@@ -149,3 +149,31 @@ def test_history_shows_key_names_and_no_value(vault_url, capsys):
     assert code == 0
     assert "password" in out
     assert SECRET not in out
+
+
+def test_log_redacts_exactly_what_a_scan_of_every_event_redacts(durable_store_url, capsys):
+    """``log`` finds the run starts by looking at rows' bytes (``find_events``); what it shows
+    is what the rule read from every event of the instance redacts: run 1's writes of
+    ``password`` too, though only run 2 (after them) declared it. On SQLite and PostgreSQL."""
+    from projections import SensitiveKeys
+    from projections.cli._render import event_document
+
+    with open_store(durable_store_url) as store:
+        events = write_secrets(store)
+        rule = SensitiveKeys.from_events(events)
+    assert rule.patterns == ("password", "secret_*")
+    expected = [event_document(e, None) for e in rule.events(events)]
+    code, out, _ = run(durable_store_url, capsys, "log", "vault", "--json")
+    assert code == 0
+    shown = [json.loads(line) for line in out.splitlines()]
+    assert [{k: v for k, v in line.items() if k not in _VERDICT} for line in shown] == [
+        {k: v for k, v in doc.items() if k not in _VERDICT} for doc in expected
+    ]
+    first_run = [
+        line for line in shown if line["type"] == "state_staged" and line["run_id"].startswith("r1")
+    ]
+    assert [line["value"] for line in first_run if line["key"] == "password"] == [REDACTED] * 2
+    assert SECRET not in out
+
+
+_VERDICT = ("write_status", "counts")  # the blame fold's, checked by the test above

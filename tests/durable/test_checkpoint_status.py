@@ -1,0 +1,57 @@
+"""``checkpoint_statuses``: what the log alone says of each checkpoint, without the workflow.
+Where it says something, it is what ``Workflow.checkpoints()`` says; it says something for
+runs that completed, wait for input, or failed in a superstep, and every older checkpoint is
+``superseded``; where only the graph could tell (a response recorded from the log), None."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kernel import EventStore, checkpoint_statuses, open_store, record_response
+from tests.durable.test_requests import build as build_reviewer
+from tests.durable.test_resume import Tick
+from tests.durable.test_resume import build as build_counter
+
+
+def _compared(store: EventStore, instance: str, wf: Any) -> list[Any]:
+    """The log's statuses, each checked against the workflow's where the log says one."""
+    before = store.version(instance)
+    logged = checkpoint_statuses(store, instance)
+    assert store.version(instance) == before  # reading wrote nothing
+    known = wf.checkpoints()
+    assert list(logged) == [c.checkpoint_id for c in known]
+    for checkpoint in known:
+        said = logged[checkpoint.checkpoint_id]
+        assert said is None or said == checkpoint.status, checkpoint
+    return list(logged.values())
+
+
+async def test_a_failed_run_then_resumed_to_its_end(store_url):
+    store = open_store(store_url)
+    with pytest.raises(RuntimeError):
+        await build_counter(store, fail_at=3).run(Tick(1))
+    assert _compared(store, "count", build_counter(store)) == ["superseded", "resumable"]
+    await build_counter(store).resume()
+    statuses = _compared(store, "count", build_counter(store))
+    assert statuses[-1] == "completed"
+    assert set(statuses[:-1]) == {"superseded"}
+    assert len(statuses) == 5
+
+
+async def test_a_run_waiting_for_input_and_answered(store_url):
+    store = open_store(store_url)
+    (request,) = (await build_reviewer(store).run("v1")).pending_requests
+    assert _compared(store, "r", build_reviewer(store)) == ["awaiting_input"]
+    record_response(store, request.run_id, request.request_id, "approve", instance_id="r")
+    # the response run committed nothing: whether messages wait needs the graph
+    assert _compared(store, "r", build_reviewer(store)) == [None]
+    assert build_reviewer(store).checkpoints()[-1].status == "resumable"
+    await build_reviewer(store).resume()
+    assert _compared(store, "r", build_reviewer(store)) == ["superseded", "completed"]
+
+
+def test_an_instance_without_checkpoints_has_none(store_url):
+    store = open_store(store_url)
+    assert checkpoint_statuses(store, "nothing") == {}
