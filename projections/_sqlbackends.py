@@ -124,11 +124,8 @@ class _SQLTx(ViewTx):
         wanted = sorted({row for row in rows if row not in read and row not in written})
         for start in range(0, len(wanted), _MANY_ROWS):
             some = wanted[start : start + _MANY_ROWS]
-            pairs = ", ".join([f"({b.mark}, {b.mark})"] * len(some))
             self._cursor.execute(
-                f"SELECT instance_id, key, doc FROM {b.name(table)} "
-                f"WHERE (instance_id, key) IN (VALUES {pairs})",
-                tuple(part for row in some for part in row),
+                b.sql_read_rows(table, len(some)), tuple(part for row in some for part in row)
             )
             for row in some:
                 read[row] = None
@@ -188,6 +185,16 @@ class _SQLBackend(ViewBackend):
     @property
     def positions(self) -> str:
         return self.name(POSITIONS_TABLE)
+
+    def sql_read_rows(self, table: str, count: int) -> str:
+        """The statement reading ``count`` rows of ``table`` by ``(instance_id, key)`` (their
+        ``2 * count`` parameters in order), each an index lookup. A join, not ``(instance_id,
+        key) IN (VALUES ...)``, which SQLite answers by scanning the whole table."""
+        pairs = ", ".join([f"({self.mark}, {self.mark})"] * count)
+        return (
+            f"SELECT v.instance_id, v.key, v.doc FROM (VALUES {pairs}) AS w JOIN "
+            f"{self.name(table)} AS v ON v.instance_id = w.column1 AND v.key = w.column2"
+        )
 
     @staticmethod
     def column(row: Any, name: str) -> Any:

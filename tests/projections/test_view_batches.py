@@ -68,7 +68,7 @@ def test_a_page_of_many_instances_costs_a_few_statements(durable_store_url, monk
     # Per view, whatever the number of instances: the claim (2 statements), one read of the rows
     # the page needs, the position, and the upserts (300 rows each; one by one, every row read
     # and every row written would have been a statement of its own).
-    reads = [s for s in statements if s.startswith("SELECT instance_id, key, doc FROM")]
+    reads = [s for s in statements if s.startswith("SELECT v.instance_id, v.key, v.doc FROM")]
     upserts = [s for s in statements if s.startswith("INSERT INTO") and "(instance_id" in s]
     assert len(reads) == len(VIEW_NAMES), reads
     assert len(upserts) <= 2 * len(VIEW_NAMES), upserts
@@ -127,3 +127,20 @@ def test_a_failure_among_the_batch_writes_rolls_back_the_earlier_ones(
         projector.catch_up()
         assert projector.position("history") == store.last_position()
         assert projector.verify("history").ok
+
+
+def test_reading_a_page_s_rows_is_index_lookups_not_a_table_scan(tmp_path):
+    with open_store(f"sqlite:///{tmp_path / 'plans.db'}") as store:
+        populate(store, fixed_plans(copies=5))
+        projector = Projector(store, ["history"])
+        projector.catch_up()
+        backend = projector.backend
+        assert isinstance(backend, _sqlbackends.SQLiteViewBackend)
+        table = projector.views["history"].table
+        statement = backend.sql_read_rows(table, 3)
+        with backend._cursor("explain", commit=False) as cursor:
+            cursor.execute("ANALYZE")
+            cursor.execute(f"EXPLAIN QUERY PLAN {statement}", ("a", "t", "b", "t", "c", "t"))
+            plan = [row["detail"] for row in cursor.fetchall()]
+    assert any(step.startswith("SEARCH v USING") for step in plan), plan
+    assert not any(step.startswith("SCAN v") for step in plan), plan
