@@ -13,6 +13,11 @@ a reader to a writer while another connection writes, with "database is locked" 
 wait. On PostgreSQL, a swap locks the positions rows before the tables, in the same order as a
 catch-up, so the two never deadlock.
 
+A page is one batch (``_SQLTx``): the rows it reads come in one statement (``prefetch``, a
+join of a ``VALUES`` list on the primary key, each row an index lookup), and the rows it writes
+are kept until the commit and written then, 300 per ``INSERT ... ON CONFLICT DO UPDATE``, in the
+transaction that moves the position; a failure anywhere rolls all of it back.
+
 Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
 serialization failure, deadlock, lock not available) and a lost connection become
 ``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); any other driver error

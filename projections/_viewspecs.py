@@ -2,7 +2,9 @@
 
 A ``ViewSpec`` folds the events of one instance at a time. ``Projector`` calls ``load`` for each
 instance a page touches, ``apply`` for each of its events, then ``save``, all inside the page's
-transaction, so the spec itself never does I/O outside that transaction.
+transaction, so the spec itself never does I/O outside that transaction. Before that it asks
+``rows_read`` for the keys a page's events will read, and reads them for every instance of the
+page at once (``ViewTx.prefetch``): on SQLite and PostgreSQL, one statement instead of one each.
 
 ``state`` keeps one JSON document per instance under the key ``"view"``: the kernel's committed
 state (``CommittedState.to_snapshot()``). ``history`` and ``blame`` grow with an instance's
