@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -73,9 +73,16 @@ class ViewTx(ABC):
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
         """A document, or None."""
 
+    def prefetch(self, table: str, rows: Iterable[RowKey]) -> None:
+        """Read the documents under ``rows`` ahead, in as few statements as the backend can, so
+        that the ``get`` of each costs no round trip (a hint: the SQL backends do it; a row left
+        out is read when asked for, and one never asked for costs only its fetch)."""
+        del table, rows
+
     @abstractmethod
     def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
-        """Insert or replace a document."""
+        """Insert or replace a document (a backend may keep it until the commit: the same
+        transaction's ``get`` sees it either way)."""
 
     @abstractmethod
     def set_position(self, table: str, position: int) -> None:

@@ -113,6 +113,22 @@ class KeyIndexFold(Fold):
         tracker = load(TRACKER_ROW)
         self.upto = 0 if tracker is None else int(tracker["upto"])
 
+    @staticmethod
+    def rows_read(events: Iterable[EventBase]) -> set[str]:
+        """The rows folding ``events`` reads (besides what it wrote first): the tracker, and
+        the rows of their keys, supersteps, runs and forks."""
+        keys = {TRACKER_ROW}
+        for event in events:
+            if isinstance(event, StateStaged):
+                keys.add(key_row(event.key))
+            elif event.type == "instance_forked":
+                keys.add(FORKS_ROW)
+            elif event.type in RUN_END_TYPES and isinstance(event, RunEvent):
+                keys.add(run_row(event.run_id))
+            elif isinstance(event, SuperstepEvent):
+                keys.add(step_row(event.superstep_id))
+        return keys
+
     def _row(self, key: str, empty: Callable[[], Any]) -> Any:
         row = self.out.get(key)
         if row is None:

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -138,6 +139,9 @@ class SnapshotView(ViewSpec):
         if every < 1:
             raise ProjectionError(f"SnapshotView(every=...) must be >= 1, got {every}")
         self.every = every
+
+    def rows_read(self, instance_id: str, events: Sequence[EventBase]) -> Iterable[str]:
+        return (FOLD_KEY,)
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> _SnapshotFold:
         return _SnapshotFold(tx.get(table, instance_id, FOLD_KEY), self.every)

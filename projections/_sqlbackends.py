@@ -13,6 +13,11 @@ a reader to a writer while another connection writes, with "database is locked" 
 wait. On PostgreSQL, a swap locks the positions rows before the tables, in the same order as a
 catch-up, so the two never deadlock.
 
+A page is one batch (``_SQLTx``): the rows it reads come in one statement (``prefetch``, a
+join of a ``VALUES`` list on the primary key, each row an index lookup), and the rows it writes
+are kept until the commit and written then, 300 per ``INSERT ... ON CONFLICT DO UPDATE``, in the
+transaction that moves the position; a failure anywhere rolls all of it back.
+
 Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
 serialization failure, deadlock, lock not available) and a lost connection become
 ``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); any other driver error
@@ -29,7 +34,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,6 +67,8 @@ __all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
 
 _MANY = 500
 """Keys per statement of ``get_many`` (SQLite allows 999 parameters before 3.32)."""
+_MANY_ROWS = 300
+"""Rows per statement of a page's reads (2 parameters a row) and writes (3 a row)."""
 
 
 POSITIONS_FORMAT_ROW = "#positions"
@@ -82,9 +89,16 @@ _CONTENTION_HINT = (
 
 
 class _SQLTx(ViewTx):
+    """A page's transaction: rows read through it are cached, and the rows it writes are kept
+    (as ``encode_doc`` bytes) and written by ``flush`` in a few multi-row statements just before
+    the commit, so a page costs a handful of round trips, not one per row. Reads see the page's
+    own writes (they come from what is kept); a transaction that fails writes none of them."""
+
     def __init__(self, backend: _SQLBackend, cursor: Any) -> None:
         self._b = backend
         self._cursor = cursor
+        self._writes: dict[str, dict[RowKey, bytes]] = {}
+        self._read: dict[str, dict[RowKey, str | bytes | None]] = {}
 
     def _one(self, statement: str, params: tuple[Any, ...]) -> Any:
         self._cursor.execute(statement, params)
@@ -98,26 +112,59 @@ class _SQLTx(ViewTx):
         return row is not None and int(b.column(row, "position")) == expected
 
     def get(self, table: str, instance_id: str, key: str) -> Json | None:
+        row = (instance_id, key)
+        written = self._writes.get(table, {}).get(row)
+        if written is not None:
+            return decode_doc(written)
+        read = self._read.setdefault(table, {})
+        if row not in read:
+            self.prefetch(table, [row])
+        plain = read.get(row)
+        return None if plain is None else decode_doc(plain)
+
+    def prefetch(self, table: str, rows: Iterable[RowKey]) -> None:
         b = self._b
-        row = self._one(
-            f"SELECT doc FROM {b.name(table)} WHERE instance_id={b.mark} AND key={b.mark}",
-            (instance_id, key),
-        )
-        return None if row is None else b.decode(b.column(row, "doc"), table, instance_id, key)
+        read = self._read.setdefault(table, {})
+        written = self._writes.get(table, {})
+        wanted = sorted({row for row in rows if row not in read and row not in written})
+        for start in range(0, len(wanted), _MANY_ROWS):
+            some = wanted[start : start + _MANY_ROWS]
+            self._cursor.execute(
+                b.sql_read_rows(table, len(some)), tuple(part for row in some for part in row)
+            )
+            for row in some:
+                read[row] = None
+            for found in self._cursor.fetchall():
+                instance_id, key = b.column(found, "instance_id"), b.column(found, "key")
+                read[(instance_id, key)] = b.open(b.column(found, "doc"), table, instance_id, key)
 
     def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
-        b = self._b
-        self._cursor.execute(
-            f"INSERT INTO {b.name(table)} (instance_id, key, doc) VALUES ({b.mark}, {b.mark}, "
-            f"{b.mark}) ON CONFLICT (instance_id, key) DO UPDATE SET doc=excluded.doc",
-            (instance_id, key, b.encode(doc, table, instance_id, key)),
-        )
+        self._writes.setdefault(table, {})[(instance_id, key)] = encode_doc(doc)
 
     def set_position(self, table: str, position: int) -> None:
         b = self._b
         self._cursor.execute(
             f"UPDATE {b.positions} SET position={b.mark} WHERE name={b.mark}", (position, table)
         )
+
+    def flush(self) -> None:
+        """Write every row put, a few hundred per statement (within the transaction)."""
+        b, m = self._b, self._b.mark
+        for table, writes in self._writes.items():
+            rows = sorted(writes.items())  # one order for every writer: no lock-order deadlock
+            for start in range(0, len(rows), _MANY_ROWS):
+                some = rows[start : start + _MANY_ROWS]
+                values = ", ".join([f"({m}, {m}, {m})"] * len(some))
+                self._cursor.execute(
+                    f"INSERT INTO {b.name(table)} (instance_id, key, doc) VALUES {values} "
+                    "ON CONFLICT (instance_id, key) DO UPDATE SET doc=excluded.doc",
+                    tuple(
+                        part
+                        for (instance_id, key), plain in some
+                        for part in (instance_id, key, b.seal(plain, table, instance_id, key))
+                    ),
+                )
+        self._writes = {}
 
 
 class _SQLBackend(ViewBackend):
@@ -144,6 +191,16 @@ class _SQLBackend(ViewBackend):
     def positions(self) -> str:
         return self.name(POSITIONS_TABLE)
 
+    def sql_read_rows(self, table: str, count: int) -> str:
+        """The statement reading ``count`` rows of ``table`` by ``(instance_id, key)`` (their
+        ``2 * count`` parameters in order), each an index lookup. A join, not ``(instance_id,
+        key) IN (VALUES ...)``, which SQLite answers by scanning the whole table."""
+        pairs = ", ".join([f"({self.mark}, {self.mark})"] * count)
+        return (
+            f"SELECT v.instance_id, v.key, v.doc FROM (VALUES {pairs}) AS w JOIN "
+            f"{self.name(table)} AS v ON v.instance_id = w.column1 AND v.key = w.column2"
+        )
+
     @staticmethod
     def column(row: Any, name: str) -> Any:
         return row[name]
@@ -151,13 +208,21 @@ class _SQLBackend(ViewBackend):
     def encode(self, doc: Json, table: str, instance_id: str, key: str) -> str:
         """A document as the ``doc`` column stores it (``encode_doc``, as text), sealed with
         the store's keyring when it has one (``projections._docseal``)."""
+        return self.seal(encode_doc(doc), table, instance_id, key)
+
+    def seal(self, plain: bytes, table: str, instance_id: str, key: str) -> str:
+        """An encoded document (``encode_doc``) as the ``doc`` column stores it."""
         if self.keyring is None:
-            return encode_doc(doc).decode()
-        return seal_doc(self.keyring, encode_doc(doc), table, instance_id, key)
+            return plain.decode()
+        return seal_doc(self.keyring, plain, table, instance_id, key)
+
+    def open(self, stored: str, table: str, instance_id: str, key: str) -> str | bytes:
+        """A ``doc`` column's value as encoded JSON (for ``decode_doc``), opened if sealed."""
+        return open_doc(self.keyring, stored, table, instance_id, key)
 
     def decode(self, stored: str, table: str, instance_id: str, key: str) -> Json:
         """A ``doc`` column's value as a document (``decode_doc``), opened if it is sealed."""
-        return decode_doc(open_doc(self.keyring, stored, table, instance_id, key))
+        return decode_doc(self.open(stored, table, instance_id, key))
 
     @contextmanager
     def _cursor(self, action: str, *, commit: bool = True) -> Iterator[Any]:
@@ -319,7 +384,9 @@ class _SQLBackend(ViewBackend):
         self.ensure(POSITIONS_TABLE)
         self._migrate_positions()
         with self._cursor("update views") as cursor:
-            yield _SQLTx(self, cursor)
+            tx = _SQLTx(self, cursor)
+            yield tx
+            tx.flush()  # the rows go with the position, in this transaction, or not at all
 
     def swap(self, shadow: str, table: str) -> None:
         self.ensure(table)

@@ -55,7 +55,7 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from projections._backends import RowKey, ViewBackend
+from projections._backends import RowKey, ViewBackend, ViewTx
 from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
 from projections._snapshots import SnapshotView
@@ -200,10 +200,16 @@ class Projector:
                 return done
 
     @staticmethod
-    def _fold_page(spec: ViewSpec, tx: Any, table: str, page: list[Recorded]) -> None:
+    def _fold_page(spec: ViewSpec, tx: ViewTx, table: str, page: list[Recorded]) -> None:
         by_instance: dict[str, list[EventBase]] = {}
         for recorded in page:
             by_instance.setdefault(recorded.event.instance_id, []).append(recorded.event)
+        # The rows the page will read, in one statement (or a few) instead of one per row; its
+        # writes go out together at the commit (``ViewTx.put``), with the position.
+        tx.prefetch(
+            table,
+            [(i, key) for i, events in by_instance.items() for key in spec.rows_read(i, events)],
+        )
         for instance_id, events in by_instance.items():
             state = spec.load(tx, table, instance_id)
             for event in events:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +107,9 @@ class CrashingView(ViewSpec):
         self.left = after
         self.name = inner.name  # type: ignore[misc]
         self.event_types = inner.event_types  # type: ignore[misc]
+
+    def rows_read(self, instance_id: str, events: Sequence[EventBase]) -> Iterable[str]:
+        return self.inner.rows_read(instance_id, events)
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> Any:
         return self.inner.load(tx, table, instance_id)
