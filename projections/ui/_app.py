@@ -10,7 +10,7 @@ import asyncio
 import hmac
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -58,6 +58,7 @@ def _environment() -> Environment:
     env.filters["json"] = _json
     env.filters["time"] = _time
     env.filters["status"] = lambda status: _STATUS.get(status, status)
+    env.filters["utc_local"] = lambda moment: moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
     return env
 
@@ -152,9 +153,12 @@ class _Pages:
                 all_steps[i + 1] if i + 1 < len(all_steps) else None,
             )
         graph = graph_of(all_steps, self.reader.routes(instance))
+        events = self.reader.events(instance)
+        moment = events[at.position - 1].timestamp if 0 < at.position <= len(events) else None
         return self.render(
             request,
             "state.html",
+            moment=moment,
             instance=instance,
             text=text,
             at=at,

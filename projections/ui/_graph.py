@@ -34,8 +34,8 @@ class Graph:
             return Markup('<p class="muted">no executor was invoked</p>')
         xs = [x for x, _ in self.nodes.values()]
         ys = [y for _, y in self.nodes.values()]
-        width = max(xs) * (_W + _GAP_X) + _W + 2 * _PAD
-        height = max(ys) * (_H + _GAP_Y) + _H + 2 * _PAD
+        width = max(xs) * (_W + _GAP_X) + _W + 2 * _PAD + 40  # room for a loop on the right
+        height = max(ys) * (_H + _GAP_Y) + _H + 2 * _PAD + 36  # room for backward curves
         parts = [
             f'<svg class="graph" xmlns="http://www.w3.org/2000/svg" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}" role="img">',
@@ -46,7 +46,10 @@ class Graph:
         for source, target, count in self.edges:
             (x1, y1), (x2, y2) = self._at(source), self._at(target)
             if source == target:
-                d = f"M {x1 + _W - 20} {y1} c 30 -40 60 0 20 18"
+                d = (
+                    f"M {x1 + _W} {y1 + 8} C {x1 + _W + 45} {y1 - 6} "
+                    f"{x1 + _W + 45} {y1 + _H + 6} {x1 + _W} {y1 + _H - 8}"
+                )
             elif x2 > x1:
                 d = f"M {x1 + _W} {y1 + _H / 2} L {x2} {y2 + _H / 2}"
             else:  # backwards or within a column: curve around

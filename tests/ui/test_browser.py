@@ -13,6 +13,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,12 @@ def test_time_travel_to_each_superstep(page: Any, server: Server) -> None:
     page.wait_for_url(f"**/state?at=pos:{middle}")
     committed = fold_committed([e for e in events if e.position <= middle])
     assert shown_state(page) == expected_state(committed.values)
+    # a wall-clock time: the state after the last event stamped at or before it
+    last = events[-1]
+    page.goto(f"/i/{RECOVERY}/state?at=pos:1")
+    page.locator("#when").fill(last.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3])
+    page.wait_for_url(re.compile(r"at=time"))
+    assert shown_state(page) == expected_state(fold_committed(events).values)
     # "inside" the crashed superstep: what its executor saw, labelled as never committed
     crashed = next(s for s in steps if s.status == "aborted")
     page.goto(f"/i/{RECOVERY}/state?at=step:{crashed.superstep_id}")
@@ -182,6 +189,14 @@ def test_a_hostile_value_renders_as_text(page: Any, server: Server) -> None:
     page.goto(f"/i/{HOSTILE_INSTANCE}/state")
     assert shown_state(page)[HOSTILE] == show_value(HOSTILE)
     assert HOSTILE in page.locator("table#state").inner_text()
+    first = fold_history(server.store.read(HOSTILE_INSTANCE)).supersteps()[1]
+    page.goto(f"/i/{HOSTILE_INSTANCE}?step={first.superstep_id}")
+    active = page.locator("svg.graph g.node.active").all()
+    assert [g.get_attribute("data-executor") for g in active] == list(first.executors)
+    nodes = {g.get_attribute("data-executor") for g in page.locator("svg.graph g.node").all()}
+    assert nodes == {"writer", "relay"}
+    if WRITE_DOCS:
+        page.locator(".graph-box").first.screenshot(path=str(DOCS / "ui-graph.png"))
     page.goto("/i/no-such-instance")
     assert page.locator("h1").inner_text() == "not found"
 
