@@ -103,7 +103,6 @@ from projections.cli._completion import add_completion_command, completion_comma
 from projections.cli._demo import run_demo
 from projections.cli._demo_recovery import run_recovery_act
 from projections.cli._durable import DURABLE_COMMANDS, add_durable_commands
-from projections.cli._ui import add_ui_command, ui_command
 from projections.cli._ids import (
     closest,
     find_run,
@@ -136,6 +135,7 @@ from projections.cli._render import (
     show_time,
     show_value,
 )
+from projections.cli._ui import add_ui_command, ui_command
 
 __all__ = [
     "COMMANDS",

@@ -50,8 +50,7 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
         from projections.ui import serve
     except ImportError as error:
         raise UsageError(
-            f"'steplog ui' needs the ui extra ({error.name} is missing): "
-            "pip install 'steplog[ui]'"
+            f"'steplog ui' needs the ui extra ({error.name} is missing): pip install 'steplog[ui]'"
         ) from error
     from projections import SensitiveKeys
 

@@ -8,4 +8,12 @@ Needs the ``ui`` extra (``pip install 'steplog[ui]'``).
 from projections.ui._app import PAGE_SIZE, TOKEN_COOKIE, create_app
 from projections.ui._serve import DEFAULT_HOST, DEFAULT_PORT, needs_token, serve
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "PAGE_SIZE", "TOKEN_COOKIE", "create_app", "needs_token", "serve"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "PAGE_SIZE",
+    "TOKEN_COOKIE",
+    "create_app",
+    "needs_token",
+    "serve",
+]

@@ -51,6 +51,11 @@ def _time(moment: datetime | None) -> str:
     return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def _utc_local(moment: datetime) -> str:
+    """A time as an ``<input type=datetime-local>`` value, in UTC."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(_HERE / "templates"), autoescape=True, auto_reload=False
@@ -58,7 +63,7 @@ def _environment() -> Environment:
     env.filters["json"] = _json
     env.filters["time"] = _time
     env.filters["status"] = lambda status: _STATUS.get(status, status)
-    env.filters["utc_local"] = lambda moment: moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    env.filters["utc_local"] = _utc_local
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
     return env
 
@@ -114,7 +119,7 @@ class _Pages:
         selected = history.superstep(selected_id) if selected_id else None
         if selected_id and selected is None:
             raise NotFound(f"no superstep {selected_id!r} in instance {instance!r}")
-        details = {s.superstep_id: self.reader.step_detail(instance, s.superstep_id) for s in shown}
+        details = self.reader.step_details(instance, shown)
         graph = graph_of(history.supersteps(), self.reader.routes(instance))
         links = self.reader.subworkflows(instance)
         return self.render(
@@ -132,7 +137,7 @@ class _Pages:
             graph=graph.svg(selected.executors if selected else ()),
             subworkflows=links,
             parent=self.reader.parent(instance),
-            answered={r for ids in self.reader.responses(instance).values() for r in ids},
+            answered=self.reader.answered(instance),
             live=_url(f"/i/{instance}/live"),
             version=self.reader.version(instance),
         )
@@ -153,8 +158,7 @@ class _Pages:
                 all_steps[i + 1] if i + 1 < len(all_steps) else None,
             )
         graph = graph_of(all_steps, self.reader.routes(instance))
-        events = self.reader.events(instance)
-        moment = events[at.position - 1].timestamp if 0 < at.position <= len(events) else None
+        moment = self.reader.moment(instance, at.position)
         return self.render(
             request,
             "state.html",

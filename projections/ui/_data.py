@@ -1,9 +1,13 @@
 """What the UI's pages show, asked of the projections' public API (never re-derived here).
 
-``Reader`` keeps, per instance, the events and the run history folded from them, keyed by the
-instance's version (``store.version``): a page on an unchanged instance reuses them, and an
-instance that grew is read again. Every verdict (a superstep committed or aborted, a write
-counted or not) comes from ``fold_history``, ``blame_keys``, ``state_at`` and ``diff_points``.
+``Reader`` keeps, per instance, the run history fold (``RunHistory``) with the instance's
+version (``store.version``): a page on an unchanged instance reuses it, and when the instance
+grew only the new events are read and folded in (which keeps live pages cheap on a long log).
+It never holds an instance's whole log: history is folded window by window, a timeline page
+reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
+snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
+index when built), diff from ``diff`` of two such states. Every verdict (a superstep committed
+or aborted, a write counted or not) is the projections'; nothing here decides one.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kernel import (
@@ -20,23 +25,27 @@ from kernel import (
     MessageStaged,
     OutputYielded,
     ResponseReceived,
-    SuperstepEvent,
+    RunStarted,
+    StepLogError,
+    SuperstepStarted,
 )
 from projections import (
-    AtPosition,
     KeyBlame,
+    Point,
     RunHistory,
     SensitiveKeys,
+    SnapshotView,
     StateAt,
     StateDiff,
     SubworkflowLink,
+    SuperstepRecord,
+    TimeTravel,
+    backend_for,
     blame_keys,
-    diff_points,
-    fold_history,
+    diff,
     forks_of,
     parent_of,
     sensitive_keys_of,
-    state_at,
     subworkflows_of,
 )
 from projections.cli._ids import RUN_WINDOW, pick
@@ -45,7 +54,9 @@ from projections.cli._points import UsageError, parse_point
 __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 8
-"""Instances whose events and history a ``Reader`` keeps."""
+"""Instances whose history a ``Reader`` keeps."""
+_TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "message_staged", "response_received",
+                                   "run_started"}  # fmt: skip
 
 
 class NotFound(UsageError):
@@ -54,11 +65,16 @@ class NotFound(UsageError):
 
 @dataclass
 class _Instance:
+    """What a ``Reader`` keeps of an instance: the run history fold (kept to be continued when
+    the log grows), the superstep starts (for naming points), the routes messages took."""
+
     version: int
-    events: list[EventBase]
     history: RunHistory
     redactor: SensitiveKeys
-    by_step: dict[str, list[EventBase]] = field(default_factory=dict)
+    starts: list[EventBase] = field(default_factory=list)
+    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    runs: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,19 @@ class Reader:
         self.sensitive = SensitiveKeys(sensitive)
         self._cache: OrderedDict[str, _Instance] = OrderedDict()
         self._lock = threading.Lock()
+        self._travel: TimeTravel | None = None
+
+    def _time_travel(self) -> TimeTravel:
+        """``TimeTravel`` from the snapshots when the snapshot view exists (``steplog project``
+        built it), else without them (folding the log from its start, page by page). Looking
+        creates nothing; a snapshot table that appears later is used from the next start."""
+        if self._travel is None:
+            backend = backend_for(self.store)
+            if backend.exists(SnapshotView().table):
+                self._travel = TimeTravel(self.store, backend=backend, page_size=2000)
+            else:
+                self._travel = TimeTravel(self.store, snapshots=False, page_size=2000)
+        return self._travel
 
     # -- instances ----------------------------------------------------------------------------
 
@@ -107,81 +136,105 @@ class Reader:
             raise NotFound(str(error)) from error
 
     def _load(self, instance_id: str) -> _Instance:
+        """The instance's folds, caught up with its log (folded window by window; when the log
+        grew since the last page, only the new events are read and folded)."""
         version = self.store.version(instance_id)
-        with self._lock:
-            found = self._cache.get(instance_id)
-            if found is not None and found.version == version:
-                self._cache.move_to_end(instance_id)
-                return found
-        events: list[EventBase] = []
-        after = 0
-        while after < version:
-            events.extend(self.store.read(instance_id, after=after, upto=after + RUN_WINDOW))
-            after += RUN_WINDOW
-        if not events:
+        if version == 0:
             raise NotFound(f"no instance {instance_id!r} in the store")
-        history = fold_history(events, RunHistory(forks=forks_of(self.store, instance_id)))
-        redactor = (
-            SensitiveKeys()
-            if self.reveal
-            else sensitive_keys_of(
-                self.store, instance_id, extra=self.sensitive.patterns, events=events
-            )
-        )
-        loaded = _Instance(events[-1].position, events, history, redactor)
-        for event in events:
-            if isinstance(event, SuperstepEvent):
-                loaded.by_step.setdefault(event.superstep_id, []).append(event)
         with self._lock:
+            loaded = self._cache.get(instance_id)
+            if loaded is not None and loaded.version == version:
+                self._cache.move_to_end(instance_id)
+                return loaded
+            if loaded is None:
+                history = RunHistory(forks=forks_of(self.store, instance_id))
+                loaded = _Instance(0, history, SensitiveKeys())
+            runs_before = loaded.runs
+            after = loaded.version
+            while after < version:
+                for event in self.store.read(
+                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=_TYPES
+                ):
+                    self._fold(loaded, event)
+                after += RUN_WINDOW
+            loaded.version = version
+            if loaded.runs != runs_before or loaded.version == 0:
+                loaded.redactor = (
+                    SensitiveKeys()
+                    if self.reveal
+                    else sensitive_keys_of(self.store, instance_id, extra=self.sensitive.patterns)
+                )
             self._cache[instance_id] = loaded
+            self._cache.move_to_end(instance_id)
             while len(self._cache) > _CACHED:
                 self._cache.popitem(last=False)
-        return loaded
+            return loaded
+
+    @staticmethod
+    def _fold(loaded: _Instance, event: EventBase) -> None:
+        if event.type in RunHistory.EVENT_TYPES:
+            loaded.history.apply(event)
+        if isinstance(event, SuperstepStarted):
+            loaded.starts.append(event)
+        elif isinstance(event, MessageStaged):
+            for target in event.targets or ([event.target] if event.target else []):
+                route = (event.source, target)
+                loaded.routes[route] = loaded.routes.get(route, 0) + 1
+        elif isinstance(event, ResponseReceived):
+            loaded.answered.add(event.request_id)
+        elif isinstance(event, RunStarted):
+            loaded.runs += 1
 
     def history(self, instance_id: str) -> RunHistory:
         """The instance's run history (``fold_history``, with its forks)."""
         return self._load(instance_id).history
 
-    def events(self, instance_id: str) -> list[EventBase]:
-        """The instance's events, oldest first."""
-        return self._load(instance_id).events
-
     def redactor(self, instance_id: str) -> SensitiveKeys:
         """What is redacted in the instance's values (nothing when revealing)."""
         return self._load(instance_id).redactor
 
-    def step_detail(self, instance_id: str, superstep_id: str) -> StepDetail:
-        """The messages, outputs and requests of one superstep, from its events."""
-        loaded = self._load(instance_id)
-        messages: list[tuple[str, tuple[str, ...], Any]] = []
-        outputs: list[tuple[str, Any, str]] = []
-        requests: list[tuple[str, str, Any]] = []
-        for event in loaded.by_step.get(superstep_id, ()):
+    def step_details(self, instance_id: str, steps: list[SuperstepRecord]) -> dict[str, StepDetail]:
+        """The messages, outputs and requests of each of ``steps`` (one page of a timeline),
+        read from their positions of the log; values redacted as the instance's are."""
+        found: dict[str, StepDetail] = {s.superstep_id: StepDetail([], [], []) for s in steps}
+        if not steps:
+            return found
+        redactor = self._load(instance_id).redactor
+        first = min(s.start_position for s in steps)
+        last = max(s.position or self.store.version(instance_id) for s in steps)
+        for event in self.store.read(
+            instance_id,
+            after=first - 1,
+            upto=last,
+            types=("message_staged", "output_yielded", "info_requested"),
+        ):
+            detail = found.get(getattr(event, "superstep_id", ""))
+            if detail is None:
+                continue
+            event = redactor.event(event)
             if isinstance(event, MessageStaged):
                 targets = tuple(event.targets) or ((event.target,) if event.target else ())
-                messages.append((event.source, targets, event.message))
+                detail.messages.append((event.source, targets, event.message))
             elif isinstance(event, OutputYielded):
-                outputs.append((event.executor_id, event.value, event.designation))
+                detail.outputs.append((event.executor_id, event.value, event.designation))
             elif isinstance(event, InfoRequested):
-                requests.append((event.request_id, event.executor_id, event.data))
-        return StepDetail(messages, outputs, requests)
-
-    def responses(self, instance_id: str) -> dict[str, list[str]]:
-        """Run id -> the request ids whose responses it recorded, in order."""
-        found: dict[str, list[str]] = {}
-        for event in self._load(instance_id).events:
-            if isinstance(event, ResponseReceived):
-                found.setdefault(event.run_id, []).append(event.request_id)
+                detail.requests.append((event.request_id, event.executor_id, event.data))
         return found
+
+    def answered(self, instance_id: str) -> set[str]:
+        """The ids of the requests whose responses the instance's runs recorded."""
+        return self._load(instance_id).answered
 
     def routes(self, instance_id: str) -> dict[tuple[str, str], int]:
         """(source, target) -> how many messages the log routed so (``MessageStaged``)."""
-        routes: dict[tuple[str, str], int] = {}
-        for event in self._load(instance_id).events:
-            if isinstance(event, MessageStaged):
-                for target in event.targets or ([event.target] if event.target else []):
-                    routes[event.source, target] = routes.get((event.source, target), 0) + 1
-        return routes
+        return self._load(instance_id).routes
+
+    def moment(self, instance_id: str, position: int) -> datetime | None:
+        """The time stamped on the event at ``position`` (None for 0)."""
+        if position < 1:
+            return None
+        found = self.store.read(instance_id, after=position - 1, upto=position)
+        return found[0].timestamp if found else None
 
     def subworkflows(self, instance_id: str) -> list[SubworkflowLink]:
         """The sub-workflow runs the instance's supersteps ran (``subworkflows_of``)."""
@@ -193,42 +246,39 @@ class Reader:
 
     # -- time travel, diff, blame ---------------------------------------------------------------
 
-    def point(self, instance_id: str, text: str | None) -> tuple[str, StateAt]:
-        """The point ``text`` names (``pos:N``, ``step:ID``, ``inside:ID``, ``run:RUN:K``,
-        ``time:ISO``; None: now) and the state there, redacted."""
-        loaded = self._load(instance_id)
-        text = text or f"pos:{loaded.version}"
+    def _parse(self, loaded: _Instance, text: str) -> Point:
         try:
-            point = parse_point(text, loaded.events)
-            at = state_at(loaded.events, point)
+            return parse_point(text, loaded.starts)
         except UsageError as error:
             raise NotFound(str(error)) from error
-        except Exception as error:  # a point naming nothing: the projections' own error
-            raise NotFound(f"bad point {text!r}: {error}") from error
+
+    def _state(self, instance_id: str, point: Point) -> StateAt:
+        try:
+            return self._time_travel().state(instance_id, point)
+        except StepLogError as error:  # a point naming nothing: the projections' own error
+            raise NotFound(f"no such point: {error}") from error
+
+    def point(self, instance_id: str, text: str | None) -> tuple[str, StateAt]:
+        """The point ``text`` names (``pos:N``, ``step:ID``, ``inside:ID``, ``run:RUN:K``,
+        ``time:ISO``; None: now) and the state there (``TimeTravel``), redacted."""
+        loaded = self._load(instance_id)
+        text = text or f"pos:{loaded.version}"
+        at = self._state(instance_id, self._parse(loaded, text))
         return text, loaded.redactor.state(at)
 
     def diff(self, instance_id: str, before: str, after: str) -> StateDiff:
-        """Keys added, removed and changed between two points (``diff_points``), redacted."""
+        """Keys added, removed and changed between two points (``diff`` of the two states),
+        redacted."""
         loaded = self._load(instance_id)
-        try:
-            a, b = parse_point(before, loaded.events), parse_point(after, loaded.events)
-            changes = diff_points(loaded.events, a, b)
-        except UsageError as error:
-            raise NotFound(str(error)) from error
-        except Exception as error:
-            raise NotFound(f"bad point: {error}") from error
+        a, b = self._parse(loaded, before), self._parse(loaded, after)
+        changes = diff(self._state(instance_id, a).values, self._state(instance_id, b).values)
         return loaded.redactor.diff(changes)
 
     def blame(self, instance_id: str, key: str) -> KeyBlame:
-        """Every write of ``key`` with its verdict (``blame_keys``), redacted; ``NotFound`` for
-        a key never written."""
+        """Every write of ``key`` with its verdict (``blame_keys``: through the key index when
+        it was built), redacted; ``NotFound`` for a key never written."""
         loaded = self._load(instance_id)
         blame = loaded.redactor.blame(blame_keys(self.store, instance_id, [key]))
         if not blame.writes(key):
             raise NotFound(f"key {key!r} was never written in {instance_id!r}")
         return blame
-
-    def now(self, instance_id: str) -> StateAt:
-        """The committed state now, redacted."""
-        loaded = self._load(instance_id)
-        return loaded.redactor.state(state_at(loaded.events, AtPosition(loaded.version)))

@@ -78,9 +78,7 @@ class Graph:
         return _PAD + col * (_W + _GAP_X), _PAD + row * (_H + _GAP_Y)
 
 
-def graph_of(
-    steps: Iterable[SuperstepRecord], routes: Mapping[tuple[str, str], int]
-) -> Graph:
+def graph_of(steps: Iterable[SuperstepRecord], routes: Mapping[tuple[str, str], int]) -> Graph:
     """The graph of an instance's supersteps (executors invoked) and message routes."""
     first: dict[str, int] = {}
     for step in steps:

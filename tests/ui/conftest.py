@@ -19,13 +19,13 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra is not installed: pip install 'steplog[ui]'")
 
-import uvicorn  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
+import uvicorn
+from starlette.testclient import TestClient
 
-from kernel import EventStore, open_store  # noqa: E402
-from projections.cli import main  # noqa: E402
-from projections.ui import create_app  # noqa: E402
-from tests.ui.workflows import HOSTILE_INSTANCE, write_chain  # noqa: E402
+from kernel import EventStore, open_store
+from projections.cli import main
+from projections.ui import create_app
+from tests.ui.workflows import HOSTILE_INSTANCE, write_chain
 
 DEMO = "orders"
 RECOVERY = f"{DEMO}-recovery"

@@ -45,7 +45,9 @@ def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _unavailable("Playwright is not installed: pip install playwright (never playwright install)")
+        _unavailable(
+            "Playwright is not installed: pip install playwright (never playwright install)"
+        )
     if not CHROMIUM.exists():
         _unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
     with sync_playwright() as playwright:
@@ -155,7 +157,7 @@ def test_open_a_diff_and_a_blame(page: Any, server: Server) -> None:
     assert added == {"reserved", "total", "charged", "packed", "shipped"}
     shoot(page, "diff")
     page.locator('tr[data-key="total"] a').click()
-    page.wait_for_url(f"**/blame/total")
+    page.wait_for_url("**/blame/total")
     writes = blame_keys(server.store, RECOVERY, ["total"]).writes("total")
     statuses = [r.get_attribute("data-status") for r in page.locator("tr.write").all()]
     assert statuses == [w.status for w in writes]

@@ -42,8 +42,12 @@ def test_the_run_list_shows_every_run_with_its_status_and_counts(
     page = client.get("/").text
     for instance in store.instances():
         for run in fold_history(store.read(instance)).runs():
-            row = re.search(rf'<tr class="run" data-instance="{re.escape(instance)}" '
-                            rf'data-run="{re.escape(run.run_id)}">(.*?)</tr>', page, re.S)
+            row = re.search(
+                rf'<tr class="run" data-instance="{re.escape(instance)}" '
+                rf'data-run="{re.escape(run.run_id)}">(.*?)</tr>',
+                page,
+                re.S,
+            )
             assert row is not None, (instance, run.run_id)
             cells = re.findall(r'<td class="num[^"]*">(\d+)</td>', row.group(1))
             assert cells == [str(run.supersteps), str(run.committed), str(run.aborted)]
@@ -131,7 +135,7 @@ def test_diff_between_two_points(client: TestClient, store: EventStore) -> None:
     ).text
     assert set(rows(page, 'class="added" data-key')) == {"charged", "packed", "shipped"}
     assert rows(page, 'class="changed" data-key') == ["total"]
-    assert "<code class=\"value\">2</code></td><td><code class=\"value\">20</code>" in page
+    assert '<code class="value">2</code></td><td><code class="value">20</code>' in page
 
 
 def test_blame_lists_every_write_with_its_verdict(client: TestClient, store: EventStore) -> None:
@@ -162,7 +166,7 @@ def test_blame_lists_every_write_with_its_verdict(client: TestClient, store: Eve
 def test_unknown_things_give_a_clear_404_page(client: TestClient, path: str, says: str) -> None:
     response = client.get(path)
     assert response.status_code == 404
-    assert "<h1 class=\"error-title\">not found</h1>" in response.text
+    assert '<h1 class="error-title">not found</h1>' in response.text
     assert says in html.unescape(response.text)
 
 
@@ -190,7 +194,8 @@ def test_sensitive_values_are_redacted_unless_revealed(store: EventStore) -> Non
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
         blame = client.get(f"/i/{HOSTILE_INSTANCE}/blame/api_key").text
     assert state_rows(page)["api_key"] == '{"$t":"redacted"}'
-    assert "sk-" not in page and "sk-" not in blame
+    assert "sk-" not in page
+    assert "sk-" not in blame
     assert '"$t":"redacted"' in html.unescape(blame)
     with TestClient(create_app(store, reveal=True)) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
@@ -210,9 +215,12 @@ def test_a_token_guards_every_page(store: EventStore) -> None:
         assert first.status_code == 200
         assert "steplog_ui_token" in first.headers["set-cookie"]
         assert client.get(f"/i/{DEMO}").status_code == 200  # the cookie now
-    assert not needs_token("127.0.0.1") and not needs_token("::1")
+    assert not needs_token("127.0.0.1")
+    assert not needs_token("::1")
     assert not needs_token("localhost")
-    assert needs_token("0.0.0.0") and needs_token("192.168.1.4") and needs_token("example.org")
+    assert needs_token("0.0.0.0")
+    assert needs_token("192.168.1.4")
+    assert needs_token("example.org")
 
 
 def test_assets_are_shipped_in_the_package(client: TestClient) -> None:
@@ -225,9 +233,10 @@ def test_assets_are_shipped_in_the_package(client: TestClient) -> None:
 def test_the_live_stream_sends_the_version_as_the_log_grows(server: Server) -> None:
     import asyncio
 
-    with httpx.Client(timeout=30) as http, http.stream(
-        "GET", f"{server.url}/i/{HOSTILE_INSTANCE}/live"
-    ) as stream:
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("GET", f"{server.url}/i/{HOSTILE_INSTANCE}/live") as stream,
+    ):
         lines = stream.iter_lines()
         first = next(line for line in lines if line.startswith("data:"))
         assert first == f"data: {server.store.version(HOSTILE_INSTANCE)}"
@@ -238,6 +247,7 @@ def test_the_live_stream_sends_the_version_as_the_log_grows(server: Server) -> N
 
 
 _READ_EVERY_PAGE = """
+import sys
 from starlette.testclient import TestClient
 from kernel import open_store
 from projections.ui import create_app
@@ -269,7 +279,9 @@ def test_reading_never_writes_even_on_a_read_only_store(store_path: Path) -> Non
     assert sorted(p.name for p in directory.iterdir()) == files
 
 
-def test_the_command_refuses_json_and_a_missing_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_refuses_json_and_a_missing_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = f"sqlite:///{tmp_path}/none.db"
     assert main(["--store", missing, "ui"]) == EXIT_STORE
     assert not (tmp_path / "none.db").exists()

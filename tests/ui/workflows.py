@@ -3,6 +3,8 @@ hostile text and a sensitive key."""
 
 from __future__ import annotations
 
+import contextlib
+
 from pydantic import BaseModel
 
 from kernel import EventStore, Executor, Workflow, WorkflowBuilder, WorkflowContext, handler
@@ -60,9 +62,9 @@ def chain(store: EventStore, instance_id: str) -> Workflow:
     )
 
 
-async def write_chain(store: EventStore, instance_id: str, *, stop: int, fail_at: int | None = None) -> None:
+async def write_chain(
+    store: EventStore, instance_id: str, *, stop: int, fail_at: int | None = None
+) -> None:
     """One run of the chain (a failed run is part of the log too)."""
-    try:
+    with contextlib.suppress(RuntimeError):
         await chain(store, instance_id).run(Tick(n=1, stop=stop, fail_at=fail_at))
-    except RuntimeError:
-        pass
