@@ -288,3 +288,24 @@ def test_the_command_refuses_json_and_a_missing_store(
     assert main(["--store", "memory://", "--json", "ui"]) == EXIT_BAD_INPUT
     assert "has no JSON output" in capsys.readouterr().err
     assert main(["--store", "memory://", "ui", "--port", "0"]) == EXIT_BAD_INPUT
+
+
+def test_with_snapshots_and_the_key_index_the_pages_say_the_same(store: EventStore) -> None:
+    from projections import KeyIndexView, Projector, SnapshotView
+
+    Projector(store, [SnapshotView(2), KeyIndexView()]).catch_up()
+    with TestClient(create_app(store)) as client:
+        for instance in (DEMO, RECOVERY, FORK):
+            events = store.read(instance)
+            for step in fold_history(events).supersteps():
+                assert step.position is not None
+                for at in (f"step:{step.superstep_id}", f"pos:{step.start_position}"):
+                    page = client.get(f"/i/{instance}/state", params={"at": at}).text
+                    upto = step.position if at.startswith("step") else step.start_position
+                    expected = fold_committed([e for e in events if e.position <= upto])
+                    assert state_rows(page) == {
+                        k: show_value(v, limit=2000) for k, v in expected.values.items()
+                    }, (instance, at)
+        page = client.get(f"/i/{RECOVERY}/blame/total").text
+        writes = blame_keys(store, RECOVERY, ["total"], index=False).writes("total")
+        assert rows(page, "data-status") == [w.status for w in writes]
