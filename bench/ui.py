@@ -32,6 +32,7 @@ from kernel import open_store
 __all__ = ["BENCHMARK"]
 
 UI_RUNS = "ui: run list (GET /)"
+UI_STATE = "ui: state after a superstep (GET /i/ID/state?at=step:S)"
 CLI_RUNS = "cli: runs INSTANCE --json"
 KEY = "k7"
 
@@ -89,7 +90,9 @@ def _ui(cfg: Config, paths: Callable[[int], str], check: Callable[[str], None]) 
     return _percentiles(times[1:], times[0])
 
 
-def _cli(cfg: Config, argv: Callable[[int], list[str]], check: Callable[[Any], None]) -> Measurement:
+def _cli(
+    cfg: Config, argv: Callable[[int], list[str]], check: Callable[[Any], None]
+) -> Measurement:
     from projections.cli import main
 
     times = []
@@ -186,9 +189,7 @@ def ui_state(cfg: Config) -> Measurement:
         seen.append(n)
         return f"/i/{instance}/state?at=step:{steps[n]}"
 
-    return _ui(
-        cfg, path, lambda page: check(steps[seen[-1]], str(page.count("<tr data-key=")))
-    )
+    return _ui(cfg, path, lambda page: check(steps[seen[-1]], str(page.count("<tr data-key="))))
 
 
 def cli_state(cfg: Config) -> Measurement:
@@ -252,12 +253,12 @@ BENCHMARK = Benchmark(
         Case(CLI_RUNS, cli_runs, steplog=True),
         Case("ui: a run's timeline (GET /i/ID?run=RUN)", ui_timeline, steplog=True),
         Case("cli: show RUN --json", cli_show, steplog=True),
-        Case("ui: state after a superstep (GET /i/ID/state?at=step:S)", ui_state, steplog=True),
+        Case(UI_STATE, ui_state, steplog=True),
         Case("cli: state INSTANCE step:S --json", cli_state, steplog=True),
         Case("ui: blame of one key (GET /i/ID/blame/KEY)", ui_blame, steplog=True),
         Case("cli: blame INSTANCE KEY --json", cli_blame, steplog=True),
     ],
     targets=[
-        Target("ui state after a superstep: p50 <= 200 ms", "ui: state after a superstep (GET /i/ID/state?at=step:S)", "<=", 200.0),
+        Target("ui state after a superstep: p50 <= 200 ms", UI_STATE, "<=", 200.0),
     ],
 )

@@ -111,16 +111,18 @@ class _Pages:
         run_id = request.query_params.get("run")
         if run_id is not None and history.run(run_id) is None:
             raise NotFound(f"no run {run_id!r} in instance {instance!r}")
-        steps = history.supersteps(run_id)
-        pages = max(1, math.ceil(len(steps) / PAGE_SIZE))
-        page = min(_int(request.query_params.get("page"), 1), pages)
-        shown = steps[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        page = _int(request.query_params.get("page"), 1)
+        shown, total = self.reader.page(instance, run_id, page, PAGE_SIZE)
+        pages = max(1, math.ceil(total / PAGE_SIZE))
+        if page > pages:
+            page = pages
+            shown, total = self.reader.page(instance, run_id, page, PAGE_SIZE)
         selected_id = request.query_params.get("step")
         selected = history.superstep(selected_id) if selected_id else None
         if selected_id and selected is None:
             raise NotFound(f"no superstep {selected_id!r} in instance {instance!r}")
         details = self.reader.step_details(instance, shown)
-        graph = graph_of(history.supersteps(), self.reader.routes(instance))
+        graph = graph_of(self.reader.first_ran(instance), self.reader.routes(instance))
         links = self.reader.subworkflows(instance)
         return self.render(
             request,
@@ -132,7 +134,7 @@ class _Pages:
             details=details,
             page=page,
             pages=pages,
-            total=len(steps),
+            total=total,
             selected=selected,
             graph=graph.svg(selected.executors if selected else ()),
             subworkflows=links,
@@ -149,15 +151,10 @@ class _Pages:
         text, at = self.reader.point(instance, request.query_params.get("at"))
         history = self.reader.history(instance)
         step = history.superstep(at.superstep_id) if at.superstep_id else None
-        all_steps = history.supersteps()
         neighbours: tuple[SuperstepRecord | None, SuperstepRecord | None] = (None, None)
         if step is not None:
-            i = next(n for n, s in enumerate(all_steps) if s.superstep_id == step.superstep_id)
-            neighbours = (
-                all_steps[i - 1] if i > 0 else None,
-                all_steps[i + 1] if i + 1 < len(all_steps) else None,
-            )
-        graph = graph_of(all_steps, self.reader.routes(instance))
+            neighbours = self.reader.neighbours(instance, step.superstep_id)
+        graph = graph_of(self.reader.first_ran(instance), self.reader.routes(instance))
         moment = self.reader.moment(instance, at.position)
         return self.render(
             request,

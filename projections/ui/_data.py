@@ -21,6 +21,7 @@ from typing import Any
 from kernel import (
     EventBase,
     EventStore,
+    ExecutorInvoked,
     InfoRequested,
     MessageStaged,
     OutputYielded,
@@ -55,8 +56,8 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 8
 """Instances whose history a ``Reader`` keeps."""
-_TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "message_staged", "response_received",
-                                   "run_started"}  # fmt: skip
+_TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "executor_invoked", "message_staged",
+                                   "response_received", "run_started"}  # fmt: skip
 
 
 class NotFound(UsageError):
@@ -72,6 +73,8 @@ class _Instance:
     history: RunHistory
     redactor: SensitiveKeys
     starts: list[EventBase] = field(default_factory=list)
+    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in starts
+    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
     routes: dict[tuple[str, str], int] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
     runs: int = 0
@@ -175,7 +178,14 @@ class Reader:
         if event.type in RunHistory.EVENT_TYPES:
             loaded.history.apply(event)
         if isinstance(event, SuperstepStarted):
+            loaded.order[event.superstep_id] = len(loaded.starts)
             loaded.starts.append(event)
+        elif isinstance(event, ExecutorInvoked):
+            if event.executor_id not in loaded.first_ran:
+                place = loaded.order.get(event.superstep_id)
+                start = loaded.starts[place] if place is not None else None
+                index = start.index if isinstance(start, SuperstepStarted) else 0
+                loaded.first_ran[event.executor_id] = index
         elif isinstance(event, MessageStaged):
             for target in event.targets or ([event.target] if event.target else []):
                 route = (event.source, target)
@@ -220,6 +230,42 @@ class Reader:
             elif isinstance(event, InfoRequested):
                 detail.requests.append((event.request_id, event.executor_id, event.data))
         return found
+
+    def page(
+        self, instance_id: str, run_id: str | None, page: int, size: int
+    ) -> tuple[list[SuperstepRecord], int]:
+        """The supersteps of one page of a timeline (of one run, or of every run), and how many
+        there are in all; only that page's records are copied out of the history."""
+        loaded = self._load(instance_id)
+        if run_id is None:
+            ids = [e.superstep_id for e in loaded.starts[(page - 1) * size : page * size]]  # type: ignore[attr-defined]
+            total = len(loaded.starts)
+        else:
+            run = loaded.history.run(run_id)
+            every = [] if run is None else run.superstep_ids
+            ids, total = every[(page - 1) * size : page * size], len(every)
+        found = (loaded.history.superstep(i) for i in ids)
+        return [s for s in found if s is not None], total
+
+    def neighbours(
+        self, instance_id: str, superstep_id: str
+    ) -> tuple[SuperstepRecord | None, SuperstepRecord | None]:
+        """The supersteps started just before and just after ``superstep_id``."""
+        loaded = self._load(instance_id)
+        place = loaded.order.get(superstep_id)
+        if place is None:
+            return None, None
+        around = [
+            loaded.history.superstep(loaded.starts[i].superstep_id)  # type: ignore[attr-defined]
+            if 0 <= i < len(loaded.starts)
+            else None
+            for i in (place - 1, place + 1)
+        ]
+        return around[0], around[1]
+
+    def first_ran(self, instance_id: str) -> dict[str, int]:
+        """Executor -> the index of the first superstep that invoked it."""
+        return self._load(instance_id).first_ran
 
     def answered(self, instance_id: str) -> set[str]:
         """The ids of the requests whose responses the instance's runs recorded."""

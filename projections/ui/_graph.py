@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
-from projections import SuperstepRecord
-
 __all__ = ["Graph", "graph_of"]
 
 _W, _H, _GAP_X, _GAP_Y, _PAD = 150, 36, 70, 22, 16
@@ -78,12 +76,10 @@ class Graph:
         return _PAD + col * (_W + _GAP_X), _PAD + row * (_H + _GAP_Y)
 
 
-def graph_of(steps: Iterable[SuperstepRecord], routes: Mapping[tuple[str, str], int]) -> Graph:
-    """The graph of an instance's supersteps (executors invoked) and message routes."""
-    first: dict[str, int] = {}
-    for step in steps:
-        for name in step.executors:
-            first.setdefault(name, step.index)
+def graph_of(first_ran: Mapping[str, int], routes: Mapping[tuple[str, str], int]) -> Graph:
+    """The graph of an instance: its executors (with the index of the first superstep that
+    invoked each) and the routes its messages took."""
+    first = dict(first_ran)
     for source, target in routes:
         if target not in first:
             first[target] = first.get(source, 0) + 1
