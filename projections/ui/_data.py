@@ -54,7 +54,7 @@ from projections.cli._points import UsageError, parse_point
 
 __all__ = ["NotFound", "Reader", "StepDetail"]
 
-_CACHED = 8
+_CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
 _TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "executor_invoked", "message_staged",
                                    "response_received", "run_started"}  # fmt: skip
