@@ -155,6 +155,9 @@ def test_open_a_diff_and_a_blame(page: Any, server: Server) -> None:
     page.goto(f"/i/{RECOVERY}/diff?a=pos:0&b=pos:{server.store.version(RECOVERY)}")
     added = {r.get_attribute("data-key") for r in page.locator("tr.added").all()}
     assert added == {"reserved", "total", "charged", "packed", "shipped"}
+    steps = fold_history(server.store.read(RECOVERY)).supersteps()
+    page.goto(f"/i/{RECOVERY}/diff?a=step:{steps[0].superstep_id}&b=step:{steps[-1].superstep_id}")
+    assert page.locator("tr.changed").get_attribute("data-key") == "total"
     shoot(page, "diff")
     page.locator('tr[data-key="total"] a').click()
     page.wait_for_url("**/blame/total")
