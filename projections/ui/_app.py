@@ -69,6 +69,9 @@ def _environment() -> Environment:
 
 
 class _Pages:
+    """The pages. They are plain functions, which Starlette runs in its thread pool, so that a
+    long first fold of a big instance never blocks the event loop (nor the live streams)."""
+
     def __init__(self, reader: Reader, token: str | None) -> None:
         self.reader = reader
         self.token = token
@@ -80,7 +83,7 @@ class _Pages:
 
     # -- the run list -----------------------------------------------------------------------
 
-    async def runs(self, request: Request) -> Response:
+    def runs(self, request: Request) -> Response:
         query = request.query_params.get("q", "").strip()
         page = _int(request.query_params.get("page"), 1)
         rows: list[tuple[str, RunRecord]] = []
@@ -105,7 +108,7 @@ class _Pages:
 
     # -- a run's timeline ---------------------------------------------------------------------
 
-    async def instance(self, request: Request) -> Response:
+    def instance(self, request: Request) -> Response:
         instance = self.reader.instance(request.path_params["instance"])
         history = self.reader.history(instance)
         run_id = request.query_params.get("run")
@@ -146,7 +149,7 @@ class _Pages:
 
     # -- state at a point ---------------------------------------------------------------------
 
-    async def state(self, request: Request) -> Response:
+    def state(self, request: Request) -> Response:
         instance = self.reader.instance(request.path_params["instance"])
         text, at = self.reader.point(instance, request.query_params.get("at"))
         history = self.reader.history(instance)
@@ -174,7 +177,7 @@ class _Pages:
 
     # -- diff and blame ----------------------------------------------------------------------
 
-    async def diff(self, request: Request) -> Response:
+    def diff(self, request: Request) -> Response:
         instance = self.reader.instance(request.path_params["instance"])
         before = request.query_params.get("a") or "pos:0"
         after = request.query_params.get("b") or f"pos:{self.reader.version(instance)}"
@@ -190,7 +193,7 @@ class _Pages:
             changed=sorted(changes.changed.items()),
         )
 
-    async def blame(self, request: Request) -> Response:
+    def blame(self, request: Request) -> Response:
         instance = self.reader.instance(request.path_params["instance"])
         key = request.path_params["key"]
         blame = self.reader.blame(instance, key)
@@ -220,7 +223,7 @@ class _Pages:
             last = -1
             quiet = 0.0
             while not await request.is_disconnected():
-                now = version()
+                now = await asyncio.to_thread(version)
                 if now != last:
                     last = now
                     quiet = 0.0

@@ -78,6 +78,8 @@ class _Instance:
     routes: dict[tuple[str, str], int] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
     runs: int = 0
+    lineage: tuple[int, list[SubworkflowLink], SubworkflowLink | None] | None = None
+    """(the store's last position, subworkflows_of, parent_of) when last asked."""
 
 
 @dataclass(frozen=True)
@@ -282,13 +284,26 @@ class Reader:
         found = self.store.read(instance_id, after=position - 1, upto=position)
         return found[0].timestamp if found else None
 
+    def _lineage(self, instance_id: str) -> tuple[list[SubworkflowLink], SubworkflowLink | None]:
+        """``subworkflows_of`` and ``parent_of``, asked again only when the store has grown
+        (each reads the instance's markers and run ends, and the parent's)."""
+        loaded = self._load(instance_id)
+        now = self.store.last_position()
+        if loaded.lineage is None or loaded.lineage[0] != now:
+            loaded.lineage = (
+                now,
+                subworkflows_of(self.store, instance_id),
+                parent_of(self.store, instance_id),
+            )
+        return loaded.lineage[1], loaded.lineage[2]
+
     def subworkflows(self, instance_id: str) -> list[SubworkflowLink]:
         """The sub-workflow runs the instance's supersteps ran (``subworkflows_of``)."""
-        return subworkflows_of(self.store, instance_id)
+        return self._lineage(instance_id)[0]
 
     def parent(self, instance_id: str) -> SubworkflowLink | None:
         """The parent superstep that ran this instance, if it is a sub-workflow (``parent_of``)."""
-        return parent_of(self.store, instance_id)
+        return self._lineage(instance_id)[1]
 
     # -- time travel, diff, blame ---------------------------------------------------------------
 
