@@ -311,11 +311,12 @@ def create_app(
     routes = [
         Route("/", pages.runs),
         Route("/live", pages.live_all),
-        Route("/i/{instance}", pages.instance),
-        Route("/i/{instance}/state", pages.state),
-        Route("/i/{instance}/diff", pages.diff),
-        Route("/i/{instance}/blame/{key:path}", pages.blame),
-        Route("/i/{instance}/live", pages.live_instance),
+        # Instance ids may hold "/" (a sub-workflow's do): the longer routes are tried first.
+        Route("/i/{instance:path}/blame/{key:path}", pages.blame),
+        Route("/i/{instance:path}/state", pages.state),
+        Route("/i/{instance:path}/diff", pages.diff),
+        Route("/i/{instance:path}/live", pages.live_instance),
+        Route("/i/{instance:path}", pages.instance),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     middleware = [Middleware(_TokenCheck, token=token)] if token else []

@@ -309,3 +309,33 @@ def test_with_snapshots_and_the_key_index_the_pages_say_the_same(store: EventSto
         page = client.get(f"/i/{RECOVERY}/blame/total").text
         writes = blame_keys(store, RECOVERY, ["total"], index=False).writes("total")
         assert rows(page, "data-status") == [w.status for w in writes]
+
+
+def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
+    import asyncio
+
+    from kernel import open_store
+    from projections import parent_of, subworkflows_of
+    from tests.kernel.test_subworkflows import asking_parent
+
+    with open_store(f"sqlite:///{tmp_path}/sub.db") as store:
+        wf = asking_parent(store, instance_id="parent")
+        asyncio.run(wf.run("ann@example.com"))
+        with TestClient(create_app(store)) as client:
+            waiting = client.get("/", params={"q": "waiting for input"}).text
+            assert "parent" in rows(waiting, "data-instance")
+        (request,) = wf.pending_requests()
+        asyncio.run(wf.run(responses={request.request_id: True}))
+        asked, answered = subworkflows_of(store, "parent")
+        with TestClient(create_app(store)) as client:
+            parent = html.unescape(client.get("/i/parent").text)
+            child = html.unescape(client.get(f"/i/{answered.child_instance}").text)
+        for link in (asked, answered):
+            assert f'ran sub-workflow <a href="/i/{link.child_instance}">' in parent
+        assert parent.count(": committed</li>") >= 2
+        up = parent_of(store, answered.child_instance)
+        assert up is not None
+        assert (
+            f'sub-workflow of <a href="/i/parent?step={up.parent_superstep}">parent</a>' in child
+        ), child
+        assert f'forked from <a href="/i/{asked.child_instance}">' in child
