@@ -290,10 +290,16 @@ class Reader:
         loaded = self._load(instance_id)
         now = self.store.last_position()
         if loaded.lineage is None or loaded.lineage[0] != now:
+            # ``subworkflows_of`` folds every marker of the instance; an instance that never
+            # ran a sub-workflow has no ``subworkflow_ran`` event, which the store finds alone.
+            # (and ``parent_of`` reads every ``subworkflow_started``: none, in an instance that
+            # is no sub-workflow).
+            ran = self.store.read(instance_id, types=("subworkflow_ran",), limit=1)
+            child = self.store.read(instance_id, types=("subworkflow_started",), limit=1)
             loaded.lineage = (
                 now,
-                subworkflows_of(self.store, instance_id),
-                parent_of(self.store, instance_id),
+                subworkflows_of(self.store, instance_id) if ran else [],
+                parent_of(self.store, instance_id) if child else None,
             )
         return loaded.lineage[1], loaded.lineage[2]
 
