@@ -57,7 +57,8 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 _CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
 _TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "executor_invoked", "message_staged",
-                                   "response_received", "run_started"}  # fmt: skip
+                                   "response_received", "run_started", "subworkflow_ran",
+                                   "subworkflow_started"}  # fmt: skip
 
 
 class NotFound(UsageError):
@@ -78,6 +79,8 @@ class _Instance:
     routes: dict[tuple[str, str], int] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
     runs: int = 0
+    ran_subworkflows: bool = False
+    is_subworkflow: bool = False
     lineage: tuple[int, list[SubworkflowLink], SubworkflowLink | None] | None = None
     """(the store's last position, subworkflows_of, parent_of) when last asked."""
 
@@ -196,6 +199,10 @@ class Reader:
             loaded.answered.add(event.request_id)
         elif isinstance(event, RunStarted):
             loaded.runs += 1
+        elif event.type == "subworkflow_ran":
+            loaded.ran_subworkflows = True
+        elif event.type == "subworkflow_started":
+            loaded.is_subworkflow = True
 
     def history(self, instance_id: str) -> RunHistory:
         """The instance's run history (``fold_history``, with its forks)."""
@@ -290,16 +297,12 @@ class Reader:
         loaded = self._load(instance_id)
         now = self.store.last_position()
         if loaded.lineage is None or loaded.lineage[0] != now:
-            # ``subworkflows_of`` folds every marker of the instance; an instance that never
-            # ran a sub-workflow has no ``subworkflow_ran`` event, which the store finds alone.
-            # (and ``parent_of`` reads every ``subworkflow_started``: none, in an instance that
-            # is no sub-workflow).
-            ran = self.store.read(instance_id, types=("subworkflow_ran",), limit=1)
-            child = self.store.read(instance_id, types=("subworkflow_started",), limit=1)
+            # ``subworkflows_of`` folds every marker of the instance and ``parent_of`` reads
+            # every ``subworkflow_started``: asked only when the history scan met such events.
             loaded.lineage = (
                 now,
-                subworkflows_of(self.store, instance_id) if ran else [],
-                parent_of(self.store, instance_id) if child else None,
+                subworkflows_of(self.store, instance_id) if loaded.ran_subworkflows else [],
+                parent_of(self.store, instance_id) if loaded.is_subworkflow else None,
             )
         return loaded.lineage[1], loaded.lineage[2]
 
