@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -339,3 +340,32 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
             f'sub-workflow of <a href="/i/parent?step={up.parent_superstep}">parent</a>' in child
         ), child
         assert f'forked from <a href="/i/{asked.child_instance}">' in child
+
+
+def test_serving_off_loopback_generates_a_token_and_prints_it(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    from projections.ui import serve
+
+    served: list[tuple[Any, str, int]] = []
+    monkeypatch.setattr(
+        uvicorn, "run", lambda app, host, port, **_: served.append((app, host, port))
+    )
+    said: list[str] = []
+    serve(store, host="0.0.0.0", port=9999, say=said.append)
+    ((app, host, port),) = served
+    token = re.search(r"\?token=(\S+)", said[0])
+    assert token is not None
+    assert (host, port) == ("0.0.0.0", 9999)
+    assert "http://0.0.0.0:9999/?token=" in said[0]
+    with TestClient(app) as client:
+        assert client.get("/").status_code == 403
+        assert client.get("/", params={"token": token.group(1)}).status_code == 200
+    served.clear()
+    said.clear()
+    serve(store, say=said.append)  # loopback: no token
+    assert said[0].endswith("at http://127.0.0.1:8765/  (Ctrl-C stops)")
+    with TestClient(served[0][0]) as client:
+        assert client.get("/").status_code == 200
