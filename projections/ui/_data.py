@@ -317,8 +317,13 @@ class Reader:
     # -- time travel, diff, blame ---------------------------------------------------------------
 
     def _parse(self, loaded: _Instance, text: str) -> Point:
+        kind, _, rest = text.partition(":")
+        place = loaded.order.get(rest) if kind in ("step", "inside") else None
+        # An exact superstep id (what the pages link to) needs only its own start to be named;
+        # a prefix or a run is looked for among them all.
+        starts = loaded.starts if place is None else [loaded.starts[place]]
         try:
-            return parse_point(text, loaded.starts)
+            return parse_point(text, starts)
         except UsageError as error:
             raise NotFound(str(error)) from error
 
