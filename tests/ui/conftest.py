@@ -37,9 +37,9 @@ def prepare(path: Path) -> str:
     url = f"sqlite:///{path}"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(["--store", url, "demo", "--instance", DEMO]) == 0
-    with open_store(url) as store:
-        asyncio.run(write_chain(store, HOSTILE_INSTANCE, stop=3, fail_at=2))
-        asyncio.run(write_chain(store, HOSTILE_INSTANCE, stop=3))
+    with open_store(url) as demo_store:
+        asyncio.run(write_chain(demo_store, HOSTILE_INSTANCE, stop=3, fail_at=2))
+        asyncio.run(write_chain(demo_store, HOSTILE_INSTANCE, stop=3))
     return url
 
 
@@ -60,14 +60,14 @@ def store_path(prepared: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(store_path: Path) -> Iterator[EventStore]:
+def demo_store(store_path: Path) -> Iterator[EventStore]:
     with open_store(f"sqlite:///{store_path}", create=False) as opened:
         yield opened
 
 
 @pytest.fixture
-def client(store: EventStore) -> Iterator[TestClient]:
-    with TestClient(create_app(store)) as test_client:
+def client(demo_store: EventStore) -> Iterator[TestClient]:
+    with TestClient(create_app(demo_store)) as test_client:
         yield test_client
 
 
@@ -78,13 +78,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(store: EventStore, **options: object) -> Iterator[Server]:
-    """A uvicorn server over ``store`` on a free 127.0.0.1 port, in a thread."""
+def serving(demo_store: EventStore, **options: object) -> Iterator[Server]:
+    """A uvicorn server over ``demo_store`` on a free 127.0.0.1 port, in a thread."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(store, **options),  # type: ignore[arg-type]
+        create_app(demo_store, **options),  # type: ignore[arg-type]
         log_level="warning",
         timeout_graceful_shutdown=1,
     )
@@ -97,7 +97,7 @@ def serving(store: EventStore, **options: object) -> Iterator[Server]:
             raise RuntimeError("the UI server did not start")
         time.sleep(0.05)
     try:
-        yield Server(f"http://127.0.0.1:{port}", store)
+        yield Server(f"http://127.0.0.1:{port}", demo_store)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -105,6 +105,6 @@ def serving(store: EventStore, **options: object) -> Iterator[Server]:
 
 
 @pytest.fixture
-def server(store: EventStore) -> Iterator[Server]:
-    with serving(store) as running:
+def server(demo_store: EventStore) -> Iterator[Server]:
+    with serving(demo_store) as running:
         yield running

@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from datetime import UTC
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +131,9 @@ def test_time_travel_to_each_superstep(page: Any, server: Server) -> None:
     committed = fold_committed([e for e in events if e.position <= middle])
     assert shown_state(page) == expected_state(committed.values)
     # a wall-clock time: the state after the last event stamped at or before it
-    last = events[-1]
+    after_last = events[-1].timestamp + timedelta(milliseconds=1)  # the field keeps milliseconds
     page.goto(f"/i/{RECOVERY}/state?at=pos:1")
-    page.locator("#when").fill(last.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3])
+    page.locator("#when").fill(after_last.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3])
     page.wait_for_url(re.compile(r"at=time"))
     assert shown_state(page) == expected_state(fold_committed(events).values)
     # "inside" the crashed superstep: what its executor saw, labelled as never committed

@@ -38,11 +38,11 @@ def state_rows(page: str) -> dict[str, str]:
 
 
 def test_the_run_list_shows_every_run_with_its_status_and_counts(
-    client: TestClient, store: EventStore
+    client: TestClient, demo_store: EventStore
 ) -> None:
     page = client.get("/").text
-    for instance in store.instances():
-        for run in fold_history(store.read(instance)).runs():
+    for instance in demo_store.instances():
+        for run in fold_history(demo_store.read(instance)).runs():
             row = re.search(
                 rf'<tr class="run" data-instance="{re.escape(instance)}" '
                 rf'data-run="{re.escape(run.run_id)}">(.*?)</tr>',
@@ -65,9 +65,11 @@ def test_the_run_list_is_searchable(client: TestClient) -> None:
     assert rows(client.get("/", params={"q": "no-such-thing"}).text, "data-instance") == []
 
 
-def test_the_timeline_labels_the_aborted_superstep(client: TestClient, store: EventStore) -> None:
+def test_the_timeline_labels_the_aborted_superstep(
+    client: TestClient, demo_store: EventStore
+) -> None:
     page = client.get(f"/i/{DEMO}").text
-    history = fold_history(store.read(DEMO))
+    history = fold_history(demo_store.read(DEMO))
     steps = history.supersteps()
     assert rows(page, "data-superstep") == [s.superstep_id for s in steps]
     assert rows(page, "data-status") == [s.status for s in steps]
@@ -88,9 +90,9 @@ def test_the_timeline_shows_lineage_and_messages(client: TestClient) -> None:
 
 @pytest.mark.parametrize("instance", [DEMO, RECOVERY, FORK])
 def test_state_after_each_superstep_is_the_committed_fold(
-    client: TestClient, store: EventStore, instance: str
+    client: TestClient, demo_store: EventStore, instance: str
 ) -> None:
-    events = store.read(instance)
+    events = demo_store.read(instance)
     for step in fold_history(events).supersteps():
         assert step.position is not None
         page = client.get(f"/i/{instance}/state", params={"at": f"step:{step.superstep_id}"})
@@ -102,9 +104,11 @@ def test_state_after_each_superstep_is_the_committed_fold(
 
 
 def test_inside_an_aborted_superstep_is_labelled_never_committed(
-    client: TestClient, store: EventStore
+    client: TestClient, demo_store: EventStore
 ) -> None:
-    aborted = next(s for s in fold_history(store.read(DEMO)).supersteps() if s.status == "aborted")
+    aborted = next(
+        s for s in fold_history(demo_store.read(DEMO)).supersteps() if s.status == "aborted"
+    )
     page = client.get(f"/i/{DEMO}/state", params={"at": f"inside:{aborted.superstep_id}"}).text
     assert 'id="never-committed"' in page
     assert "aborted: failed" in page
@@ -113,8 +117,8 @@ def test_inside_an_aborted_superstep_is_labelled_never_committed(
     assert "secret" not in state_rows(after)
 
 
-def test_state_at_a_position_and_a_time(client: TestClient, store: EventStore) -> None:
-    events = store.read(RECOVERY)
+def test_state_at_a_position_and_a_time(client: TestClient, demo_store: EventStore) -> None:
+    events = demo_store.read(RECOVERY)
     middle = events[len(events) // 2]
     expected = fold_committed(events[: len(events) // 2 + 1]).values
     by_pos = client.get(f"/i/{RECOVERY}/state", params={"at": f"pos:{middle.position}"}).text
@@ -127,8 +131,8 @@ def test_state_at_a_position_and_a_time(client: TestClient, store: EventStore) -
     assert f'max="{events[-1].position}"' in by_pos  # the slider spans the log
 
 
-def test_diff_between_two_points(client: TestClient, store: EventStore) -> None:
-    steps = fold_history(store.read(RECOVERY)).supersteps()
+def test_diff_between_two_points(client: TestClient, demo_store: EventStore) -> None:
+    steps = fold_history(demo_store.read(RECOVERY)).supersteps()
     first, last = steps[0], steps[-1]
     page = client.get(
         f"/i/{RECOVERY}/diff",
@@ -139,9 +143,11 @@ def test_diff_between_two_points(client: TestClient, store: EventStore) -> None:
     assert '<code class="value">2</code></td><td><code class="value">20</code>' in page
 
 
-def test_blame_lists_every_write_with_its_verdict(client: TestClient, store: EventStore) -> None:
+def test_blame_lists_every_write_with_its_verdict(
+    client: TestClient, demo_store: EventStore
+) -> None:
     page = client.get(f"/i/{RECOVERY}/blame/total").text
-    writes = blame_keys(store, RECOVERY, ["total"]).writes("total")
+    writes = blame_keys(demo_store, RECOVERY, ["total"]).writes("total")
     assert rows(page, "data-position") == [str(w.position) for w in writes]
     assert rows(page, "data-status") == [w.status for w in writes]
     assert "aborted (crashed)" in page
@@ -171,8 +177,8 @@ def test_unknown_things_give_a_clear_404_page(client: TestClient, path: str, say
     assert says in html.unescape(response.text)
 
 
-def test_every_value_from_the_log_is_escaped(client: TestClient, store: EventStore) -> None:
-    history = fold_history(store.read(HOSTILE_INSTANCE))
+def test_every_value_from_the_log_is_escaped(client: TestClient, demo_store: EventStore) -> None:
+    history = fold_history(demo_store.read(HOSTILE_INSTANCE))
     step = history.supersteps()[0].superstep_id
     pages = [
         "/",
@@ -190,24 +196,24 @@ def test_every_value_from_the_log_is_escaped(client: TestClient, store: EventSto
         assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page.text, path
 
 
-def test_sensitive_values_are_redacted_unless_revealed(store: EventStore) -> None:
-    with TestClient(create_app(store)) as client:
+def test_sensitive_values_are_redacted_unless_revealed(demo_store: EventStore) -> None:
+    with TestClient(create_app(demo_store)) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
         blame = client.get(f"/i/{HOSTILE_INSTANCE}/blame/api_key").text
     assert state_rows(page)["api_key"] == '{"$t":"redacted"}'
     assert "sk-" not in page
     assert "sk-" not in blame
     assert '"$t":"redacted"' in html.unescape(blame)
-    with TestClient(create_app(store, reveal=True)) as client:
+    with TestClient(create_app(demo_store, reveal=True)) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
     assert state_rows(page)["api_key"] == '"sk-3"'
-    with TestClient(create_app(store, sensitive=("count",))) as client:
+    with TestClient(create_app(demo_store, sensitive=("count",))) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
     assert state_rows(page)["count"] == '{"$t":"redacted"}'
 
 
-def test_a_token_guards_every_page(store: EventStore) -> None:
-    with TestClient(create_app(store, token="s3cret")) as client:
+def test_a_token_guards_every_page(demo_store: EventStore) -> None:
+    with TestClient(create_app(demo_store, token="s3cret")) as client:
         assert client.get("/").status_code == 403
         assert client.get(f"/i/{DEMO}").status_code == 403
         assert client.get("/static/ui.css").status_code == 403
@@ -291,13 +297,13 @@ def test_the_command_refuses_json_and_a_missing_store(
     assert main(["--store", "memory://", "ui", "--port", "0"]) == EXIT_BAD_INPUT
 
 
-def test_with_snapshots_and_the_key_index_the_pages_say_the_same(store: EventStore) -> None:
+def test_with_snapshots_and_the_key_index_the_pages_say_the_same(demo_store: EventStore) -> None:
     from projections import KeyIndexView, Projector, SnapshotView
 
-    Projector(store, [SnapshotView(2), KeyIndexView()]).catch_up()
-    with TestClient(create_app(store)) as client:
+    Projector(demo_store, [SnapshotView(2), KeyIndexView()]).catch_up()
+    with TestClient(create_app(demo_store)) as client:
         for instance in (DEMO, RECOVERY, FORK):
-            events = store.read(instance)
+            events = demo_store.read(instance)
             for step in fold_history(events).supersteps():
                 assert step.position is not None
                 for at in (f"step:{step.superstep_id}", f"pos:{step.start_position}"):
@@ -308,7 +314,7 @@ def test_with_snapshots_and_the_key_index_the_pages_say_the_same(store: EventSto
                         k: show_value(v, limit=2000) for k, v in expected.values.items()
                     }, (instance, at)
         page = client.get(f"/i/{RECOVERY}/blame/total").text
-        writes = blame_keys(store, RECOVERY, ["total"], index=False).writes("total")
+        writes = blame_keys(demo_store, RECOVERY, ["total"], index=False).writes("total")
         assert rows(page, "data-status") == [w.status for w in writes]
 
 
@@ -319,22 +325,22 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
     from projections import parent_of, subworkflows_of
     from tests.kernel.test_subworkflows import asking_parent
 
-    with open_store(f"sqlite:///{tmp_path}/sub.db") as store:
-        wf = asking_parent(store, instance_id="parent")
+    with open_store(f"sqlite:///{tmp_path}/sub.db") as demo_store:
+        wf = asking_parent(demo_store, instance_id="parent")
         asyncio.run(wf.run("ann@example.com"))
-        with TestClient(create_app(store)) as client:
+        with TestClient(create_app(demo_store)) as client:
             waiting = client.get("/", params={"q": "waiting for input"}).text
             assert "parent" in rows(waiting, "data-instance")
         (request,) = wf.pending_requests()
         asyncio.run(wf.run(responses={request.request_id: True}))
-        asked, answered = subworkflows_of(store, "parent")
-        with TestClient(create_app(store)) as client:
+        asked, answered = subworkflows_of(demo_store, "parent")
+        with TestClient(create_app(demo_store)) as client:
             parent = html.unescape(client.get("/i/parent").text)
             child = html.unescape(client.get(f"/i/{answered.child_instance}").text)
         for link in (asked, answered):
             assert f'ran sub-workflow <a href="/i/{link.child_instance}">' in parent
         assert parent.count(": committed</li>") >= 2
-        up = parent_of(store, answered.child_instance)
+        up = parent_of(demo_store, answered.child_instance)
         assert up is not None
         assert (
             f'sub-workflow of <a href="/i/parent?step={up.parent_superstep}">parent</a>' in child
@@ -343,7 +349,7 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
 
 
 def test_serving_off_loopback_generates_a_token_and_prints_it(
-    store: EventStore, monkeypatch: pytest.MonkeyPatch
+    demo_store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import uvicorn
 
@@ -354,7 +360,7 @@ def test_serving_off_loopback_generates_a_token_and_prints_it(
         uvicorn, "run", lambda app, host, port, **_: served.append((app, host, port))
     )
     said: list[str] = []
-    serve(store, host="0.0.0.0", port=9999, say=said.append)
+    serve(demo_store, host="0.0.0.0", port=9999, say=said.append)
     ((app, host, port),) = served
     token = re.search(r"\?token=(\S+)", said[0])
     assert token is not None
@@ -365,7 +371,7 @@ def test_serving_off_loopback_generates_a_token_and_prints_it(
         assert client.get("/", params={"token": token.group(1)}).status_code == 200
     served.clear()
     said.clear()
-    serve(store, say=said.append)  # loopback: no token
+    serve(demo_store, say=said.append)  # loopback: no token
     assert said[0].endswith("at http://127.0.0.1:8765/  (Ctrl-C stops)")
     with TestClient(served[0][0]) as client:
         assert client.get("/").status_code == 200
