@@ -14,7 +14,7 @@ __all__ = ["benchmarks"]
 
 
 def benchmarks() -> list[Benchmark]:
-    from bench import chain, concurrent, fanout, loop, rebuild, resume, scaleout, timetravel
+    from bench import chain, concurrent, fanout, loop, rebuild, resume, scaleout, timetravel, ui
 
     return [
         loop.BENCHMARK,
@@ -26,4 +26,5 @@ def benchmarks() -> list[Benchmark]:
         resume.BENCHMARK_SMALL,
         resume.BENCHMARK_LARGE,
         chain.BENCHMARK,
+        ui.BENCHMARK,
     ]

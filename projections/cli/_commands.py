@@ -16,6 +16,7 @@
     steplog recover [INSTANCE]         close runs left open by dead processes; say what was closed
     steplog keygen                     print a new key for encryption at rest
     steplog rekey                      re-seal every row and view document with the first key
+    steplog ui                         a read-only time-travel debugger in the browser
 
 A POINT is ``pos:N``, ``step:SUPERSTEP``, ``run:RUN:INDEX``, ``time:ISO-8601`` or
 ``inside:SUPERSTEP`` (ids may be shortened to a unique prefix).
@@ -138,6 +139,7 @@ from projections.cli._render import (
     show_value,
 )
 from projections.cli._runstream import continuations, stream_history
+from projections.cli._ui import add_ui_command, ui_command
 
 __all__ = [
     "COMMANDS",
@@ -291,9 +293,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     recovery.add_argument("instance", nargs="?", help="one instance (default: every instance)")
     add_durable_commands(commands)
+    add_ui_command(commands)
     add_completion_command(commands)
     for name, command in commands.choices.items():
-        if name != "completion":
+        if name not in ("completion", "ui"):
             command.add_argument(
                 "--json",
                 action="store_true",
@@ -1059,10 +1062,11 @@ COMMANDS: dict[str, Callable[[EventStore, argparse.Namespace, Console], int]] = 
     "keygen": lambda store, args, console: keygen(console, as_json=args.json),
     "rekey": rekey_command,
     **DURABLE_COMMANDS,
+    "ui": ui_command,
     # (main runs it before opening any store: a completion script needs none)
     "completion": lambda store, args, console: completion_command(_parser(), args.shell),
 }
-READING_COMMANDS = frozenset(COMMANDS) - _WRITERS
+READING_COMMANDS = frozenset(COMMANDS) - _WRITERS - {"ui"}
 """The commands that only read: none of them creates a file, a schema or a row."""
 
 

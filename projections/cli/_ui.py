@@ -1,0 +1,67 @@
+"""``steplog ui``: serve the read-only time-travel debugger in the browser (``projections.ui``).
+
+It needs the ``ui`` extra (``pip install 'steplog[ui]'``); without it, the command says so (bad
+input, status 2). It has no JSON output: it prints the address to open and serves until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from kernel import EventStore
+from projections.cli._points import UsageError
+
+__all__ = ["add_ui_command", "ui_command"]
+
+
+def add_ui_command(commands: Any) -> None:
+    """The ``ui`` subcommand."""
+    ui = commands.add_parser("ui", help="a read-only time-travel debugger in the browser")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="port (default: 8765)")
+    ui.add_argument(
+        "--token",
+        default=None,
+        help="access token every request must carry (generated and printed when --host is "
+        "not a loopback address)",
+    )
+    ui.add_argument(
+        "--reveal", action="store_true", help="show the values of sensitive keys (not redacted)"
+    )
+    ui.add_argument(
+        "--sensitive",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="also redact the keys matching PATTERN (a key or an fnmatch glob; repeatable)",
+    )
+
+
+def ui_command(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+    """Serve the UI over ``store`` until interrupted."""
+    if args.json:
+        raise UsageError("'steplog ui' has no JSON output: it serves web pages; drop --json")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be between 1 and 65535, got {args.port}")
+    try:
+        from projections.ui import serve
+    except ImportError as error:
+        raise UsageError(
+            f"'steplog ui' needs the ui extra ({error.name} is missing): pip install 'steplog[ui]'"
+        ) from error
+    from projections import SensitiveKeys
+
+    SensitiveKeys(args.sensitive)  # a bad pattern is bad input before anything is served
+    serve(
+        store,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        reveal=args.reveal,
+        sensitive=tuple(args.sensitive),
+        say=lambda line: console.print(line, markup=False, soft_wrap=True),
+    )
+    return 0

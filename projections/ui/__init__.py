@@ -1,0 +1,19 @@
+"""``steplog ui``: a read-only time-travel debugger in the browser (see ``docs/ui.md``).
+
+``create_app(store)`` builds the Starlette application over a store (it never writes to it);
+``serve`` runs it with uvicorn. Every page asks the projections' public API, as the CLI does.
+Needs the ``ui`` extra (``pip install 'steplog[ui]'``).
+"""
+
+from projections.ui._app import PAGE_SIZE, TOKEN_COOKIE, create_app
+from projections.ui._serve import DEFAULT_HOST, DEFAULT_PORT, needs_token, serve
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "PAGE_SIZE",
+    "TOKEN_COOKIE",
+    "create_app",
+    "needs_token",
+    "serve",
+]

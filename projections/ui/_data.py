@@ -1,0 +1,359 @@
+"""What the UI's pages show, asked of the projections' public API (never re-derived here).
+
+``Reader`` keeps, per instance, the run history fold (``RunHistory``) with the instance's
+version (``store.version``): a page on an unchanged instance reuses it, and when the instance
+grew only the new events are read and folded in (which keeps live pages cheap on a long log).
+It never holds an instance's whole log: history is folded window by window, a timeline page
+reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
+snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
+index when built), diff from ``diff`` of two such states. Every verdict (a superstep committed
+or aborted, a write counted or not) is the projections'; nothing here decides one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kernel import (
+    EventBase,
+    EventStore,
+    ExecutorInvoked,
+    InfoRequested,
+    MessageStaged,
+    OutputYielded,
+    ResponseReceived,
+    RunStarted,
+    StepLogError,
+    SuperstepStarted,
+)
+from projections import (
+    KeyBlame,
+    Point,
+    RunHistory,
+    SensitiveKeys,
+    SnapshotView,
+    StateAt,
+    StateDiff,
+    SubworkflowLink,
+    SuperstepRecord,
+    TimeTravel,
+    backend_for,
+    blame_keys,
+    diff,
+    forks_of,
+    parent_of,
+    sensitive_keys_of,
+    subworkflows_of,
+)
+from projections.cli._ids import RUN_WINDOW, pick
+from projections.cli._points import UsageError, parse_point
+
+__all__ = ["NotFound", "Reader", "StepDetail"]
+
+_CACHED = 32
+"""Instances whose history a ``Reader`` keeps."""
+_TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "executor_invoked", "message_staged",
+                                   "response_received", "run_started", "subworkflow_ran",
+                                   "subworkflow_started"}  # fmt: skip
+
+
+class NotFound(UsageError):
+    """An unknown instance, run, superstep or key: the UI answers with a 404 page."""
+
+
+@dataclass
+class _Instance:
+    """What a ``Reader`` keeps of an instance: the run history fold (kept to be continued when
+    the log grows), the superstep starts (for naming points), the routes messages took."""
+
+    version: int
+    history: RunHistory
+    redactor: SensitiveKeys
+    starts: list[EventBase] = field(default_factory=list)
+    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in starts
+    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
+    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    runs: int = 0
+    ran_subworkflows: bool = False
+    is_subworkflow: bool = False
+    lineage: tuple[int, list[SubworkflowLink], SubworkflowLink | None] | None = None
+    """(the store's last position, subworkflows_of, parent_of) when last asked."""
+
+
+@dataclass(frozen=True)
+class StepDetail:
+    """What a superstep's own events say, beside its ``SuperstepRecord``: the messages it sent
+    (source, targets, the message), its outputs, the requests it made."""
+
+    messages: list[tuple[str, tuple[str, ...], Any]]
+    outputs: list[tuple[str, Any, str]]
+    requests: list[tuple[str, str, Any]]
+
+
+class Reader:
+    """Read-only answers for the UI from ``store`` (see the module docstring).
+
+    ``reveal`` shows sensitive values; ``sensitive`` adds patterns to redact, as the CLI's
+    ``--reveal`` and ``--sensitive`` do.
+    """
+
+    def __init__(
+        self, store: EventStore, *, reveal: bool = False, sensitive: tuple[str, ...] = ()
+    ) -> None:
+        self.store = store
+        self.reveal = reveal
+        self.sensitive = SensitiveKeys(sensitive)
+        self._cache: OrderedDict[str, _Instance] = OrderedDict()
+        self._lock = threading.Lock()
+        self._travel: TimeTravel | None = None
+
+    def _time_travel(self) -> TimeTravel:
+        """``TimeTravel`` from the snapshots when the snapshot view exists (``steplog project``
+        built it), else without them (folding the log from its start, page by page). Looking
+        creates nothing; a snapshot table that appears later is used from the next start."""
+        if self._travel is None:
+            backend = backend_for(self.store)
+            if backend.exists(SnapshotView().table):
+                self._travel = TimeTravel(self.store, backend=backend, page_size=2000)
+            else:
+                self._travel = TimeTravel(self.store, snapshots=False, page_size=2000)
+        return self._travel
+
+    # -- instances ----------------------------------------------------------------------------
+
+    def instances(self) -> list[str]:
+        """Every instance with events."""
+        return self.store.instances()
+
+    def version(self, instance_id: str) -> int:
+        """The instance's last stream position (0: none)."""
+        return self.store.version(instance_id)
+
+    def instance(self, text: str) -> str:
+        """The instance ``text`` names exactly or as a unique prefix; ``NotFound`` otherwise."""
+        if self.store.version(text) > 0:
+            return text
+        try:
+            return pick(text, self.store.instances(), "instance", "the store")
+        except UsageError as error:
+            raise NotFound(str(error)) from error
+
+    def _load(self, instance_id: str) -> _Instance:
+        """The instance's folds, caught up with its log (folded window by window; when the log
+        grew since the last page, only the new events are read and folded)."""
+        version = self.store.version(instance_id)
+        if version == 0:
+            raise NotFound(f"no instance {instance_id!r} in the store")
+        with self._lock:
+            loaded = self._cache.get(instance_id)
+            if loaded is not None and loaded.version == version:
+                self._cache.move_to_end(instance_id)
+                return loaded
+            if loaded is None:
+                history = RunHistory(forks=forks_of(self.store, instance_id))
+                loaded = _Instance(0, history, SensitiveKeys())
+            runs_before = loaded.runs
+            after = loaded.version
+            while after < version:
+                for event in self.store.read(
+                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=_TYPES
+                ):
+                    self._fold(loaded, event)
+                after += RUN_WINDOW
+            loaded.version = version
+            if loaded.runs != runs_before or loaded.version == 0:
+                loaded.redactor = (
+                    SensitiveKeys()
+                    if self.reveal
+                    else sensitive_keys_of(self.store, instance_id, extra=self.sensitive.patterns)
+                )
+            self._cache[instance_id] = loaded
+            self._cache.move_to_end(instance_id)
+            while len(self._cache) > _CACHED:
+                self._cache.popitem(last=False)
+            return loaded
+
+    @staticmethod
+    def _fold(loaded: _Instance, event: EventBase) -> None:
+        if event.type in RunHistory.EVENT_TYPES:
+            loaded.history.apply(event)
+        if isinstance(event, SuperstepStarted):
+            loaded.order[event.superstep_id] = len(loaded.starts)
+            loaded.starts.append(event)
+        elif isinstance(event, ExecutorInvoked):
+            if event.executor_id not in loaded.first_ran:
+                place = loaded.order.get(event.superstep_id)
+                start = loaded.starts[place] if place is not None else None
+                index = start.index if isinstance(start, SuperstepStarted) else 0
+                loaded.first_ran[event.executor_id] = index
+        elif isinstance(event, MessageStaged):
+            for target in event.targets or ([event.target] if event.target else []):
+                route = (event.source, target)
+                loaded.routes[route] = loaded.routes.get(route, 0) + 1
+        elif isinstance(event, ResponseReceived):
+            loaded.answered.add(event.request_id)
+        elif isinstance(event, RunStarted):
+            loaded.runs += 1
+        elif event.type == "subworkflow_ran":
+            loaded.ran_subworkflows = True
+        elif event.type == "subworkflow_started":
+            loaded.is_subworkflow = True
+
+    def history(self, instance_id: str) -> RunHistory:
+        """The instance's run history (``fold_history``, with its forks)."""
+        return self._load(instance_id).history
+
+    def redactor(self, instance_id: str) -> SensitiveKeys:
+        """What is redacted in the instance's values (nothing when revealing)."""
+        return self._load(instance_id).redactor
+
+    def step_details(self, instance_id: str, steps: list[SuperstepRecord]) -> dict[str, StepDetail]:
+        """The messages, outputs and requests of each of ``steps`` (one page of a timeline),
+        read from their positions of the log; values redacted as the instance's are."""
+        found: dict[str, StepDetail] = {s.superstep_id: StepDetail([], [], []) for s in steps}
+        if not steps:
+            return found
+        redactor = self._load(instance_id).redactor
+        first = min(s.start_position for s in steps)
+        last = max(s.position or self.store.version(instance_id) for s in steps)
+        for event in self.store.read(
+            instance_id,
+            after=first - 1,
+            upto=last,
+            types=("message_staged", "output_yielded", "info_requested"),
+        ):
+            detail = found.get(getattr(event, "superstep_id", ""))
+            if detail is None:
+                continue
+            event = redactor.event(event)
+            if isinstance(event, MessageStaged):
+                targets = tuple(event.targets) or ((event.target,) if event.target else ())
+                detail.messages.append((event.source, targets, event.message))
+            elif isinstance(event, OutputYielded):
+                detail.outputs.append((event.executor_id, event.value, event.designation))
+            elif isinstance(event, InfoRequested):
+                detail.requests.append((event.request_id, event.executor_id, event.data))
+        return found
+
+    def page(
+        self, instance_id: str, run_id: str | None, page: int, size: int
+    ) -> tuple[list[SuperstepRecord], int]:
+        """The supersteps of one page of a timeline (of one run, or of every run), and how many
+        there are in all; only that page's records are copied out of the history."""
+        loaded = self._load(instance_id)
+        if run_id is None:
+            ids = [e.superstep_id for e in loaded.starts[(page - 1) * size : page * size]]  # type: ignore[attr-defined]
+            total = len(loaded.starts)
+        else:
+            run = loaded.history.run(run_id)
+            every = [] if run is None else run.superstep_ids
+            ids, total = every[(page - 1) * size : page * size], len(every)
+        found = (loaded.history.superstep(i) for i in ids)
+        return [s for s in found if s is not None], total
+
+    def neighbours(
+        self, instance_id: str, superstep_id: str
+    ) -> tuple[SuperstepRecord | None, SuperstepRecord | None]:
+        """The supersteps started just before and just after ``superstep_id``."""
+        loaded = self._load(instance_id)
+        place = loaded.order.get(superstep_id)
+        if place is None:
+            return None, None
+        around = [
+            loaded.history.superstep(loaded.starts[i].superstep_id)  # type: ignore[attr-defined]
+            if 0 <= i < len(loaded.starts)
+            else None
+            for i in (place - 1, place + 1)
+        ]
+        return around[0], around[1]
+
+    def first_ran(self, instance_id: str) -> dict[str, int]:
+        """Executor -> the index of the first superstep that invoked it."""
+        return self._load(instance_id).first_ran
+
+    def answered(self, instance_id: str) -> set[str]:
+        """The ids of the requests whose responses the instance's runs recorded."""
+        return self._load(instance_id).answered
+
+    def routes(self, instance_id: str) -> dict[tuple[str, str], int]:
+        """(source, target) -> how many messages the log routed so (``MessageStaged``)."""
+        return self._load(instance_id).routes
+
+    def moment(self, instance_id: str, position: int) -> datetime | None:
+        """The time stamped on the event at ``position`` (None for 0)."""
+        if position < 1:
+            return None
+        found = self.store.read(instance_id, after=position - 1, upto=position)
+        return found[0].timestamp if found else None
+
+    def _lineage(self, instance_id: str) -> tuple[list[SubworkflowLink], SubworkflowLink | None]:
+        """``subworkflows_of`` and ``parent_of``, asked again only when the store has grown
+        (each reads the instance's markers and run ends, and the parent's)."""
+        loaded = self._load(instance_id)
+        now = self.store.last_position()
+        if loaded.lineage is None or loaded.lineage[0] != now:
+            # ``subworkflows_of`` folds every marker of the instance and ``parent_of`` reads
+            # every ``subworkflow_started``: asked only when the history scan met such events.
+            loaded.lineage = (
+                now,
+                subworkflows_of(self.store, instance_id) if loaded.ran_subworkflows else [],
+                parent_of(self.store, instance_id) if loaded.is_subworkflow else None,
+            )
+        return loaded.lineage[1], loaded.lineage[2]
+
+    def subworkflows(self, instance_id: str) -> list[SubworkflowLink]:
+        """The sub-workflow runs the instance's supersteps ran (``subworkflows_of``)."""
+        return self._lineage(instance_id)[0]
+
+    def parent(self, instance_id: str) -> SubworkflowLink | None:
+        """The parent superstep that ran this instance, if it is a sub-workflow (``parent_of``)."""
+        return self._lineage(instance_id)[1]
+
+    # -- time travel, diff, blame ---------------------------------------------------------------
+
+    def _parse(self, loaded: _Instance, text: str) -> Point:
+        kind, _, rest = text.partition(":")
+        place = loaded.order.get(rest) if kind in ("step", "inside") else None
+        # An exact superstep id (what the pages link to) needs only its own start to be named;
+        # a prefix or a run is looked for among them all.
+        starts = loaded.starts if place is None else [loaded.starts[place]]
+        try:
+            return parse_point(text, starts)
+        except UsageError as error:
+            raise NotFound(str(error)) from error
+
+    def _state(self, instance_id: str, point: Point) -> StateAt:
+        try:
+            return self._time_travel().state(instance_id, point)
+        except StepLogError as error:  # a point naming nothing: the projections' own error
+            raise NotFound(f"no such point: {error}") from error
+
+    def point(self, instance_id: str, text: str | None) -> tuple[str, StateAt]:
+        """The point ``text`` names (``pos:N``, ``step:ID``, ``inside:ID``, ``run:RUN:K``,
+        ``time:ISO``; None: now) and the state there (``TimeTravel``), redacted."""
+        loaded = self._load(instance_id)
+        text = text or f"pos:{loaded.version}"
+        at = self._state(instance_id, self._parse(loaded, text))
+        return text, loaded.redactor.state(at)
+
+    def diff(self, instance_id: str, before: str, after: str) -> StateDiff:
+        """Keys added, removed and changed between two points (``diff`` of the two states),
+        redacted."""
+        loaded = self._load(instance_id)
+        a, b = self._parse(loaded, before), self._parse(loaded, after)
+        changes = diff(self._state(instance_id, a).values, self._state(instance_id, b).values)
+        return loaded.redactor.diff(changes)
+
+    def blame(self, instance_id: str, key: str) -> KeyBlame:
+        """Every write of ``key`` with its verdict (``blame_keys``: through the key index when
+        it was built), redacted; ``NotFound`` for a key never written."""
+        loaded = self._load(instance_id)
+        blame = loaded.redactor.blame(blame_keys(self.store, instance_id, [key]))
+        if not blame.writes(key):
+            raise NotFound(f"key {key!r} was never written in {instance_id!r}")
+        return blame

@@ -1,0 +1,41 @@
+// steplog ui: a few lines of plain JavaScript. Live pages (data-live) re-render in place when
+// the log grows (server-sent events carry the instance's version); the position slider and the
+// time field navigate to a point. Nothing is loaded from the network.
+(function () {
+  "use strict";
+  function go(url) { window.location.href = url; }
+  document.addEventListener("input", function (e) {
+    if (e.target.id === "slider") {
+      var out = document.getElementById("slider-value");
+      if (out) { out.textContent = e.target.value; }
+    }
+  });
+  document.addEventListener("change", function (e) {
+    var t = e.target;
+    if (t.id === "slider") { go(t.dataset.base + t.value); }
+    if (t.id === "when" && t.value) {
+      var iso = t.value.length === 16 ? t.value + ":00" : t.value;
+      go(t.dataset.base + encodeURIComponent(iso + "+00:00"));
+    }
+  });
+  var body = document.body;
+  if (!body.dataset.live || !window.EventSource) { return; }
+  var status = document.getElementById("live-status");
+  var source = new EventSource(body.dataset.live);
+  var busy = false;
+  source.onmessage = function (e) {
+    if (e.data === body.dataset.version || busy) { return; }
+    busy = true;
+    fetch(window.location.href, { credentials: "same-origin" })
+      .then(function (r) { return r.text(); })
+      .then(function (html) {
+        var page = new DOMParser().parseFromString(html, "text/html");
+        var fresh = page.querySelector("main");
+        if (fresh) { document.querySelector("main").replaceWith(fresh); }
+        body.dataset.version = e.data;
+        if (status) { status.textContent = "live · updated"; }
+      })
+      .finally(function () { busy = false; });
+  };
+  source.onerror = function () { if (status) { status.textContent = "live · reconnecting"; } };
+}());

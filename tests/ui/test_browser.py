@@ -1,0 +1,214 @@
+"""End-to-end: a real headless Chromium (Debian's ``chromium``, driven by Playwright; never
+``playwright install``) against a uvicorn server over a store written by real runs.
+
+Skipped, with the reason, when /usr/bin/chromium or Playwright is missing outside CI; with
+``CI=true`` they fail instead. ``STEPLOG_WRITE_DOCS=1`` also saves the screenshots of
+docs/ui.md (``docs/ui-*.png``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+from collections.abc import Iterator
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel import fold_committed
+from projections import blame_keys, fold_history
+from projections.cli._render import show_value
+from tests.ui.conftest import DEMO, FORK, RECOVERY, Server
+from tests.ui.workflows import HOSTILE, HOSTILE_INSTANCE, write_chain
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+WRITE_DOCS = bool(os.environ.get("STEPLOG_WRITE_DOCS"))
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"{reason} (CI=true: the browser tests must run; .ci/run installs chromium)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable(
+            "Playwright is not installed: pip install playwright (never playwright install)"
+        )
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: Server) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server.url)
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    yield opened
+    context.close()
+
+
+def in_a_thread(work: Any) -> None:
+    """Run ``work`` in a thread of its own (Playwright's sync API holds this one's loop)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as error:  # pragma: no cover - reported below
+            failed.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not failed, failed
+
+
+def shoot(page: Any, name: str) -> None:
+    if WRITE_DOCS:
+        page.screenshot(path=str(DOCS / f"ui-{name}.png"), full_page=True)
+
+
+def shown_state(page: Any) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for row in page.locator("table#state tbody tr[data-key]").all():
+        found[row.get_attribute("data-key")] = row.locator("code.value").inner_text()
+    return found
+
+
+def expected_state(values: dict[str, Any]) -> dict[str, str]:
+    return {key: show_value(value, limit=2000) for key, value in values.items()}
+
+
+def test_open_the_demo_and_see_the_aborted_superstep(page: Any, server: Server) -> None:
+    page.goto("/")
+    shoot(page, "runs")
+    page.get_by_role("link", name=DEMO, exact=True).first.click()
+    page.wait_for_url(f"**/i/{DEMO}")
+    aborted = page.locator("li.step.aborted")
+    assert aborted.count() == 1
+    assert aborted.locator(".badge").inner_text() == "aborted: failed"
+    assert page.locator("li.step.committed").count() == 1
+    page.goto(f"/i/{RECOVERY}")
+    assert page.locator("li.step.aborted .badge").inner_text() == "aborted: crashed"
+    shoot(page, "timeline")
+
+
+def test_time_travel_to_each_superstep(page: Any, server: Server) -> None:
+    events = server.store.read(RECOVERY)
+    steps = fold_history(events).supersteps()
+    page.goto(f"/i/{RECOVERY}")
+    for step in steps:
+        page.goto(f"/i/{RECOVERY}")
+        page.locator(f'li[data-superstep="{step.superstep_id}"] a.state-after').click()
+        page.wait_for_url(re.compile(r"/state\?at=step"))
+        assert step.position is not None
+        committed = fold_committed([e for e in events if e.position <= step.position])
+        assert shown_state(page) == expected_state(committed.values), step.index
+        active = page.locator("svg.graph g.node.active").all()
+        assert {g.get_attribute("data-executor") for g in active} == set(step.executors)
+    # the slider: drag to a position, the state there is shown
+    middle = events[len(events) // 2].position
+    page.locator("#slider").fill(str(middle))
+    page.wait_for_url(f"**/state?at=pos:{middle}")
+    committed = fold_committed([e for e in events if e.position <= middle])
+    assert shown_state(page) == expected_state(committed.values)
+    # a wall-clock time: the state after the last event stamped at or before it
+    after_last = events[-1].timestamp + timedelta(milliseconds=1)  # the field keeps milliseconds
+    page.goto(f"/i/{RECOVERY}/state?at=pos:1")
+    page.locator("#when").fill(after_last.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3])
+    page.wait_for_url(re.compile(r"at=time"))
+    assert shown_state(page) == expected_state(fold_committed(events).values)
+    # "inside" the crashed superstep: what its executor saw, labelled as never committed
+    crashed = next(s for s in steps if s.status == "aborted")
+    page.goto(f"/i/{RECOVERY}/state?at=step:{crashed.superstep_id}")
+    page.locator("#toggle-inside").click()
+    page.wait_for_url(re.compile(r"at=inside"))
+    assert page.locator("#never-committed").is_visible()
+    assert "aborted: crashed" in page.locator("#never-committed").inner_text()
+    shoot(page, "state-inside")
+
+
+def test_open_a_diff_and_a_blame(page: Any, server: Server) -> None:
+    steps = fold_history(server.store.read(FORK)).supersteps()
+    page.goto(f"/i/{FORK}")
+    page.locator(f'li[data-superstep="{steps[-1].superstep_id}"] a', has_text="diff").click()
+    page.wait_for_url(re.compile(r"/diff\?"))
+    assert page.locator("table#diff tbody tr").count() >= 1
+    page.goto(f"/i/{RECOVERY}/diff?a=pos:0&b=pos:{server.store.version(RECOVERY)}")
+    added = {r.get_attribute("data-key") for r in page.locator("tr.added").all()}
+    assert added == {"reserved", "total", "charged", "packed", "shipped"}
+    steps = fold_history(server.store.read(RECOVERY)).supersteps()
+    page.goto(f"/i/{RECOVERY}/diff?a=step:{steps[0].superstep_id}&b=step:{steps[-1].superstep_id}")
+    assert page.locator("tr.changed").get_attribute("data-key") == "total"
+    shoot(page, "diff")
+    page.locator('tr[data-key="total"] a').click()
+    page.wait_for_url("**/blame/total")
+    writes = blame_keys(server.store, RECOVERY, ["total"]).writes("total")
+    statuses = [r.get_attribute("data-status") for r in page.locator("tr.write").all()]
+    assert statuses == [w.status for w in writes]
+    assert "aborted (crashed)" in page.locator("table#blame").inner_text()
+    shoot(page, "blame")
+    page.locator("tr.write.aborted td a").first.click()
+    page.wait_for_url(re.compile(r"\?step="))
+    assert page.locator("li.step.selected").get_attribute("data-status") == "aborted"
+
+
+def test_a_live_run_appends_supersteps_in_place(page: Any, server: Server) -> None:
+    page.goto(f"/i/{HOSTILE_INSTANCE}")
+    before = page.locator("li.step").count()
+    page.evaluate("window.__same_page = true")
+    page.wait_for_function("document.getElementById('live-status') !== null")
+    in_a_thread(lambda: asyncio.run(write_chain(server.store, HOSTILE_INSTANCE, stop=4)))
+    grown = fold_history(server.store.read(HOSTILE_INSTANCE)).supersteps()
+    page.wait_for_function(
+        f"document.querySelectorAll('li.step').length === {len(grown)}", timeout=20_000
+    )
+    assert len(grown) > before
+    assert page.evaluate("window.__same_page") is True  # updated in place, not reloaded
+
+
+def test_a_hostile_value_renders_as_text(page: Any, server: Server) -> None:
+    for path in [f"/i/{HOSTILE_INSTANCE}/state", f"/i/{HOSTILE_INSTANCE}/blame/{HOSTILE}",
+                 f"/i/{HOSTILE_INSTANCE}"]:  # fmt: skip
+        page.goto(path)
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("img[src=x]").count() == 0
+    page.goto(f"/i/{HOSTILE_INSTANCE}/state")
+    assert shown_state(page)[HOSTILE] == show_value(HOSTILE)
+    assert HOSTILE in page.locator("table#state").inner_text()
+    first = fold_history(server.store.read(HOSTILE_INSTANCE)).supersteps()[1]
+    page.goto(f"/i/{HOSTILE_INSTANCE}?step={first.superstep_id}")
+    active = page.locator("svg.graph g.node.active").all()
+    assert [g.get_attribute("data-executor") for g in active] == list(first.executors)
+    nodes = {g.get_attribute("data-executor") for g in page.locator("svg.graph g.node").all()}
+    assert nodes == {"writer", "relay"}
+    if WRITE_DOCS:
+        page.locator(".graph-box").first.screenshot(path=str(DOCS / "ui-graph.png"))
+    page.goto("/i/no-such-instance")
+    assert page.locator("h1").inner_text() == "not found"
+
+
+def test_docs_name_every_screenshot() -> None:
+    text = (DOCS / "ui.md").read_text()
+    shots = sorted(p.name for p in DOCS.glob("ui-*.png"))
+    assert shots, "no screenshot in docs/: run STEPLOG_WRITE_DOCS=1 pytest tests/ui"
+    for name in shots:
+        assert f"({name})" in text, f"docs/ui.md does not show {name}"
