@@ -243,8 +243,9 @@ BENCHMARK = Benchmark(
     description=(
         "One request per sample on the time-travel benchmark's log (snapshots, key index and "
         "history view built); p50 is the headline, p95 and the first load (a fresh server or "
-        "CLI call, which reads or folds the instance's run history) beside it. UI: Starlette's TestClient over the whole "
-        "application; CLI: projections.cli.main in this process, output captured."
+        "CLI call, which reads or folds the instance's run history) beside it. UI: Starlette's "
+        "TestClient over the whole application; CLI: projections.cli.main in this process, "
+        "output captured."
     ),
     metric="p50 ms",
     higher_is_better=False,
