@@ -5,6 +5,7 @@ caught up, behind by some supersteps, missing, of another shape, or unreadable."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from starlette.testclient import TestClient
 
@@ -91,3 +92,44 @@ def test_a_view_of_another_shape_or_unreadable_rows_fall_back_to_the_full_fold(
     assert not uses_view(demo_store, DEMO)
     assert uses_view(demo_store, RECOVERY)
     assert pages(demo_store, instances) == full
+
+
+_USES_VIEW = """
+import sys
+from kernel import open_store
+from projections import forks_of
+from projections.ui._data import Reader
+with open_store(sys.argv[1], create=False) as store:
+    instance = sys.argv[2]
+    print(Reader(store)._viewed(instance, forks_of(store, instance)) is not None)
+"""
+
+
+def test_reading_the_view_never_writes_even_on_a_read_only_store(store_path: Path) -> None:
+    from kernel import open_store
+    from tests.store.test_hostile_store import in_a_child_without_write_permission
+    from tests.ui.test_pages import _READ_EVERY_PAGE
+
+    url = f"sqlite:///{store_path}"
+    with open_store(url, create=False) as store:
+        Projector(store, [HistoryView()]).catch_up()
+        assert uses_view(store, DEMO)
+    for extra in ("-wal", "-shm"):
+        Path(f"{store_path}{extra}").unlink(missing_ok=True)
+    before = store_path.read_bytes()
+    directory = store_path.parent
+    files = sorted(p.name for p in directory.iterdir())
+    store_path.chmod(0o444)
+    directory.chmod(0o555)
+    try:
+        paths = ["/", f"/i/{DEMO}", f"/i/{RECOVERY}", f"/i/{FORK}"]
+        done = in_a_child_without_write_permission(["-c", _READ_EVERY_PAGE, url, *paths])
+        viewed = in_a_child_without_write_permission(["-c", _USES_VIEW, url, DEMO])
+    finally:
+        directory.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert viewed.returncode == 0, viewed.stderr
+    assert viewed.stdout.split() == ["True"]  # the view was read, not skipped for an error
+    assert [line.rsplit(" ", 1)[1] for line in done.stdout.splitlines()] == ["200"] * 4
+    assert store_path.read_bytes() == before
+    assert sorted(p.name for p in directory.iterdir()) == files
