@@ -3,6 +3,9 @@
 ``Reader`` keeps, per instance, the run history fold (``RunHistory``) with the instance's
 version (``store.version``): a page on an unchanged instance reuses it, and when the instance
 grew only the new events are read and folded in (which keeps live pages cheap on a long log).
+A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
+built it (``HistoryView``'s rows and position, read without creating anything) and folds only
+the log's tail after that position; without a readable view it folds the whole log.
 It never holds an instance's whole log: history is folded window by window, a timeline page
 reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
 snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
