@@ -230,16 +230,19 @@ def prepare(cfg: Config) -> str:
 
 
 def _ensure_snapshots(cfg: Config, log: Path) -> tuple[Path, str]:
-    """A copy of the log with ``SnapshotView`` and ``KeyIndexView`` built by
+    """A copy of the log with ``SnapshotView``, ``KeyIndexView`` and ``HistoryView`` built by
     ``Projector.catch_up`` (cached, keyed by the projections code, so a change to it rebuilds
     them)."""
     root = Path(__file__).resolve().parent.parent / "projections"
     digest = hashlib.sha256()
     for source in sorted(root.glob("*.py")):
         digest.update(source.read_bytes())
-    path = log.with_name(f"{log.stem}-snap{SNAPSHOT_EVERY}-{digest.hexdigest()[:10]}.db")
+    path = log.with_name(f"{log.stem}-snap{SNAPSHOT_EVERY}h-{digest.hexdigest()[:10]}.db")
     if path.exists():
-        return path, f"snapshots every {SNAPSHOT_EVERY} supersteps and the key index (cached)"
+        return path, (
+            f"snapshots every {SNAPSHOT_EVERY} supersteps, the key index and the history view "
+            "(cached)"
+        )
     for old in log.parent.glob(f"{log.stem}-snap*.db"):
         remove_sqlite(old)
     partial = path.with_suffix(".partial")
@@ -248,7 +251,7 @@ def _ensure_snapshots(cfg: Config, log: Path) -> tuple[Path, str]:
     start = time.perf_counter()
     store = open_store(f"sqlite:///{partial}")
     try:
-        views = [p.SnapshotView(SNAPSHOT_EVERY), p.KeyIndexView()]
+        views = [p.SnapshotView(SNAPSHOT_EVERY), p.KeyIndexView(), p.HistoryView()]
         p.Projector(store, views, page_size=1000).catch_up()
     finally:
         store.close()
@@ -257,7 +260,8 @@ def _ensure_snapshots(cfg: Config, log: Path) -> tuple[Path, str]:
     for suffix in ("-wal", "-shm"):
         Path(f"{partial}{suffix}").unlink(missing_ok=True)
     return path, (
-        f"snapshots every {SNAPSHOT_EVERY} supersteps and the key index built in "
+        f"snapshots every {SNAPSHOT_EVERY} supersteps, the key index and the history view "
+        "built in "
         f"{time.perf_counter() - start:.0f} s"
     )
 

@@ -2,9 +2,10 @@
 the same queries.
 
 On the time-travel benchmark's log (one instance of 100,000 supersteps, with snapshots every 50
-supersteps and the key index built: ``timetravel.prepare``), each case times one request, many
-times, and reports p50 (the headline) and p95, plus the first load (a fresh server or a fresh
-CLI call, which folds the instance's run history). The UI cases go through Starlette's
+supersteps, the key index and the history view built: ``timetravel.prepare``), each case times
+one request, many times, and reports p50 (the headline) and p95, plus the first load (a fresh
+server, which starts the run history from the history view, or a fresh CLI call, which folds
+it). The UI cases go through Starlette's
 TestClient (the whole application: routing, the projections, the templates; no socket); the
 CLI cases call ``projections.cli.main`` in this process with its output captured (no Python
 start-up), for ``runs INSTANCE --json``, ``show RUN --json``, ``state INSTANCE step:ID --json``
@@ -240,10 +241,11 @@ BENCHMARK = Benchmark(
     name="ui",
     title="10. steplog ui page loads at 100,000 supersteps, beside the CLI",
     description=(
-        "One request per sample on the time-travel benchmark's log (snapshots and key index "
-        "built); p50 is the headline, p95 and the first load (a fresh server or CLI call, which "
-        "folds the instance's run history) beside it. UI: Starlette's TestClient over the whole "
-        "application; CLI: projections.cli.main in this process, output captured."
+        "One request per sample on the time-travel benchmark's log (snapshots, key index and "
+        "history view built); p50 is the headline, p95 and the first load (a fresh server or "
+        "CLI call, which reads or folds the instance's run history) beside it. UI: Starlette's "
+        "TestClient over the whole application; CLI: projections.cli.main in this process, "
+        "output captured."
     ),
     metric="p50 ms",
     higher_is_better=False,

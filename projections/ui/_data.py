@@ -3,6 +3,9 @@
 ``Reader`` keeps, per instance, the run history fold (``RunHistory``) with the instance's
 version (``store.version``): a page on an unchanged instance reuses it, and when the instance
 grew only the new events are read and folded in (which keeps live pages cheap on a long log).
+A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
+built it (``HistoryView``'s rows and position, read without creating anything) and folds only
+the log's tail after that position; without a readable view it folds the whole log.
 It never holds an instance's whole log: history is folded window by window, a timeline page
 reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
 snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
@@ -31,6 +34,8 @@ from kernel import (
     SuperstepStarted,
 )
 from projections import (
+    ForkRecord,
+    HistoryView,
     KeyBlame,
     Point,
     RunHistory,
@@ -56,9 +61,13 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
-_TYPES = RunHistory.EVENT_TYPES | {"superstep_started", "executor_invoked", "message_staged",
-                                   "response_received", "run_started", "subworkflow_ran",
-                                   "subworkflow_started"}  # fmt: skip
+_OWN_TYPES = frozenset({"superstep_started", "executor_invoked", "message_staged",
+                        "response_received", "run_started", "subworkflow_ran",
+                        "subworkflow_started"})  # fmt: skip
+"""What the UI folds itself (supersteps' starts, routes, answers...), beside the run history."""
+_TYPES = RunHistory.EVENT_TYPES | _OWN_TYPES
+_TAIL_PAGE = 2000
+"""Events a page of the history view's tail reads (``read_all``)."""
 
 
 class NotFound(UsageError):
@@ -154,16 +163,23 @@ class Reader:
             if loaded is not None and loaded.version == version:
                 self._cache.move_to_end(instance_id)
                 return loaded
+            types: frozenset[str] | set[str] = _TYPES
             if loaded is None:
-                history = RunHistory(forks=forks_of(self.store, instance_id))
-                loaded = _Instance(0, history, SensitiveKeys())
+                forks = forks_of(self.store, instance_id)
+                viewed = self._viewed(instance_id, forks)
+                if viewed is None:
+                    loaded = _Instance(0, RunHistory(forks=forks), SensitiveKeys())
+                else:  # the history is caught up to ``version``: the scan folds the rest only
+                    history, version = viewed
+                    loaded = _Instance(0, history, SensitiveKeys())
+                    types = _OWN_TYPES
             runs_before = loaded.runs
             after = loaded.version
             while after < version:
                 for event in self.store.read(
-                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=_TYPES
+                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=types
                 ):
-                    self._fold(loaded, event)
+                    self._fold(loaded, event, history=types is _TYPES)
                 after += RUN_WINDOW
             loaded.version = version
             if loaded.runs != runs_before or loaded.version == 0:
@@ -178,9 +194,60 @@ class Reader:
                 self._cache.popitem(last=False)
             return loaded
 
+    def _viewed(self, instance_id: str, forks: list[ForkRecord]) -> tuple[RunHistory, int] | None:
+        """The instance's run history from the history view (``steplog project`` built it) and
+        the log's tail after the view's position, with the stream position it is folded up to;
+        None when there is no view to read (no table: nothing is created; rows of another shape;
+        the instance not in it yet; the view moving while read), and the caller folds the
+        whole log instead.
+
+        The view folds the same events by the same fold (``RunHistory``), so its rows continued
+        with the tail are the history the whole log folds to."""
+        backend = backend_for(self.store)
+        table = HistoryView().table  # a view of another shape is another table: not found
+        if not backend.exists(table):
+            return None
+        try:
+            # A catch-up commits a page's rows with the position it moved to, so rows read
+            # between two equal positions are the rows of that position.
+            position = backend.position(table)
+            docs = backend.documents(table, instance_id)
+            if backend.position(table) != position:
+                return None
+            tracker = docs.get("t")
+            if position <= 0 or not isinstance(tracker, dict):
+                return None
+            history = RunHistory.from_rows(
+                [doc for key, doc in docs.items() if key.startswith("r:")],
+                [doc for key, doc in docs.items() if key.startswith("s:")],
+                tracker,
+                forks=forks,
+            )
+        except (StepLogError, KeyError, TypeError, ValueError, AttributeError):
+            return None  # rows the history cannot read: fold the log instead
+        # Every event the view folded was appended before its position was read, so the
+        # instance's version read now covers them; the tail is what came after the position,
+        # in global order (which keeps each instance's stream order), up to that version (a
+        # later event is folded by the next page's catch-up, as any growth is).
+        version = self.store.version(instance_id)
+        upto = self.store.last_position()
+        after = position
+        while after < upto:
+            page = self.store.read_all(
+                after=after, limit=_TAIL_PAGE, upto=upto, types=RunHistory.EVENT_TYPES
+            )
+            for recorded in page:
+                event = recorded.event
+                if event.instance_id == instance_id and event.position <= version:
+                    history.apply(event)
+            if len(page) < _TAIL_PAGE:
+                break
+            after = page[-1].global_position
+        return history, version
+
     @staticmethod
-    def _fold(loaded: _Instance, event: EventBase) -> None:
-        if event.type in RunHistory.EVENT_TYPES:
+    def _fold(loaded: _Instance, event: EventBase, *, history: bool = True) -> None:
+        if history and event.type in RunHistory.EVENT_TYPES:
             loaded.history.apply(event)
         if isinstance(event, SuperstepStarted):
             loaded.order[event.superstep_id] = len(loaded.starts)
