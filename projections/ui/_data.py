@@ -29,7 +29,6 @@ from kernel import (
     MessageStaged,
     OutputYielded,
     ResponseReceived,
-    RunStarted,
     StepLogError,
     SuperstepStarted,
 )
@@ -61,11 +60,10 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
-_OWN_TYPES = frozenset({"superstep_started", "executor_invoked", "message_staged",
-                        "response_received", "run_started", "subworkflow_ran",
-                        "subworkflow_started"})  # fmt: skip
-"""What the UI folds itself (supersteps' starts, routes, answers...), beside the run history."""
-_TYPES = RunHistory.EVENT_TYPES | _OWN_TYPES
+_MARKS = ("response_received", "subworkflow_ran", "subworkflow_started")
+"""The rare events a timeline page asks about beside the history (found, not scanned)."""
+_GRAPH_TYPES = ("superstep_started", "executor_invoked", "message_staged")
+"""What the graph folds: the executors invoked (and when first), the routes messages took."""
 _TAIL_PAGE = 2000
 """Events a page of the history view's tail reads (``read_all``)."""
 
@@ -75,21 +73,33 @@ class NotFound(UsageError):
 
 
 @dataclass
+class _Graph:
+    """The graph fold of an instance, continued as its log grows (only the graph endpoint
+    scans the log for it: no page waits for it)."""
+
+    version: int = 0
+    index: dict[str, int] = field(default_factory=dict)  # superstep id -> its index
+    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
+    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass
 class _Instance:
     """What a ``Reader`` keeps of an instance: the run history fold (kept to be continued when
-    the log grows), the superstep starts (for naming points), the routes messages took."""
+    the log grows), the supersteps in start order (for pages and naming points), and, asked
+    only when a page needs them, the answered requests and sub-workflow marks, and the graph."""
 
     version: int
     history: RunHistory
     redactor: SensitiveKeys
-    starts: list[EventBase] = field(default_factory=list)
-    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in starts
-    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
-    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+    ids: list[str] = field(default_factory=list)  # every superstep id, in start order
+    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in ids
+    runs: list[str] = field(default_factory=list)
+    marks_version: int = 0
     answered: set[str] = field(default_factory=set)
-    runs: int = 0
     ran_subworkflows: bool = False
     is_subworkflow: bool = False
+    graph: _Graph = field(default_factory=_Graph)
     lineage: tuple[int, list[SubworkflowLink], SubworkflowLink | None] | None = None
     """(the store's last position, subworkflows_of, parent_of) when last asked."""
 
@@ -119,6 +129,7 @@ class Reader:
         self.sensitive = SensitiveKeys(sensitive)
         self._cache: OrderedDict[str, _Instance] = OrderedDict()
         self._lock = threading.Lock()
+        self._graph_lock = threading.Lock()
         self._travel: TimeTravel | None = None
 
     def _time_travel(self) -> TimeTravel:
@@ -153,8 +164,9 @@ class Reader:
             raise NotFound(str(error)) from error
 
     def _load(self, instance_id: str) -> _Instance:
-        """The instance's folds, caught up with its log (folded window by window; when the log
-        grew since the last page, only the new events are read and folded)."""
+        """The instance's history, caught up with its log: from the history view and its tail
+        when the view exists, else folded window by window; when the log grew since the last
+        page, only the new events are read and folded. Nothing else is read here."""
         version = self.store.version(instance_id)
         if version == 0:
             raise NotFound(f"no instance {instance_id!r} in the store")
@@ -163,36 +175,63 @@ class Reader:
             if loaded is not None and loaded.version == version:
                 self._cache.move_to_end(instance_id)
                 return loaded
-            types: frozenset[str] | set[str] = _TYPES
+            fresh = loaded is None
             if loaded is None:
                 forks = forks_of(self.store, instance_id)
                 viewed = self._viewed(instance_id, forks)
                 if viewed is None:
                     loaded = _Instance(0, RunHistory(forks=forks), SensitiveKeys())
-                else:  # the history is caught up to ``version``: the scan folds the rest only
-                    history, version = viewed
-                    loaded = _Instance(0, history, SensitiveKeys())
-                    types = _OWN_TYPES
-            runs_before = loaded.runs
+                else:  # the history is caught up to its version: only later growth is read
+                    history, caught_up = viewed
+                    loaded = _Instance(caught_up, history, SensitiveKeys())
             after = loaded.version
             while after < version:
                 for event in self.store.read(
-                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=types
+                    instance_id,
+                    after=after,
+                    upto=min(version, after + RUN_WINDOW),
+                    types=RunHistory.EVENT_TYPES,
                 ):
-                    self._fold(loaded, event, history=types is _TYPES)
+                    loaded.history.apply(event)
                 after += RUN_WINDOW
-            loaded.version = version
-            if loaded.runs != runs_before or loaded.version == 0:
+            loaded.version = max(loaded.version, version)
+            runs = loaded.history.runs()
+            run_ids = [run.run_id for run in runs]
+            if run_ids != loaded.runs or fresh:
                 loaded.redactor = (
                     SensitiveKeys()
                     if self.reveal
                     else sensitive_keys_of(self.store, instance_id, extra=self.sensitive.patterns)
                 )
+            loaded.runs = run_ids
+            # Every superstep in start order: the runs' own lists, runs in start order (an
+            # instance runs one run at a time, so the lists follow one another in the log).
+            loaded.ids = [s for run in runs for s in run.superstep_ids]
+            loaded.order = {s: n for n, s in enumerate(loaded.ids)}
             self._cache[instance_id] = loaded
             self._cache.move_to_end(instance_id)
             while len(self._cache) > _CACHED:
                 self._cache.popitem(last=False)
             return loaded
+
+    def _marks(self, instance_id: str) -> _Instance:
+        """The instance with its answered requests and sub-workflow marks caught up: found by
+        ``store.find_events`` (only rows that may hold one are decoded), continued from where
+        the last page left them."""
+        loaded = self._load(instance_id)
+        with self._lock:
+            if loaded.marks_version < loaded.version:
+                for event in self.store.find_events(
+                    instance_id, _MARKS, after=loaded.marks_version, upto=loaded.version
+                ):
+                    if isinstance(event, ResponseReceived):
+                        loaded.answered.add(event.request_id)
+                    elif event.type == "subworkflow_ran":
+                        loaded.ran_subworkflows = True
+                    elif event.type == "subworkflow_started":
+                        loaded.is_subworkflow = True
+                loaded.marks_version = loaded.version
+        return loaded
 
     def _viewed(self, instance_id: str, forks: list[ForkRecord]) -> tuple[RunHistory, int] | None:
         """The instance's run history from the history view (``steplog project`` built it) and
@@ -245,31 +284,38 @@ class Reader:
             after = page[-1].global_position
         return history, version
 
+    def graph(self, instance_id: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """Executor -> the index of the first superstep that invoked it, and (source, target)
+        -> how many messages the log routed so (``MessageStaged``): the one answer that scans
+        the instance's log, kept and continued as the log grows (pages fetch it afterwards)."""
+        loaded = self._load(instance_id)
+        with self._graph_lock:
+            graph = loaded.graph
+            version = loaded.version
+            after = graph.version
+            while after < version:
+                for event in self.store.read(
+                    instance_id,
+                    after=after,
+                    upto=min(version, after + RUN_WINDOW),
+                    types=_GRAPH_TYPES,
+                ):
+                    self._fold_graph(graph, event)
+                after += RUN_WINDOW
+            graph.version = max(graph.version, version)
+            return dict(graph.first_ran), dict(graph.routes)
+
     @staticmethod
-    def _fold(loaded: _Instance, event: EventBase, *, history: bool = True) -> None:
-        if history and event.type in RunHistory.EVENT_TYPES:
-            loaded.history.apply(event)
+    def _fold_graph(graph: _Graph, event: EventBase) -> None:
         if isinstance(event, SuperstepStarted):
-            loaded.order[event.superstep_id] = len(loaded.starts)
-            loaded.starts.append(event)
+            graph.index[event.superstep_id] = event.index
         elif isinstance(event, ExecutorInvoked):
-            if event.executor_id not in loaded.first_ran:
-                place = loaded.order.get(event.superstep_id)
-                start = loaded.starts[place] if place is not None else None
-                index = start.index if isinstance(start, SuperstepStarted) else 0
-                loaded.first_ran[event.executor_id] = index
+            if event.executor_id not in graph.first_ran:
+                graph.first_ran[event.executor_id] = graph.index.get(event.superstep_id, 0)
         elif isinstance(event, MessageStaged):
             for target in event.targets or ([event.target] if event.target else []):
                 route = (event.source, target)
-                loaded.routes[route] = loaded.routes.get(route, 0) + 1
-        elif isinstance(event, ResponseReceived):
-            loaded.answered.add(event.request_id)
-        elif isinstance(event, RunStarted):
-            loaded.runs += 1
-        elif event.type == "subworkflow_ran":
-            loaded.ran_subworkflows = True
-        elif event.type == "subworkflow_started":
-            loaded.is_subworkflow = True
+                graph.routes[route] = graph.routes.get(route, 0) + 1
 
     def history(self, instance_id: str) -> RunHistory:
         """The instance's run history (``fold_history``, with its forks)."""
@@ -314,12 +360,11 @@ class Reader:
         there are in all; only that page's records are copied out of the history."""
         loaded = self._load(instance_id)
         if run_id is None:
-            ids = [e.superstep_id for e in loaded.starts[(page - 1) * size : page * size]]  # type: ignore[attr-defined]
-            total = len(loaded.starts)
+            every = loaded.ids
         else:
             run = loaded.history.run(run_id)
             every = [] if run is None else run.superstep_ids
-            ids, total = every[(page - 1) * size : page * size], len(every)
+        ids, total = every[(page - 1) * size : page * size], len(every)
         found = (loaded.history.superstep(i) for i in ids)
         return [s for s in found if s is not None], total
 
@@ -332,24 +377,14 @@ class Reader:
         if place is None:
             return None, None
         around = [
-            loaded.history.superstep(loaded.starts[i].superstep_id)  # type: ignore[attr-defined]
-            if 0 <= i < len(loaded.starts)
-            else None
+            loaded.history.superstep(loaded.ids[i]) if 0 <= i < len(loaded.ids) else None
             for i in (place - 1, place + 1)
         ]
         return around[0], around[1]
 
-    def first_ran(self, instance_id: str) -> dict[str, int]:
-        """Executor -> the index of the first superstep that invoked it."""
-        return self._load(instance_id).first_ran
-
     def answered(self, instance_id: str) -> set[str]:
         """The ids of the requests whose responses the instance's runs recorded."""
-        return self._load(instance_id).answered
-
-    def routes(self, instance_id: str) -> dict[tuple[str, str], int]:
-        """(source, target) -> how many messages the log routed so (``MessageStaged``)."""
-        return self._load(instance_id).routes
+        return self._marks(instance_id).answered
 
     def moment(self, instance_id: str, position: int) -> datetime | None:
         """The time stamped on the event at ``position`` (None for 0)."""
@@ -361,7 +396,7 @@ class Reader:
     def _lineage(self, instance_id: str) -> tuple[list[SubworkflowLink], SubworkflowLink | None]:
         """``subworkflows_of`` and ``parent_of``, asked again only when the store has grown
         (each reads the instance's markers and run ends, and the parent's)."""
-        loaded = self._load(instance_id)
+        loaded = self._marks(instance_id)
         now = self.store.last_position()
         if loaded.lineage is None or loaded.lineage[0] != now:
             # ``subworkflows_of`` folds every marker of the instance and ``parent_of`` reads
@@ -385,10 +420,24 @@ class Reader:
 
     def _parse(self, loaded: _Instance, text: str) -> Point:
         kind, _, rest = text.partition(":")
-        place = loaded.order.get(rest) if kind in ("step", "inside") else None
         # An exact superstep id (what the pages link to) needs only its own start to be named;
-        # a prefix or a run is looked for among them all.
-        starts = loaded.starts if place is None else [loaded.starts[place]]
+        # a prefix or a run is looked for among them all (starts made of the history's records).
+        if kind in ("step", "inside") and rest in loaded.order:
+            named = [rest]
+        elif kind in ("step", "inside", "run"):
+            named = loaded.ids
+        else:
+            named = []
+        starts: list[EventBase] = []
+        for superstep_id in named:
+            step = loaded.history.superstep(superstep_id)
+            if step is not None:
+                starts.append(
+                    SuperstepStarted.model_construct(
+                        instance_id="", run_id=step.run_id, superstep_id=step.superstep_id,
+                        index=step.index,
+                    )  # fmt: skip
+                )
         try:
             return parse_point(text, starts)
         except UsageError as error:
