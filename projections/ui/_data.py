@@ -6,11 +6,15 @@ grew only the new events are read and folded in (which keeps live pages cheap on
 A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
 built it (``HistoryView``'s rows and position, read without creating anything) and folds only
 the log's tail after that position; without a readable view it folds the whole log.
-It never holds an instance's whole log: history is folded window by window, a timeline page
-reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
-snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
-index when built), diff from ``diff`` of two such states. Every verdict (a superstep committed
-or aborted, a write counted or not) is the projections'; nothing here decides one.
+No page scans the instance's whole log: the run list reads the history; a timeline page
+reads only its supersteps' positions (``step_details``); run starts, answers and sub-workflow
+marks are found by ``store.find_events`` (which decodes only the rows that may hold one);
+state comes from ``TimeTravel`` (from snapshots when the snapshot view was built, by
+``steplog project``), blame from ``blame_keys`` (through the key index when built), diff from
+``diff`` of two such states. The graph alone needs every route, so only ``graph`` (its own
+address, which pages fetch once shown) scans the log, once per server, continued as it grows.
+Every verdict (a superstep committed or aborted, a write counted or not) is the projections';
+nothing here decides one.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from projections import (
     KeyBlame,
     Point,
     RunHistory,
+    SENSITIVE_TYPES,
     SensitiveKeys,
     SnapshotView,
     StateAt,
@@ -60,8 +65,8 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
-_MARKS = ("response_received", "subworkflow_ran", "subworkflow_started")
-"""The rare events a timeline page asks about beside the history (found, not scanned)."""
+_FOUND = (*SENSITIVE_TYPES, "response_received", "subworkflow_ran", "subworkflow_started")
+"""The rare events pages ask about beside the history (found, not scanned)."""
 _GRAPH_TYPES = ("superstep_started", "executor_invoked", "message_staged")
 """What the graph folds: the executors invoked (and when first), the routes messages took."""
 _TAIL_PAGE = 2000
@@ -86,16 +91,16 @@ class _Graph:
 @dataclass
 class _Instance:
     """What a ``Reader`` keeps of an instance: the run history fold (kept to be continued when
-    the log grows), the supersteps in start order (for pages and naming points), and, asked
-    only when a page needs them, the answered requests and sub-workflow marks, and the graph."""
+    the log grows), the supersteps in start order (for pages and naming points), the rare
+    events no view holds (found, not scanned), and the graph (scanned only when fetched)."""
 
     version: int
     history: RunHistory
     redactor: SensitiveKeys
     ids: list[str] = field(default_factory=list)  # every superstep id, in start order
     order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in ids
-    runs: list[str] = field(default_factory=list)
-    marks_version: int = 0
+    found_version: int = 0  # the position ``declared`` and the marks are caught up to
+    declared: list[EventBase] = field(default_factory=list)  # run starts, the fork event
     answered: set[str] = field(default_factory=set)
     ran_subworkflows: bool = False
     is_subworkflow: bool = False
@@ -195,15 +200,18 @@ class Reader:
                     loaded.history.apply(event)
                 after += RUN_WINDOW
             loaded.version = max(loaded.version, version)
-            runs = loaded.history.runs()
-            run_ids = [run.run_id for run in runs]
-            if run_ids != loaded.runs or fresh:
+            if self._found(instance_id, loaded) or fresh:
                 loaded.redactor = (
                     SensitiveKeys()
                     if self.reveal
-                    else sensitive_keys_of(self.store, instance_id, extra=self.sensitive.patterns)
+                    else sensitive_keys_of(
+                        self.store,
+                        instance_id,
+                        extra=self.sensitive.patterns,
+                        events=loaded.declared,
+                    )
                 )
-            loaded.runs = run_ids
+            runs = loaded.history.runs()
             # Every superstep in start order: the runs' own lists, runs in start order (an
             # instance runs one run at a time, so the lists follow one another in the log).
             loaded.ids = [s for run in runs for s in run.superstep_ids]
@@ -214,24 +222,26 @@ class Reader:
                 self._cache.popitem(last=False)
             return loaded
 
-    def _marks(self, instance_id: str) -> _Instance:
-        """The instance with its answered requests and sub-workflow marks caught up: found by
-        ``store.find_events`` (only rows that may hold one are decoded), continued from where
-        the last page left them."""
-        loaded = self._load(instance_id)
-        with self._lock:
-            if loaded.marks_version < loaded.version:
-                for event in self.store.find_events(
-                    instance_id, _MARKS, after=loaded.marks_version, upto=loaded.version
-                ):
-                    if isinstance(event, ResponseReceived):
-                        loaded.answered.add(event.request_id)
-                    elif event.type == "subworkflow_ran":
-                        loaded.ran_subworkflows = True
-                    elif event.type == "subworkflow_started":
-                        loaded.is_subworkflow = True
-                loaded.marks_version = loaded.version
-        return loaded
+    def _found(self, instance_id: str, loaded: _Instance) -> bool:
+        """Catch up the rare events no view holds (run starts and the fork event, which declare
+        sensitive keys; answers to requests; sub-workflow marks) with ``store.find_events`` (only
+        rows that may hold one are decoded), from where the last page left them; True when a run
+        start or a fork event was found (the redaction is then asked again)."""
+        declared = False
+        for event in self.store.find_events(
+            instance_id, _FOUND, after=loaded.found_version, upto=loaded.version
+        ):
+            if event.type in SENSITIVE_TYPES:
+                loaded.declared.append(event)
+                declared = True
+            elif isinstance(event, ResponseReceived):
+                loaded.answered.add(event.request_id)
+            elif event.type == "subworkflow_ran":
+                loaded.ran_subworkflows = True
+            elif event.type == "subworkflow_started":
+                loaded.is_subworkflow = True
+        loaded.found_version = max(loaded.found_version, loaded.version)
+        return declared
 
     def _viewed(self, instance_id: str, forks: list[ForkRecord]) -> tuple[RunHistory, int] | None:
         """The instance's run history from the history view (``steplog project`` built it) and
@@ -384,7 +394,7 @@ class Reader:
 
     def answered(self, instance_id: str) -> set[str]:
         """The ids of the requests whose responses the instance's runs recorded."""
-        return self._marks(instance_id).answered
+        return self._load(instance_id).answered
 
     def moment(self, instance_id: str, position: int) -> datetime | None:
         """The time stamped on the event at ``position`` (None for 0)."""
@@ -396,7 +406,7 @@ class Reader:
     def _lineage(self, instance_id: str) -> tuple[list[SubworkflowLink], SubworkflowLink | None]:
         """``subworkflows_of`` and ``parent_of``, asked again only when the store has grown
         (each reads the instance's markers and run ends, and the parent's)."""
-        loaded = self._marks(instance_id)
+        loaded = self._load(instance_id)
         now = self.store.last_position()
         if loaded.lineage is None or loaded.lineage[0] != now:
             # ``subworkflows_of`` folds every marker of the instance and ``parent_of`` reads
