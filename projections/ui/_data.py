@@ -37,12 +37,12 @@ from kernel import (
     SuperstepStarted,
 )
 from projections import (
+    SENSITIVE_TYPES,
     ForkRecord,
     HistoryView,
     KeyBlame,
     Point,
     RunHistory,
-    SENSITIVE_TYPES,
     SensitiveKeys,
     SnapshotView,
     StateAt,
@@ -444,9 +444,11 @@ class Reader:
             if step is not None:
                 starts.append(
                     SuperstepStarted.model_construct(
-                        instance_id="", run_id=step.run_id, superstep_id=step.superstep_id,
+                        instance_id="",
+                        run_id=step.run_id,
+                        superstep_id=step.superstep_id,
                         index=step.index,
-                    )  # fmt: skip
+                    )
                 )
         try:
             return parse_point(text, starts)
