@@ -147,6 +147,17 @@ def ui_timeline(cfg: Config) -> Measurement:
     )
 
 
+def ui_graph(cfg: Config) -> Measurement:
+    """``GET /i/ID/graph``: the instance's graph, which the pages fetch once shown: the one
+    answer that scans the log (on the first load; kept by the server afterwards)."""
+    instance = timetravel._instance(cfg)
+    return _ui(
+        cfg,
+        lambda n: f"/i/{instance}/graph",
+        lambda page: expect(page.count("<svg"), 1, "graphs drawn"),
+    )
+
+
 def cli_show(cfg: Config) -> Measurement:
     """``steplog show RUN --json``: the same run and every one of its supersteps."""
     run = _a_run(cfg)
@@ -258,6 +269,7 @@ BENCHMARK = Benchmark(
         Case(CLI_RUNS, cli_runs, steplog=True),
         Case("ui: a run's timeline (GET /i/ID?run=RUN)", ui_timeline, steplog=True),
         Case("cli: show RUN --json", cli_show, steplog=True),
+        Case("ui: the graph (GET /i/ID/graph)", ui_graph, steplog=True),
         Case(UI_STATE, ui_state, steplog=True),
         Case("cli: state INSTANCE step:S --json", cli_state, steplog=True),
         Case("ui: blame of one key (GET /i/ID/blame/KEY)", ui_blame, steplog=True),

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import orjson
 from jinja2 import Environment, FileSystemLoader
@@ -125,7 +125,6 @@ class _Pages:
         if selected_id and selected is None:
             raise NotFound(f"no superstep {selected_id!r} in instance {instance!r}")
         details = self.reader.step_details(instance, shown)
-        graph = graph_of(self.reader.first_ran(instance), self.reader.routes(instance))
         links = self.reader.subworkflows(instance)
         return self.render(
             request,
@@ -139,7 +138,7 @@ class _Pages:
             pages=pages,
             total=total,
             selected=selected,
-            graph=graph.svg(selected.executors if selected else ()),
+            graph=_graph_url(instance, selected.executors if selected else ()),
             subworkflows=links,
             parent=self.reader.parent(instance),
             answered=self.reader.answered(instance),
@@ -157,7 +156,6 @@ class _Pages:
         neighbours: tuple[SuperstepRecord | None, SuperstepRecord | None] = (None, None)
         if step is not None:
             neighbours = self.reader.neighbours(instance, step.superstep_id)
-        graph = graph_of(self.reader.first_ran(instance), self.reader.routes(instance))
         moment = self.reader.moment(instance, at.position)
         return self.render(
             request,
@@ -171,9 +169,20 @@ class _Pages:
             following=neighbours[1],
             values=sorted(at.values.items()),
             version=self.reader.version(instance),
-            graph=graph.svg(step.executors if step else ()),
+            graph=_graph_url(instance, step.executors if step else ()),
             live=_url(f"/i/{instance}/live"),
         )
+
+    # -- the graph -----------------------------------------------------------------------------
+
+    def graph(self, request: Request) -> Response:
+        """The instance's graph as an SVG fragment (``?active=`` executors highlighted): the one
+        answer that scans the log (kept and continued per server), fetched by the pages after
+        they are shown."""
+        instance = self.reader.instance(request.path_params["instance"])
+        first_ran, routes = self.reader.graph(instance)
+        active = request.query_params.getlist("active")
+        return HTMLResponse(str(graph_of(first_ran, routes).svg(active)))
 
     # -- diff and blame ----------------------------------------------------------------------
 
@@ -266,6 +275,12 @@ def _matches(query: str, instance: str, run: RunRecord) -> bool:
     return query.lower() in hay.lower()
 
 
+def _graph_url(instance: str, active: Iterable[str]) -> str:
+    """Where a page fetches the instance's graph from, ``active`` executors highlighted."""
+    query = urlencode([("active", name) for name in active])
+    return f"/i/{quote(instance)}/graph" + ("?" + query if query else "")
+
+
 def _url(path: str, **query: Any) -> str:
     """``path`` with the query parameters that are not None."""
     kept = {k: v for k, v in query.items() if v is not None}
@@ -314,6 +329,7 @@ def create_app(
         # Instance ids may hold "/" (a sub-workflow's do): the longer routes are tried first.
         Route("/i/{instance:path}/blame/{key:path}", pages.blame),
         Route("/i/{instance:path}/state", pages.state),
+        Route("/i/{instance:path}/graph", pages.graph),
         Route("/i/{instance:path}/diff", pages.diff),
         Route("/i/{instance:path}/live", pages.live_instance),
         Route("/i/{instance:path}", pages.instance),

@@ -6,11 +6,15 @@ grew only the new events are read and folded in (which keeps live pages cheap on
 A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
 built it (``HistoryView``'s rows and position, read without creating anything) and folds only
 the log's tail after that position; without a readable view it folds the whole log.
-It never holds an instance's whole log: history is folded window by window, a timeline page
-reads only its supersteps' positions, state comes from ``TimeTravel`` (from snapshots when the
-snapshot view was built, by ``steplog project``), blame from ``blame_keys`` (through the key
-index when built), diff from ``diff`` of two such states. Every verdict (a superstep committed
-or aborted, a write counted or not) is the projections'; nothing here decides one.
+No page scans the instance's whole log: the run list reads the history; a timeline page
+reads only its supersteps' positions (``step_details``); run starts, answers and sub-workflow
+marks are found by ``store.find_events`` (which decodes only the rows that may hold one);
+state comes from ``TimeTravel`` (from snapshots when the snapshot view was built, by
+``steplog project``), blame from ``blame_keys`` (through the key index when built), diff from
+``diff`` of two such states. The graph alone needs every route, so only ``graph`` (its own
+address, which pages fetch once shown) scans the log, once per server, continued as it grows.
+Every verdict (a superstep committed or aborted, a write counted or not) is the projections';
+nothing here decides one.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from kernel import (
     MessageStaged,
     OutputYielded,
     ResponseReceived,
-    RunStarted,
     StepLogError,
     SuperstepStarted,
 )
 from projections import (
+    SENSITIVE_TYPES,
     ForkRecord,
     HistoryView,
     KeyBlame,
@@ -61,11 +65,10 @@ __all__ = ["NotFound", "Reader", "StepDetail"]
 
 _CACHED = 32
 """Instances whose history a ``Reader`` keeps."""
-_OWN_TYPES = frozenset({"superstep_started", "executor_invoked", "message_staged",
-                        "response_received", "run_started", "subworkflow_ran",
-                        "subworkflow_started"})  # fmt: skip
-"""What the UI folds itself (supersteps' starts, routes, answers...), beside the run history."""
-_TYPES = RunHistory.EVENT_TYPES | _OWN_TYPES
+_FOUND = (*SENSITIVE_TYPES, "response_received", "subworkflow_ran", "subworkflow_started")
+"""The rare events pages ask about beside the history (found, not scanned)."""
+_GRAPH_TYPES = ("superstep_started", "executor_invoked", "message_staged")
+"""What the graph folds: the executors invoked (and when first), the routes messages took."""
 _TAIL_PAGE = 2000
 """Events a page of the history view's tail reads (``read_all``)."""
 
@@ -75,21 +78,33 @@ class NotFound(UsageError):
 
 
 @dataclass
+class _Graph:
+    """The graph fold of an instance, continued as its log grows (only the graph endpoint
+    scans the log for it: no page waits for it)."""
+
+    version: int = 0
+    index: dict[str, int] = field(default_factory=dict)  # superstep id -> its index
+    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
+    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass
 class _Instance:
     """What a ``Reader`` keeps of an instance: the run history fold (kept to be continued when
-    the log grows), the superstep starts (for naming points), the routes messages took."""
+    the log grows), the supersteps in start order (for pages and naming points), the rare
+    events no view holds (found, not scanned), and the graph (scanned only when fetched)."""
 
     version: int
     history: RunHistory
     redactor: SensitiveKeys
-    starts: list[EventBase] = field(default_factory=list)
-    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in starts
-    first_ran: dict[str, int] = field(default_factory=dict)  # executor -> first superstep index
-    routes: dict[tuple[str, str], int] = field(default_factory=dict)
+    ids: list[str] = field(default_factory=list)  # every superstep id, in start order
+    order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in ids
+    found_version: int = 0  # the position ``declared`` and the marks are caught up to
+    declared: list[EventBase] = field(default_factory=list)  # run starts, the fork event
     answered: set[str] = field(default_factory=set)
-    runs: int = 0
     ran_subworkflows: bool = False
     is_subworkflow: bool = False
+    graph: _Graph = field(default_factory=_Graph)
     lineage: tuple[int, list[SubworkflowLink], SubworkflowLink | None] | None = None
     """(the store's last position, subworkflows_of, parent_of) when last asked."""
 
@@ -119,6 +134,7 @@ class Reader:
         self.sensitive = SensitiveKeys(sensitive)
         self._cache: OrderedDict[str, _Instance] = OrderedDict()
         self._lock = threading.Lock()
+        self._graph_lock = threading.Lock()
         self._travel: TimeTravel | None = None
 
     def _time_travel(self) -> TimeTravel:
@@ -153,8 +169,9 @@ class Reader:
             raise NotFound(str(error)) from error
 
     def _load(self, instance_id: str) -> _Instance:
-        """The instance's folds, caught up with its log (folded window by window; when the log
-        grew since the last page, only the new events are read and folded)."""
+        """The instance's history, caught up with its log: from the history view and its tail
+        when the view exists, else folded window by window; when the log grew since the last
+        page, only the new events are read and folded. Nothing else is read here."""
         version = self.store.version(instance_id)
         if version == 0:
             raise NotFound(f"no instance {instance_id!r} in the store")
@@ -163,36 +180,68 @@ class Reader:
             if loaded is not None and loaded.version == version:
                 self._cache.move_to_end(instance_id)
                 return loaded
-            types: frozenset[str] | set[str] = _TYPES
+            fresh = loaded is None
             if loaded is None:
                 forks = forks_of(self.store, instance_id)
                 viewed = self._viewed(instance_id, forks)
                 if viewed is None:
                     loaded = _Instance(0, RunHistory(forks=forks), SensitiveKeys())
-                else:  # the history is caught up to ``version``: the scan folds the rest only
-                    history, version = viewed
-                    loaded = _Instance(0, history, SensitiveKeys())
-                    types = _OWN_TYPES
-            runs_before = loaded.runs
+                else:  # the history is caught up to its version: only later growth is read
+                    history, caught_up = viewed
+                    loaded = _Instance(caught_up, history, SensitiveKeys())
             after = loaded.version
             while after < version:
                 for event in self.store.read(
-                    instance_id, after=after, upto=min(version, after + RUN_WINDOW), types=types
+                    instance_id,
+                    after=after,
+                    upto=min(version, after + RUN_WINDOW),
+                    types=RunHistory.EVENT_TYPES,
                 ):
-                    self._fold(loaded, event, history=types is _TYPES)
+                    loaded.history.apply(event)
                 after += RUN_WINDOW
-            loaded.version = version
-            if loaded.runs != runs_before or loaded.version == 0:
+            loaded.version = max(loaded.version, version)
+            if self._found(instance_id, loaded) or fresh:
                 loaded.redactor = (
                     SensitiveKeys()
                     if self.reveal
-                    else sensitive_keys_of(self.store, instance_id, extra=self.sensitive.patterns)
+                    else sensitive_keys_of(
+                        self.store,
+                        instance_id,
+                        extra=self.sensitive.patterns,
+                        events=loaded.declared,
+                    )
                 )
+            runs = loaded.history.runs()
+            # Every superstep in start order: the runs' own lists, runs in start order (an
+            # instance runs one run at a time, so the lists follow one another in the log).
+            loaded.ids = [s for run in runs for s in run.superstep_ids]
+            loaded.order = {s: n for n, s in enumerate(loaded.ids)}
             self._cache[instance_id] = loaded
             self._cache.move_to_end(instance_id)
             while len(self._cache) > _CACHED:
                 self._cache.popitem(last=False)
             return loaded
+
+    def _found(self, instance_id: str, loaded: _Instance) -> bool:
+        """Catch up the rare events no view holds (run starts and the fork event, which declare
+        sensitive keys; answers to requests; sub-workflow marks) with ``store.find_events`` (only
+        rows that may hold one are decoded), from where the last page left them; True when a run
+        start or a fork event was found (the redaction is then asked again)."""
+        declared = False
+        for event in self.store.find_events(
+            instance_id, _FOUND, after=loaded.found_version, upto=loaded.version
+        ):
+            if event.type in SENSITIVE_TYPES:
+                loaded.declared.append(event)
+                declared = True
+            elif isinstance(event, ResponseReceived):
+                loaded.answered.add(event.request_id)
+            elif event.type == "subworkflow_ran":
+                loaded.ran_subworkflows = True
+            elif event.type == "subworkflow_started":
+                loaded.is_subworkflow = True
+        loaded.found_version = max(loaded.found_version, loaded.version)
+        return declared
 
     def _viewed(self, instance_id: str, forks: list[ForkRecord]) -> tuple[RunHistory, int] | None:
         """The instance's run history from the history view (``steplog project`` built it) and
@@ -245,31 +294,38 @@ class Reader:
             after = page[-1].global_position
         return history, version
 
+    def graph(self, instance_id: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """Executor -> the index of the first superstep that invoked it, and (source, target)
+        -> how many messages the log routed so (``MessageStaged``): the one answer that scans
+        the instance's log, kept and continued as the log grows (pages fetch it afterwards)."""
+        loaded = self._load(instance_id)
+        with self._graph_lock:
+            graph = loaded.graph
+            version = loaded.version
+            after = graph.version
+            while after < version:
+                for event in self.store.read(
+                    instance_id,
+                    after=after,
+                    upto=min(version, after + RUN_WINDOW),
+                    types=_GRAPH_TYPES,
+                ):
+                    self._fold_graph(graph, event)
+                after += RUN_WINDOW
+            graph.version = max(graph.version, version)
+            return dict(graph.first_ran), dict(graph.routes)
+
     @staticmethod
-    def _fold(loaded: _Instance, event: EventBase, *, history: bool = True) -> None:
-        if history and event.type in RunHistory.EVENT_TYPES:
-            loaded.history.apply(event)
+    def _fold_graph(graph: _Graph, event: EventBase) -> None:
         if isinstance(event, SuperstepStarted):
-            loaded.order[event.superstep_id] = len(loaded.starts)
-            loaded.starts.append(event)
+            graph.index[event.superstep_id] = event.index
         elif isinstance(event, ExecutorInvoked):
-            if event.executor_id not in loaded.first_ran:
-                place = loaded.order.get(event.superstep_id)
-                start = loaded.starts[place] if place is not None else None
-                index = start.index if isinstance(start, SuperstepStarted) else 0
-                loaded.first_ran[event.executor_id] = index
+            if event.executor_id not in graph.first_ran:
+                graph.first_ran[event.executor_id] = graph.index.get(event.superstep_id, 0)
         elif isinstance(event, MessageStaged):
             for target in event.targets or ([event.target] if event.target else []):
                 route = (event.source, target)
-                loaded.routes[route] = loaded.routes.get(route, 0) + 1
-        elif isinstance(event, ResponseReceived):
-            loaded.answered.add(event.request_id)
-        elif isinstance(event, RunStarted):
-            loaded.runs += 1
-        elif event.type == "subworkflow_ran":
-            loaded.ran_subworkflows = True
-        elif event.type == "subworkflow_started":
-            loaded.is_subworkflow = True
+                graph.routes[route] = graph.routes.get(route, 0) + 1
 
     def history(self, instance_id: str) -> RunHistory:
         """The instance's run history (``fold_history``, with its forks)."""
@@ -314,12 +370,11 @@ class Reader:
         there are in all; only that page's records are copied out of the history."""
         loaded = self._load(instance_id)
         if run_id is None:
-            ids = [e.superstep_id for e in loaded.starts[(page - 1) * size : page * size]]  # type: ignore[attr-defined]
-            total = len(loaded.starts)
+            every = loaded.ids
         else:
             run = loaded.history.run(run_id)
             every = [] if run is None else run.superstep_ids
-            ids, total = every[(page - 1) * size : page * size], len(every)
+        ids, total = every[(page - 1) * size : page * size], len(every)
         found = (loaded.history.superstep(i) for i in ids)
         return [s for s in found if s is not None], total
 
@@ -332,24 +387,14 @@ class Reader:
         if place is None:
             return None, None
         around = [
-            loaded.history.superstep(loaded.starts[i].superstep_id)  # type: ignore[attr-defined]
-            if 0 <= i < len(loaded.starts)
-            else None
+            loaded.history.superstep(loaded.ids[i]) if 0 <= i < len(loaded.ids) else None
             for i in (place - 1, place + 1)
         ]
         return around[0], around[1]
 
-    def first_ran(self, instance_id: str) -> dict[str, int]:
-        """Executor -> the index of the first superstep that invoked it."""
-        return self._load(instance_id).first_ran
-
     def answered(self, instance_id: str) -> set[str]:
         """The ids of the requests whose responses the instance's runs recorded."""
         return self._load(instance_id).answered
-
-    def routes(self, instance_id: str) -> dict[tuple[str, str], int]:
-        """(source, target) -> how many messages the log routed so (``MessageStaged``)."""
-        return self._load(instance_id).routes
 
     def moment(self, instance_id: str, position: int) -> datetime | None:
         """The time stamped on the event at ``position`` (None for 0)."""
@@ -385,10 +430,26 @@ class Reader:
 
     def _parse(self, loaded: _Instance, text: str) -> Point:
         kind, _, rest = text.partition(":")
-        place = loaded.order.get(rest) if kind in ("step", "inside") else None
         # An exact superstep id (what the pages link to) needs only its own start to be named;
-        # a prefix or a run is looked for among them all.
-        starts = loaded.starts if place is None else [loaded.starts[place]]
+        # a prefix or a run is looked for among them all (starts made of the history's records).
+        if kind in ("step", "inside") and rest in loaded.order:
+            named = [rest]
+        elif kind in ("step", "inside", "run"):
+            named = loaded.ids
+        else:
+            named = []
+        starts: list[EventBase] = []
+        for superstep_id in named:
+            step = loaded.history.superstep(superstep_id)
+            if step is not None:
+                starts.append(
+                    SuperstepStarted.model_construct(
+                        instance_id="",
+                        run_id=step.run_id,
+                        superstep_id=step.superstep_id,
+                        index=step.index,
+                    )
+                )
         try:
             return parse_point(text, starts)
         except UsageError as error:

@@ -122,6 +122,7 @@ def test_time_travel_to_each_superstep(page: Any, server: Server) -> None:
         assert step.position is not None
         committed = fold_committed([e for e in events if e.position <= step.position])
         assert shown_state(page) == expected_state(committed.values), step.index
+        page.locator("svg.graph").wait_for()  # the page fetches its graph once shown
         active = page.locator("svg.graph g.node.active").all()
         assert {g.get_attribute("data-executor") for g in active} == set(step.executors)
     # the slider: drag to a position, the state there is shown
@@ -196,6 +197,7 @@ def test_a_hostile_value_renders_as_text(page: Any, server: Server) -> None:
     assert HOSTILE in page.locator("table#state").inner_text()
     first = fold_history(server.store.read(HOSTILE_INSTANCE)).supersteps()[1]
     page.goto(f"/i/{HOSTILE_INSTANCE}?step={first.superstep_id}")
+    page.locator("svg.graph").wait_for()  # the page fetches its graph once shown
     active = page.locator("svg.graph g.node.active").all()
     assert [g.get_attribute("data-executor") for g in active] == list(first.executors)
     nodes = {g.get_attribute("data-executor") for g in page.locator("svg.graph g.node").all()}

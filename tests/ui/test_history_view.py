@@ -19,17 +19,20 @@ from tests.ui.workflows import HOSTILE_INSTANCE, write_chain
 
 def pages(store: EventStore, instances: list[str]) -> dict[str, str]:
     """Every page of ``instances`` a fresh server shows: the run list, each timeline (all runs,
-    each run, each superstep selected), the state now and after each superstep."""
+    each run, each superstep selected), the state now and after each superstep, the graph (with
+    each superstep's executors highlighted)."""
     found: dict[str, str] = {}
     with TestClient(create_app(store)) as client:
         paths = ["/"]
         for instance in instances:
-            paths += [f"/i/{instance}", f"/i/{instance}/state"]
+            paths += [f"/i/{instance}", f"/i/{instance}/state", f"/i/{instance}/graph"]
             history = Reader(store).history(instance)
             paths += [f"/i/{instance}?run={run.run_id}" for run in history.runs()]
             for step in history.supersteps():
+                active = "&".join(f"active={e}" for e in step.executors)
                 paths += [f"/i/{instance}?step={step.superstep_id}",
-                          f"/i/{instance}/state?at=step:{step.superstep_id}"]  # fmt: skip
+                          f"/i/{instance}/state?at=step:{step.superstep_id}",
+                          f"/i/{instance}/graph?{active}"]  # fmt: skip
         # Each page from a new server, so that each one is a first load of its instance.
         for path in paths:
             with TestClient(create_app(store)) as fresh:

@@ -13,8 +13,15 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from kernel import EventStore, fold_committed
-from projections import blame_keys, fold_history
+from kernel import EventStore, ExecutorInvoked, MessageStaged, fold_committed
+from projections import (
+    HistoryView,
+    KeyIndexView,
+    Projector,
+    SnapshotView,
+    blame_keys,
+    fold_history,
+)
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 from projections.cli._render import show_value
 from projections.ui import create_app, needs_token
@@ -86,6 +93,72 @@ def test_the_timeline_shows_lineage_and_messages(client: TestClient) -> None:
     assert "pipeline → pipeline" in recovery  # the messages it routed
     fork = client.get(f"/i/{FORK}").text
     assert f'forked from <a href="/i/{RECOVERY}">{RECOVERY}</a>' in fork
+
+
+@pytest.mark.parametrize("instance", [DEMO, RECOVERY, FORK, HOSTILE_INSTANCE])
+def test_the_graph_is_fetched_from_its_own_address_with_the_routes_of_the_log(
+    client: TestClient, demo_store: EventStore, instance: str
+) -> None:
+    events = demo_store.read(instance)
+    routes: dict[tuple[str, str], int] = {}
+    for event in events:
+        if isinstance(event, MessageStaged):
+            for target in event.targets or ([event.target] if event.target else []):
+                routes[(event.source, target)] = routes.get((event.source, target), 0) + 1
+    invoked = {e.executor_id for e in events if isinstance(e, ExecutorInvoked)}
+    step = fold_history(events).supersteps()[-1]
+    for path in (f"/i/{instance}?step={step.superstep_id}",
+                 f"/i/{instance}/state?at=step:{step.superstep_id}"):  # fmt: skip
+        page = client.get(path).text
+        assert "<svg" not in page  # drawn when fetched, not while the page is served
+        (address,) = rows(page, "data-graph")
+        graph = client.get(html.unescape(address))
+        assert graph.status_code == 200
+        nodes = re.findall(r'<g class="(node(?: active)?)" data-executor="([^"]*)"', graph.text)
+        names = {html.unescape(name) for _, name in nodes}
+        assert names == invoked | {name for route in routes for name in route}
+        active = {html.unescape(name) for cls, name in nodes if cls == "node active"}
+        assert active == set(step.executors)
+        titles = re.findall(r"<path class=\"edge\"[^>]*><title>(.*?)</title>", graph.text)
+        assert sorted(html.unescape(t) for t in titles) == sorted(
+            f"{s} -> {t}: {n} message(s)" for (s, t), n in routes.items()
+        )
+    assert client.get("/i/no-such-instance/graph").status_code == 404
+
+
+def test_with_the_history_view_only_the_graph_reads_the_whole_log(demo_store: EventStore) -> None:
+    """A fresh server serves the run list, a timeline page, state and blame from the history
+    view, the snapshots and the key index, reading only the positions the page shows; the
+    graph, fetched on its own, is what scans the instance's log (once per server)."""
+    Projector(demo_store, [HistoryView(), SnapshotView(every=1), KeyIndexView()]).catch_up()
+    reads: list[tuple[str, int, int | None, tuple[str, ...]]] = []
+    read = demo_store.read
+
+    def counted(instance_id: str, **options: Any) -> list[Any]:
+        reads.append((instance_id, options.get("after", 0), options.get("upto"),
+                      tuple(options.get("types", ()))))  # fmt: skip
+        return read(instance_id, **options)
+
+    demo_store.read = counted  # type: ignore[method-assign]
+    history = fold_history(read(RECOVERY))
+    step = history.supersteps()[-1]
+    last = demo_store.version(RECOVERY)
+    key = next(iter(fold_committed(read(RECOVERY)).values))
+    with TestClient(create_app(demo_store)) as client:
+        for path in ("/", f"/i/{RECOVERY}", f"/i/{RECOVERY}?step={step.superstep_id}",
+                     f"/i/{RECOVERY}/state?at=step:{step.superstep_id}",
+                     f"/i/{RECOVERY}/blame/{key}"):  # fmt: skip
+            assert client.get(path).status_code == 200, path
+        # Nothing read from the log's start but its first event (forks_of): each read starts
+        # at a page's superstep, a snapshot or the point asked about.
+        assert reads
+        assert not [r for r in reads if r[0] == RECOVERY and r[1] == 0 and r[2] != 1], reads
+        assert client.get(f"/i/{RECOVERY}/graph").status_code == 200
+        graph_reads = [r for r in reads if "executor_invoked" in r[3] and r[0] == RECOVERY]
+        assert [(r[1], r[2]) for r in graph_reads] == [(0, last)]
+        before = len(reads)
+        assert client.get(f"/i/{RECOVERY}/graph").status_code == 200
+        assert not [r for r in reads[before:] if "message_staged" in r[3]]  # kept per server
 
 
 @pytest.mark.parametrize("instance", [DEMO, RECOVERY, FORK])

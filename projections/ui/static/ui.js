@@ -1,9 +1,20 @@
 // steplog ui: a few lines of plain JavaScript. Live pages (data-live) re-render in place when
 // the log grows (server-sent events carry the instance's version); the position slider and the
-// time field navigate to a point. Nothing is loaded from the network.
+// time field navigate to a point; the graph is fetched from its own address once the page is
+// shown (drawing it reads the whole log). Nothing is loaded from other sites.
 (function () {
   "use strict";
   function go(url) { window.location.href = url; }
+  function drawGraphs(root) {
+    root.querySelectorAll(".graph-box[data-graph]").forEach(function (box) {
+      var url = box.dataset.graph;
+      fetch(url, { credentials: "same-origin" })
+        .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.text(); })
+        .then(function (svg) { box.innerHTML = svg; })
+        .catch(function () { box.innerHTML = '<p class="muted">the graph could not be drawn</p>'; });
+    });
+  }
+  drawGraphs(document);
   document.addEventListener("input", function (e) {
     if (e.target.id === "slider") {
       var out = document.getElementById("slider-value");
@@ -31,7 +42,7 @@
       .then(function (html) {
         var page = new DOMParser().parseFromString(html, "text/html");
         var fresh = page.querySelector("main");
-        if (fresh) { document.querySelector("main").replaceWith(fresh); }
+        if (fresh) { document.querySelector("main").replaceWith(fresh); drawGraphs(fresh); }
         body.dataset.version = e.data;
         if (status) { status.textContent = "live · updated"; }
       })
