@@ -224,6 +224,36 @@ class Ledger(SuperstepFold):
                 return step
         return None
 
+    def lineage(
+        self,
+        run_id: str,
+        checkpoint_id: str | None,
+        origin: Callable[[InstanceForked], Ledger] | None = None,
+    ) -> tuple[list[tuple[RunLine, str | None]], InstanceForked | None]:
+        """The runs that run ``run_id`` continues, oldest first, each with the checkpoint it is
+        taken up to (``checkpoint_id`` for the last; None: its start). A run this instance was
+        forked from is followed into ``origin(forked)``'s ledger; without ``origin`` the walk
+        stops there and returns the fork as well (None when the lineage begins here). Raises
+        ``ResumeError`` when the log has no such run."""
+        chain: list[tuple[RunLine, str | None]] = []
+        ledger: Ledger = self
+        while True:
+            line = ledger.runs.get(run_id)
+            if line is None:
+                forked = ledger.forked
+                if forked is None or forked.origin_run != run_id:
+                    raise ResumeError(f"instance {ledger.instance_id!r} has no run {run_id!r}")
+                if origin is None:
+                    chain.reverse()
+                    return chain, forked
+                ledger = origin(forked)
+                continue
+            chain.append((line, checkpoint_id))
+            if line.started.continues is None:
+                chain.reverse()
+                return chain, None
+            run_id, checkpoint_id = line.started.continues, line.started.checkpoint
+
     def standing(
         self,
         run_id: str,
@@ -237,21 +267,7 @@ class Ledger(SuperstepFold):
         start). ``origin(forked)`` gives the ledger of the instance this one was forked from, for
         a run that continues the origin's run. Raises ``ResumeError`` if the log names what the
         workflow does not have."""
-        chain: list[tuple[RunLine, str | None]] = []  # oldest first: (run, up to checkpoint)
-        ledger: Ledger = self
-        while True:
-            line = ledger.runs.get(run_id)
-            if line is None:
-                forked = ledger.forked
-                if forked is None or forked.origin_run != run_id:
-                    raise ResumeError(f"instance {ledger.instance_id!r} has no run {run_id!r}")
-                ledger = origin(forked)
-                continue
-            chain.append((line, checkpoint_id))
-            if line.started.continues is None:
-                break
-            run_id, checkpoint_id = line.started.continues, line.started.checkpoint
-        chain.reverse()
+        chain, _ = self.lineage(run_id, checkpoint_id, origin)
         rebuild = _Rebuild(router, codec, self.instance_id)
         standing: Standing | None = None
         for line, upto in chain:

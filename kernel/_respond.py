@@ -74,22 +74,10 @@ def pending_wire(
 ) -> dict[str, dict[str, Any]]:
     """The requests still pending where run ``run_id`` stands after ``checkpoint``, as the log
     recorded them (wire data), by request id in the order they were made."""
-    chain: list[tuple[Any, str | None]] = []
-    base: list[dict[str, Any]] = []
-    while True:
-        line = ledger.runs.get(run_id)
-        if line is None:
-            forked = ledger.forked
-            if forked is None or forked.origin_run != run_id:
-                raise ResumeError(f"instance {ledger.instance_id!r} has no run {run_id!r}")
-            base = list(forked_requests)
-            break
-        chain.append((line, checkpoint))
-        if line.started.continues is None:
-            break
-        run_id, checkpoint = line.started.continues, line.started.checkpoint
+    chain, forked = ledger.lineage(run_id, checkpoint)
+    base = list(forked_requests) if forked is not None else []
     pending: dict[str, dict[str, Any]] = {r["request_id"]: dict(r) for r in base}
-    for line, upto in reversed(chain):
+    for line, upto in chain:
         if line.started.continues is None:
             pending = {}
         for response in line.responses:
