@@ -432,17 +432,25 @@ def write_lock_holder(store: EventStore, seconds: float) -> Callable[[], None]:
     return hold
 
 
+@pytest.fixture
+def any_store(store_url: str) -> Iterator[EventStore]:
+    """An empty store on memory, SQLite and PostgreSQL."""
+    with open_store(store_url) as opened:
+        yield opened
+
+
 @pytest.mark.parametrize("durability", DURABILITIES)
 @pytest.mark.parametrize("limit", ["wait_for", "timeout"])
 async def test_a_caller_whose_timeout_a_blocking_handler_held_back_gets_what_the_log_says(
-    local_store: EventStore, durability: str, limit: str
+    any_store: EventStore, durability: str, limit: str
 ) -> None:
     # The handler blocks the loop past the caller's timeout, so the timeout is delivered only
-    # when it returns: on SQLite in "superstep" durability, while the run's last commit (with
-    # the run's end) is in flight. The commit lands; the run is over. The caller gets its result,
-    # as the log has it, never a TimeoutError for a run the log says completed.
-    blocks = Blocks(1, write_lock_holder(local_store, BLOCK * 2))
-    wf = workflow(local_store, durability, blocks)
+    # when it returns: in "superstep" durability on SQLite (deterministically: another
+    # connection holds the write lock) and PostgreSQL, while the run's last commit (with the
+    # run's end) is in flight. The commit lands; the run is over. The caller gets its result, as
+    # the log has it, never a TimeoutError for a run the log says completed.
+    blocks = Blocks(1, write_lock_holder(any_store, BLOCK * 2))
+    wf = workflow(any_store, durability, blocks)
 
     if limit == "wait_for":
         result = await asyncio.wait_for(wf.run(1), BLOCK / 4)
