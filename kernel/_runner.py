@@ -19,6 +19,11 @@ The rules it keeps, by construction:
 * Only the run's own cancellation is a cancellation (its task cancelled, or the runner cancelling
   a closing superstep's executors). A ``CancelledError`` out of a handler otherwise (a sub-task it
   awaited was cancelled by someone else) is that executor's failure, raised as ``ExecutionError``.
+* A cancellation that reaches an awaited run (``await wf.run(...)``, in its caller's task) once
+  the batch holding the run's end is durable comes too late: the run is over, as the log says,
+  and its caller gets its result (the cancellation is withdrawn, ``Task.uncancel``). A blocking
+  handler delivers its caller's timeout only when it returns; if the run's last commit is then
+  in flight, the log says completed, and so does the caller.
 * The abort is appended before the caller sees the failure or the cancellation. A superstep's
   closing events (its marker, and the run's end or the next superstep's start) go in one batch; if
   the store cannot encode that batch, the superstep's events are appended one by one (as
@@ -219,6 +224,9 @@ class Run:
         self.outputs: list[Any] = []  # of committed supersteps, in order
         self.intermediate_outputs: list[Any] = []  # likewise
         self.result: RunResult | None = None
+        # The run executes in its caller's task and is awaited there (``_run_inline``), not
+        # streamed nor nested in a parent's superstep: its end is its caller's outcome.
+        self.awaited = False
         self.first_position = 0  # the stream's length before the run's first event
         self.last_position = 0  # the position of its last event, once it returned
         self.include_status_events = False
@@ -294,29 +302,32 @@ class Run:
 
     async def _flush_commit(
         self, opened: int, reclose: Callable[[EncodingError], None]
-    ) -> tuple[EncodingError | None, bool]:
+    ) -> tuple[EncodingError | None, int]:
         """``_flush_closing`` for a superstep's commit batch, through the store's group commit
-        where it has one. Returns the encoding error (as ``_flush_closing``) and whether this task
-        was cancelled while the batch was in flight: the batch cannot be taken back, so its
-        outcome is awaited first, and the caller records it before the cancellation unwinds."""
+        where it has one. Returns the encoding error (as ``_flush_closing``) and how many times
+        this task was cancelled while the batch was in flight: the batch cannot be taken back,
+        so its outcome is awaited first, and the caller records it before the cancellation
+        unwinds (or withdraws it: ``_commit``)."""
         batch, self._buffer = self._buffer, []
         try:
             pending = self.instance.append_commit(batch, expected_version=self._version)
         except EncodingError as error:
-            return self._reflush(batch, opened, reclose, error), False
-        cancelled = False
+            return self._reflush(batch, opened, reclose, error), 0
+        cancels = 0
         if pending is not None:
             try:
                 await asyncio.shield(pending)
             except asyncio.CancelledError:
+                cancels = 1
                 while not pending.done():
-                    with contextlib.suppress(asyncio.CancelledError):
+                    try:
                         await asyncio.wait((pending,))
+                    except asyncio.CancelledError:
+                        cancels += 1
                 if pending.exception() is not None:
                     raise  # nothing landed: unwind as the cancellation it is
-                cancelled = True
         self._version += len(batch)
-        return None, cancelled
+        return None, cancels
 
     def _reflush(
         self,
@@ -747,9 +758,9 @@ class Run:
             self.log(SuperstepStarted, superstep_id=next_id, index=step.index + 1)
         reclose = functools.partial(self._log_unstorable, step)
         if self._write_through:  # the marker is in the log already: append the rest as it is
-            refused, cancelled = self._flush_closing(opened, reclose), False
+            refused, cancels = self._flush_closing(opened, reclose), 0
         else:
-            refused, cancelled = await self._flush_commit(opened, reclose)
+            refused, cancels = await self._flush_commit(opened, reclose)
         self._open_superstep = None
         if refused is not None:
             self.finished = True
@@ -763,8 +774,10 @@ class Run:
                     self.outputs.append(value)
                 elif kind == "intermediate":
                     self.intermediate_outputs.append(value)
-        if cancelled:  # the commit landed while this task was being cancelled
-            raise asyncio.CancelledError
+        if cancels:  # the commit landed while this task was being cancelled
+            if next_id is not None or not self.awaited:
+                raise asyncio.CancelledError  # the next superstep is aborted as cancelled
+            _withdraw(cancels)  # too late: the run's end is durable, its caller gets the result
         return after
 
     def _log_unstorable(self, step: Superstep, error: EncodingError) -> None:
@@ -851,6 +864,23 @@ def _envelope(cls: type[EventBase]) -> dict[str, Any]:
 def _escaped(done: set[asyncio.Task[None]]) -> BaseException | None:
     """An exception that escaped one of the finished executor tasks ``done``, if any."""
     return next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
+
+
+def _withdraw(cancels: int) -> None:
+    """Withdraw ``cancels`` cancellation requests of this task, which reached it after its run's
+    end was durable: the run is over, and its caller gets the run's outcome, as the log has it.
+
+    A handler that blocks the event loop (``time.sleep``) holds back its caller's timeout
+    (``asyncio.wait_for``, ``asyncio.timeout``) until it returns; the cancellation then reaches
+    the run wherever it next waits. If that is the group commit of its last superstep, the run
+    has ended in the log whatever the cancellation does; raising it would tell the caller the
+    run was cancelled (or timed out) while the log says it completed. So the run returns its
+    result, as ``asyncio.wait_for`` does for an awaitable that finished despite its cancellation.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    for _ in range(cancels):
+        task.uncancel()
 
 
 def _cancelled_by_runner(step: Superstep, *, inline: bool) -> bool:

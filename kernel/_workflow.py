@@ -227,6 +227,7 @@ class Workflow(DefinitionView):
         self._check_idle()
         self._replace_active(run, None)
         run.task = asyncio.current_task()
+        run.awaited = True
         try:
             return await run.drive()
         finally:

@@ -101,7 +101,7 @@ from projections import (
     state_at,
 )
 from projections.cli._completion import add_completion_command, completion_command
-from projections.cli._demo import run_demo
+from projections.cli._demo import demo_instances, free_demo_instance, run_demo
 from projections.cli._demo_recovery import run_recovery_act
 from projections.cli._durable import DURABLE_COMMANDS, add_durable_commands
 from projections.cli._ids import (
@@ -430,15 +430,25 @@ def _label_broken(problems: Sequence[ChainProblem]) -> None:
 
 
 def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    instance_id = args.instance or f"orders-{uuid_ids()[:8]}"
+    asked = args.instance or f"orders-{uuid_ids()[:8]}"
+    instance_id = free_demo_instance(store, asked)  # before anything is appended
+    taken = [name for name in demo_instances(asked) if store.version(name)]
     console.rule("[bold]steplog demo: the stale-write bug (Agent Framework #7859)")
+    if taken:
+        console.print(
+            f"{', '.join(taken)} already {'has' if len(taken) == 1 else 'have'} events (an "
+            f"earlier demo?) and {'is' if len(taken) == 1 else 'are'} left as "
+            f"{'it is' if len(taken) == 1 else 'they are'}: this demo writes to fresh instances "
+            f"{', '.join(demo_instances(instance_id))}.\n",
+            markup=False,
+        )
     console.print(
         "Run 1: the handler stages [bold]secret[/] and then raises.\n"
         "Run 2: the same workflow object runs again and succeeds.\n"
         "Upstream, run 2 committed run 1's pending write. Here is what steplog's log says.\n"
     )
     wf, outcome = asyncio.run(run_demo(store, instance_id))
-    report: dict[str, Any] = {**outcome.model_dump(mode="json"), "recovery": None}
+    report: dict[str, Any] = {**outcome.model_dump(mode="json"), "recovery": None, "kept": taken}
     console.print(f"store: {escape(store.url)}   instance: [bold]{escape(instance_id)}[/]")
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
@@ -455,9 +465,9 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             "[bold green]nothing leaked:[/] the write of 'secret' is in the log, its superstep "
             "was aborted (failed), and no commit exists for it."
         )
-        code = _demo_recovery(store, args.store_url, f"{instance_id}-recovery", console, report)
-    wrote = [i for i in (instance_id, f"{instance_id}-recovery", f"{instance_id}-recovery-fork")]
-    report["wrote"] = [i for i in wrote if store.version(i)]
+        recovery = demo_instances(instance_id)[1]
+        code = _demo_recovery(store, args.store_url, recovery, console, report)
+    report["wrote"] = [i for i in demo_instances(instance_id) if store.version(i)]
     report["ok"] = code == 0
     if args.json:
         emit(report)

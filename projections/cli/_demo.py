@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from pydantic import BaseModel
 
 from kernel import EventStore, Executor, Workflow, WorkflowBuilder, WorkflowContext, handler
 
-__all__ = ["Checkout", "DemoOutcome", "Order", "run_demo"]
+__all__ = ["Checkout", "DemoOutcome", "Order", "demo_instances", "free_demo_instance", "run_demo"]
 
 
 class Order(BaseModel):
@@ -28,6 +29,26 @@ class Checkout(Executor):
             raise ConnectionError("payment provider timed out")
         ctx.set_state("charged", [*ctx.get_state("charged", []), order.id])
         await ctx.yield_output(f"charged {order.id}")
+
+
+def demo_instances(instance_id: str) -> tuple[str, str, str]:
+    """The instances a demo on ``instance_id`` writes: its own, the second act's, and its fork."""
+    recovery = f"{instance_id}-recovery"
+    return instance_id, recovery, f"{recovery}-fork"
+
+
+def free_demo_instance(store: EventStore, asked: str) -> str:
+    """``asked`` if none of the demo's instances on it has an event, else the first of
+    ``asked-2``, ``asked-3``, ... whose instances are all empty.
+
+    The demo never appends to an instance that has events: one written by an earlier demo (of this
+    steplog or an older one, with other content) is left as it was, and nothing of the demo is
+    appended before it knows that every instance it will write is free.
+    """
+    for instance_id in itertools.chain([asked], (f"{asked}-{n}" for n in itertools.count(2))):
+        if not any(store.version(name) for name in demo_instances(instance_id)):
+            return instance_id
+    raise AssertionError("unreachable: itertools.count never ends")  # pragma: no cover
 
 
 class DemoOutcome(BaseModel):

@@ -120,7 +120,7 @@ async def run_recovery_act(store: EventStore, url: str, instance_id: str) -> Rec
     state = wf.committed_state()
     before_fork = wf.events()
     first = wf.checkpoints()[0]
-    fork_id = f"{instance_id}-fork"
+    fork_id = f"{instance_id}-fork"  # the third of ``demo_instances``: checked free up front
     fork = wf.fork(at=first.checkpoint_id, instance_id=fork_id)
     await fork.run(Step(order="A-7", quantity=5, stage=2))
     return RecoveryOutcome(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import psycopg
 import pytest
 
-from kernel import EventBase, fold_committed, open_store
+from kernel import EventBase, WorkflowBuilder, fold_committed, open_store
 from projections import fold_blame
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, READING_COMMANDS, main
+from projections.cli._demo import run_demo
+from tests.durable.helpers import Counter, Tick
 from tests.projections.helpers import raw_events
 
 
@@ -45,6 +48,50 @@ def test_the_demos_second_act_kills_recovers_resumes_and_forks(sqlite_url, capsy
     assert [e.type for e in events][-1] == "run_completed"
     assert fork[0].type == "instance_forked"
     assert fork[0].origin_instance == "orders-9-recovery"
+
+
+def test_the_demo_run_twice_writes_fresh_instances_and_says_so(sqlite_url, capsys):
+    assert main(["--store", sqlite_url, "demo", "--instance", "o1"]) == 0
+    with open_store(sqlite_url) as store:
+        first = {name: store.read(name) for name in store.instances()}
+    capsys.readouterr()
+
+    assert main(["--store", sqlite_url, "demo", "--instance", "o1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True
+    assert report["kept"] == ["o1", "o1-recovery", "o1-recovery-fork"]
+    assert report["wrote"] == ["o1-2", "o1-2-recovery", "o1-2-recovery-fork"]
+    assert main(["--store", sqlite_url, "demo", "--instance", "o1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped to the terminal's width
+    assert "already have events" in out
+    assert "this demo writes to fresh instances o1-3, o1-3-recovery, o1-3-recovery-fork" in out
+    with open_store(sqlite_url) as store:
+        assert {name: store.read(name) for name in first} == first  # not one event appended
+        assert len(store.instances()) == 9
+
+
+def test_the_demo_leaves_an_older_demos_instances_as_they_were(sqlite_url, capsys):
+    """An older steplog's demo: its checkout on o1, no recovery act, and a fork instance with
+    other content. Nothing is appended to them, and the demo runs whole on fresh instances."""
+    with open_store(sqlite_url, create=True) as store:
+        asyncio.run(run_demo(store, "o1"))
+        counter = Counter("counter", 2)
+        asyncio.run(
+            WorkflowBuilder(start_executor=counter, store=store, instance_id="o1-recovery-fork")
+            .add_edge(counter, counter)
+            .build()
+            .run(Tick(1))
+        )
+        before = {name: store.read(name) for name in store.instances()}
+
+    assert main(["--store", sqlite_url, "demo", "--instance", "o1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "o1, o1-recovery-fork already have events" in out
+    assert "wrote instances: o1-2, o1-2-recovery, o1-2-recovery-fork" in out
+    with open_store(sqlite_url) as store:
+        assert {name: store.read(name) for name in before} == before
+        assert store.version("o1-recovery") == 0  # the older demo had no second act
+        assert store.read("o1-2-recovery-fork")[0].origin_instance == "o1-2-recovery"
 
 
 def test_log_state_and_instances_read_what_the_demo_wrote(sqlite_url, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import re
 import shlex
@@ -126,11 +127,17 @@ def test_the_examples_in_cli_md_are_real_output(
         assert documented == output, f"docs/cli.md is stale for 'steplog {args}'"
 
 
+@pytest.mark.parametrize("demos", [1, 2], ids=["demo once", "demo twice"])
 def test_the_readme_tour_runs_after_the_demo(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    demos: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every ``steplog`` line of the README's tour exits 0 on what ``steplog demo`` wrote (RUN:
-    the demo's first run)."""
+    the demo's first run); and the same after the README's demo command was run twice, each time
+    exiting 0: the second demo writes fresh instances, so the tour reads the first one's, as
+    written."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("STEPLOG_STORE", raising=False)
     readme = (DOC.parents[1] / "README.md").read_text()
@@ -138,6 +145,12 @@ def test_the_readme_tour_runs_after_the_demo(
     assert main(shlex.split(demo)) == 0
     with open_store("sqlite:///steplog.db") as store:
         run_id = store.read("orders-1", upto=1)[0].run_id
+        first = {name: store.read(name) for name in store.instances()}
+    for _ in range(demos - 1):
+        capsys.readouterr()
+        assert main(shlex.split(demo)) == 0, capsys.readouterr().err
+        with open_store("sqlite:///steplog.db") as store:
+            assert {name: store.read(name) for name in first} == first  # left as they were
     tour = re.search(r"look at what it wrote.*?```bash\n(.*?)```", readme, re.S)
     assert tour is not None
     lines = [line.split("#")[0].strip() for line in tour[1].splitlines()]
@@ -152,3 +165,7 @@ def test_the_readme_tour_runs_after_the_demo(
         code = main(args)
         captured = capsys.readouterr()
         assert code == 0, (command, captured.err)
+    # what the tour's comments say still holds: orders-1 holds the failed run and the one after
+    assert main(["runs", "orders-1", "--json"]) == 0
+    statuses = [r["status"] for r in json.loads(capsys.readouterr().out)["runs"]]
+    assert statuses == ["failed", "completed"]

@@ -18,7 +18,10 @@ clock; pytest's timeout (pyproject) turns a hang into a failure.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -372,3 +375,123 @@ async def test_the_abort_waits_for_a_handler_that_swallows_the_cancellation(loca
     assert "aborted (failed)" in str(swallower.refusal)
     assert [e.type for e in wf.events()][-2:] == ["superstep_aborted", "run_failed"]
     assert staged(wf, "late") == []
+
+
+# -- a handler that blocks the event loop past its caller's timeout ------------------------------
+
+
+class Blocks(Executor):
+    """Stages ``n`` and counts its calls; on 1 it blocks the event loop (``time.sleep``) for
+    ``BLOCK`` seconds, after starting ``hold`` (which keeps the store's write lock, if any, so
+    that the superstep's commit is still in flight when the held-back timeout is delivered).
+    Sends ``n + 1`` on until ``limit``."""
+
+    def __init__(self, limit: int, hold: Callable[[], None]) -> None:
+        super().__init__("blocks")
+        self.limit = limit
+        self.hold = hold
+        self.calls: list[int] = []
+
+    @handler
+    async def run(self, n: int, ctx: WorkflowContext[int, int]) -> None:
+        self.calls.append(n)
+        ctx.set_state("n", n)
+        if n == 1:
+            self.hold()
+            time.sleep(BLOCK)  # noqa: ASYNC251 - the point: the loop is blocked
+        await ctx.yield_output(n)
+        if n < self.limit:
+            await ctx.send_message(n + 1)
+
+
+BLOCK = 0.2  # seconds the handler blocks the loop; the caller's timeout is a quarter of it
+
+
+def write_lock_holder(store: EventStore, seconds: float) -> Callable[[], None]:
+    """A function that takes the SQLite store's write lock from another connection, in a
+    thread, for ``seconds`` (the commit that follows waits on it); nothing on memory."""
+    if not store.url.startswith("sqlite"):
+        return lambda: None
+    path = store.url.removeprefix("sqlite:///")
+    taken = threading.Event()
+
+    def keep() -> None:
+        connection = sqlite3.connect(path, isolation_level=None)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            taken.set()
+            time.sleep(seconds)
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+
+    def hold() -> None:
+        threading.Thread(target=keep, daemon=True).start()
+        assert taken.wait(5)
+
+    return hold
+
+
+@pytest.fixture
+def any_store(store_url: str) -> Iterator[EventStore]:
+    """An empty store on memory, SQLite and PostgreSQL."""
+    with open_store(store_url) as opened:
+        yield opened
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+@pytest.mark.parametrize("limit", ["wait_for", "timeout"])
+async def test_a_caller_whose_timeout_a_blocking_handler_held_back_gets_what_the_log_says(
+    any_store: EventStore, durability: str, limit: str
+) -> None:
+    # The handler blocks the loop past the caller's timeout, so the timeout is delivered only
+    # when it returns: in "superstep" durability on SQLite (deterministically: another
+    # connection holds the write lock) and PostgreSQL, while the run's last commit (with the
+    # run's end) is in flight. The commit lands; the run is over. The caller gets its result, as
+    # the log has it, never a TimeoutError for a run the log says completed.
+    blocks = Blocks(1, write_lock_holder(any_store, BLOCK * 2))
+    wf = workflow(any_store, durability, blocks)
+
+    if limit == "wait_for":
+        result = await asyncio.wait_for(wf.run(1), BLOCK / 4)
+    else:
+        async with asyncio.timeout(BLOCK / 4):
+            result = await wf.run(1)
+
+    assert (result.status, result.get_outputs()) == ("completed", [1])
+    assert [e.type for e in wf.events()][-2:] == ["superstep_committed", "run_completed"]
+    assert wf.events()[-1].run_id == result.run_id
+    assert asyncio.current_task().cancelling() == 0  # nothing left pending against the caller
+    await asyncio.sleep(0)  # and no cancellation is delivered later
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+async def test_a_caller_that_timed_out_after_a_commit_resumes_the_run_it_did_not_see_end(
+    local_store: EventStore, durability: str
+) -> None:
+    # A run of three supersteps whose first blocks the loop past the timeout. Wherever the
+    # timeout lands, what the caller sees and the log agree: a result and a completed run, or
+    # a TimeoutError and a run cancelled after the supersteps it committed (in "superstep"
+    # durability on SQLite: after the first, whose commit was in flight). A retrying caller
+    # resumes the run (docs/recovery.md): no committed superstep runs again.
+    blocks = Blocks(3, write_lock_holder(local_store, BLOCK * 2))
+    builder = WorkflowBuilder(start_executor=blocks, store=local_store, durability=durability)
+    wf = builder.add_edge(blocks, blocks).build()
+
+    try:
+        result = await asyncio.wait_for(wf.run(1), BLOCK / 4)
+    except TimeoutError:
+        kinds = [e.type for e in wf.events()]
+        assert kinds[-2:] == ["superstep_aborted", "run_cancelled"]
+        committed = kinds.count("superstep_committed")
+        before = list(blocks.calls)  # the committed supersteps' calls, and the aborted one's
+        assert before[:committed] == list(range(1, committed + 1))
+        result = await wf.resume()
+        assert blocks.calls[len(before) :] == list(range(committed + 1, 4))  # from the abort on
+        if local_store.url.startswith("sqlite") and durability == "superstep":
+            assert committed == 1
+    else:
+        assert blocks.calls == [1, 2, 3]
+    assert (result.status, result.get_outputs()) == ("completed", [1, 2, 3])
+    assert [e.type for e in wf.events()][-1] == "run_completed"
+    assert wf.committed_state() == {"n": 3}
