@@ -53,7 +53,6 @@ from typing import Any
 
 import orjson
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -112,7 +111,7 @@ from projections.cli._ids import (
     superstep_ids,
     written_keys,
 )
-from projections.cli._json import emit, emit_line, quiet_console
+from projections.cli._json import emit, emit_line, json_text, quiet_console
 from projections.cli._keys import (
     add_key_commands,
     add_keys_option,
@@ -139,6 +138,7 @@ from projections.cli._render import (
     show_value,
 )
 from projections.cli._runstream import continuations, stream_history
+from projections.cli._safe import SafeConsole, cell, visible
 from projections.cli._ui import add_ui_command, ui_command
 
 __all__ = [
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     args.json = getattr(args, "json", False) or args.global_json
-    console = quiet_console() if args.json else Console(highlight=False)
+    console = quiet_console() if args.json else SafeConsole(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     args.store_url = url  # for the demo's child process, which opens the same store
     if args.command == "keygen":  # needs no store
@@ -389,8 +389,8 @@ def _failed(error: StepLogError) -> int:
 def _complain(error: StepLogError) -> None:
     """One line on standard error (never wrapped: scripts grep it)."""
     text = " ".join(str(error).split())
-    Console(stderr=True, highlight=False).print(
-        f"[bold red]steplog:[/] {escape(text)}", soft_wrap=True
+    SafeConsole(stderr=True, highlight=False).print(
+        f"[bold red]steplog:[/] {cell(text)}", soft_wrap=True
     )
 
 
@@ -417,7 +417,7 @@ def _label_broken(problems: Sequence[ChainProblem]) -> None:
         return
     first = problems[0]
     more = f" and {len(problems) - 1} more place(s)" if len(problems) > 1 else ""
-    Console(stderr=True, highlight=False).print(
+    SafeConsole(stderr=True, highlight=False).print(
         f"WARNING: this log's hash chain is broken at {first.instance_id!r}#{first.position} "
         f"({first.kind}){more}; what was shown may have been altered ('steplog verify' lists "
         "every problem)",
@@ -439,7 +439,7 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     )
     wf, outcome = asyncio.run(run_demo(store, instance_id))
     report: dict[str, Any] = {**outcome.model_dump(mode="json"), "recovery": None}
-    console.print(f"store: {escape(store.url)}   instance: [bold]{escape(instance_id)}[/]")
+    console.print(f"store: {cell(store.url)}   instance: [bold]{cell(instance_id)}[/]")
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
     events = wf.events()
@@ -482,16 +482,16 @@ def _demo_recovery(
     )
     outcome = asyncio.run(run_recovery_act(store, url, instance_id))
     report["recovery"] = outcome.model_dump(mode="json")
-    console.print(f"instance: [bold]{escape(instance_id)}[/]")
+    console.print(f"instance: [bold]{cell(instance_id)}[/]")
     console.print(f"child process killed by signal {outcome.killed_by}")
     for closed in outcome.recovered:
-        console.print(f"recovered (superstep aborted as crashed): {escape(closed)}")
-    console.print(f"resumed run outputs: {escape(str(outcome.resumed_outputs))}")
-    console.print(f"committed state: {escape(str(outcome.resumed_state))}\n")
+        console.print(f"recovered (superstep aborted as crashed): {cell(closed)}")
+    console.print(f"resumed run outputs: {cell(str(outcome.resumed_outputs))}")
+    console.print(f"committed state: {cell(str(outcome.resumed_state))}\n")
     console.print(blame_table(fold_blame(store.read(instance_id)), "total", instance_id))
     console.print(
-        f"fork [bold]{escape(outcome.fork_id)}[/] (quantity 5 from the second stage): "
-        f"{escape(str(outcome.fork_state))}"
+        f"fork [bold]{cell(outcome.fork_id)}[/] (quantity 5 from the second stage): "
+        f"{cell(str(outcome.fork_state))}"
     )
     fine = (
         outcome.killed_by == signal.SIGKILL
@@ -515,7 +515,7 @@ def _instances(store: EventStore, args: argparse.Namespace, console: Console) ->
         emit({"instances": [{"instance_id": n, "events": store.version(n)} for n in names]})
         return 0
     for instance in names:
-        console.print(instance, markup=False)
+        console.print(visible(instance), markup=False)
     return 0
 
 
@@ -567,7 +567,7 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         for event, status in stream:
             emit_line(event_document(event, status))
         return 0
-    title = escape(f"the log of {args.instance}")
+    title = cell(f"the log of {args.instance}")
     print_paged(console, stream, lambda page, first: log_table(page, title=title, header=first))
     return 0
 
@@ -590,13 +590,13 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
             )
         values = {k: values[k] for k in args.key}
     if args.json:
-        sys.stdout.write(orjson.dumps(values, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        sys.stdout.write(json_text(values, orjson.OPT_SORT_KEYS) + "\n")
         return 0
-    table = Table(title=escape(f"{args.instance}: {at.label}"))
+    table = Table(title=cell(f"{args.instance}: {at.label}"))
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
     for key in sorted(values):
-        table.add_row(escape(key), escape(show_value(values[key], hint="--json shows it whole")))
+        table.add_row(cell(key), cell(show_value(values[key], hint="--json shows it whole")))
     console.print(table)
     return 0
 
@@ -658,16 +658,16 @@ def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             }
         )
         return 0
-    table = Table(title=escape(f"{args.instance}: {args.before} -> {args.after}"))
+    table = Table(title=cell(f"{args.instance}: {args.before} -> {args.after}"))
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
     for key, value in sorted(changes.added.items()):
-        table.add_row(escape(key), "[green]added[/]", "", escape(show_value(value)))
+        table.add_row(cell(key), "[green]added[/]", "", cell(show_value(value)))
     for key, value in sorted(changes.removed.items()):
-        table.add_row(escape(key), "[red]removed[/]", escape(show_value(value)), "")
+        table.add_row(cell(key), "[red]removed[/]", cell(show_value(value)), "")
     for key, change in sorted(changes.changed.items()):
-        old, new = escape(show_value(change.old)), escape(show_value(change.new))
-        table.add_row(escape(key), "[yellow]changed[/]", old, new)
+        old, new = cell(show_value(change.old)), cell(show_value(change.new))
+        table.add_row(cell(key), "[yellow]changed[/]", old, new)
     console.print(table if changes else "no difference")
     return 0
 
@@ -704,20 +704,25 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
         return EXIT_PROBLEM if found is None else 0
     if found is None:
         console.print(
-            f"never: no committed superstep of {args.instance} has {wanted}", markup=False
+            visible(f"never: no committed superstep of {args.instance} has {wanted}"), markup=False
         )
         return EXIT_PROBLEM
     if found.origin_instance is not None:
         console.print(
-            f"true from the start of the fork: {wanted} in the values forked from "
-            f"{found.origin_instance} (checkpoint {found.superstep_id} of run {found.run_id}), "
-            f"log position {found.position}, at {show_time(found.timestamp)}",
+            visible(
+                f"true from the start of the fork: {wanted} in the values forked from "
+                f"{found.origin_instance} (checkpoint {found.superstep_id} of run "
+                f"{found.run_id}), log position {found.position}, at {show_time(found.timestamp)}"
+            ),
             markup=False,
         )
         return 0
     console.print(
-        f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
-        f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}",
+        visible(
+            f"first true after superstep {found.index} ({found.superstep_id}) of run "
+            f"{found.run_id}, log position {found.position}, at {show_time(found.timestamp)}: "
+            f"{wanted}"
+        ),
         markup=False,
     )
     return 0
@@ -744,7 +749,7 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)", markup=False)
-    errors = Console(stderr=True, highlight=False)
+    errors = SafeConsole(stderr=True, highlight=False)
 
     def waiting(error: StepLogError, delay: float) -> None:
         text = " ".join(str(error).split())
@@ -883,7 +888,7 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | N
         return
     with Progress(
         SpinnerColumn(),
-        TextColumn(escape(label)),
+        TextColumn(cell(label)),
         BarColumn(),
         TaskProgressColumn(),
         TextColumn("{task.fields[events]:,} events"),
@@ -971,7 +976,7 @@ def _print_chain(
         return
     broken = len({p.instance_id for p in report.problems})
     table = Table(
-        title=escape(
+        title=cell(
             f"hash chain broken: {len(report.problems)} problem(s) in {broken} of "
             f"{report.instances} instances"
         )
@@ -981,10 +986,10 @@ def _print_chain(
     table.add_column("detail", overflow="fold", ratio=1)
     for problem in sorted(report.problems, key=lambda p: (p.instance_id, p.position)):
         table.add_row(
-            escape(problem.instance_id),
+            cell(problem.instance_id),
             str(problem.position),
-            f"[bold red]{escape(problem.kind)}[/]",
-            escape(problem.detail),
+            f"[bold red]{cell(problem.kind)}[/]",
+            cell(problem.detail),
         )
     console.print(table)
 
@@ -1028,7 +1033,7 @@ def _head(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     if key is not None:
         head = head.sign(key)
     option = 0 if args.json else orjson.OPT_INDENT_2
-    sys.stdout.write(orjson.dumps(head.to_json(), option=option).decode() + "\n")
+    sys.stdout.write(json_text(head.to_json(), option) + "\n")
     return 0
 
 
