@@ -33,7 +33,8 @@ it writes) refuse a store that does not exist, and create nothing.
 
 Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
 input (unknown instance, bad URL), 3 when the store is missing or cannot be reached, 4 when the
-log's hash chain is broken (``--allow-broken-chain`` reads it anyway, labelled on stderr).
+log's hash chain is broken (``--allow-broken-chain`` reads it anyway, labelled on stderr), 141
+when standard output was closed by its reader (``| head``: quietly).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import argparse
 import asyncio
 import difflib
 import os
+import select
 import signal
 import sys
 import threading
@@ -145,6 +147,7 @@ __all__ = [
     "COMMANDS",
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_CHAIN",
+    "EXIT_CLOSED_PIPE",
     "EXIT_INTERNAL",
     "EXIT_NEWER_SCHEMA",
     "EXIT_PROBLEM",
@@ -168,6 +171,9 @@ EXIT_NEWER_SCHEMA = 5
 """The store (its database, or a row) was written by a newer steplog: upgrade steplog."""
 EXIT_INTERNAL = 70
 """An unexpected error (a bug): one line on standard error; ``--debug`` shows the traceback."""
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+"""Standard output was closed by its reader (``steplog log X | head -1``): the command stopped
+quietly, with the status of a Unix tool killed by SIGPIPE (141), and printed nothing more."""
 WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
 """The commands that may create the store (they write to it). ``recover``, ``respond``, ``fork``
 and ``rekey`` write too, but only to a store that exists: a missing one is ``EXIT_STORE``, and
@@ -187,7 +193,8 @@ ids: instance, run and superstep ids may be shortened to a unique prefix (an id 
 points: pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 (with a timezone), inside:SUPERSTEP.
 --json: one JSON document on standard output (JSON lines for log and replay), nothing else.
 exit status: 0 ok, 1 a problem found, 2 bad input, 3 store missing or unreachable,
-  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it).
+  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it),
+  141 standard output closed by its reader (as by SIGPIPE: '| head').
 See docs/cli.md."""
 
 
@@ -322,17 +329,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found (``EXIT_PROBLEM``),
     2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``),
     4 the log's hash chain is broken (``EXIT_BROKEN_CHAIN``), 5 the store was written by a newer
-    steplog (``EXIT_NEWER_SCHEMA``), 70 an unexpected error (``EXIT_INTERNAL``)."""
+    steplog (``EXIT_NEWER_SCHEMA``), 70 an unexpected error (``EXIT_INTERNAL``), 141 standard
+    output closed by its reader (``EXIT_CLOSED_PIPE``: quietly, nothing more printed)."""
     args = _parser().parse_args(argv)
-    if args.command == "completion":  # needs no store
-        return completion_command(_parser(), args.shell)
     try:
+        if args.command == "completion":  # needs no store
+            return completion_command(_parser(), args.shell)
         return _run(args)
+    except BrokenPipeError as error:
+        if not _stdout_closed():  # (not standard output's pipe: a bug)
+            return _unexpected(error, debug=args.debug)
+        _stdout_to_devnull()
+        return EXIT_CLOSED_PIPE
     except Exception as error:  # the last line of defence: one line, no traceback
-        if args.debug:
-            raise
-        _complain(StepLogError(f"unexpected {type(error).__name__}: {error} (--debug shows where)"))
-        return EXIT_INTERNAL
+        return _unexpected(error, debug=args.debug)
+
+
+def _unexpected(error: Exception, *, debug: bool) -> int:
+    if debug:
+        raise error
+    _complain(StepLogError(f"unexpected {type(error).__name__}: {error} (--debug shows where)"))
+    return EXIT_INTERNAL
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone: ``head`` read what
+    it wanted. (Where ``poll`` cannot say, a broken pipe is taken to be standard output's.)"""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    if not hasattr(select, "poll"):  # pragma: no cover
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _stdout_to_devnull() -> None:
+    """Point standard output at the null device, so that what is still buffered for it is
+    dropped at exit instead of failing again (Python's documentation on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _run(args: argparse.Namespace) -> int:
