@@ -122,7 +122,7 @@ from projections.cli._keys import (
     rekey_command,
 )
 from projections.cli._logstream import stream_log
-from projections.cli._points import UsageError, parse_point
+from projections.cli._points import UsageError, point_in
 from projections.cli._render import (
     bisect_document,
     blame_table,
@@ -188,8 +188,8 @@ _NAMES_AN_INSTANCE = frozenset(
 
 
 _EPILOG = """\
-ids: instance, run and superstep ids may be shortened to a unique prefix (an id that
-  starts with '-' goes after '--').
+ids: instance, run, superstep and request ids may be shortened to a unique prefix (an id
+  that starts with '-' goes after '--').
 points: pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 (with a timezone), inside:SUPERSTEP.
 --json: one JSON document on standard output (JSON lines for log and replay), nothing else.
 exit status: 0 ok, 1 a problem found, 2 bad input, 3 store missing or unreachable,
@@ -618,7 +618,7 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 
 def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
+    point = point_in(args.point, events) if args.point else AtPosition(events[-1].position)
     at = _redactor(store, args, events).state(state_at(events, point))
     values = at.values
     if args.key:
@@ -626,8 +626,7 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
         if missing:
             hint = closest(missing[0], values)
             raise UsageError(
-                f"key {missing[0]!r} has no committed value in {args.instance!r} at "
-                f"{at.label}{hint}"
+                f"key {missing[0]!r} has no value in {args.instance!r} ({at.label}){hint}"
             )
         values = {k: values[k] for k in args.key}
     if args.json:
@@ -685,7 +684,7 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    before, after = parse_point(args.before, events), parse_point(args.after, events)
+    before, after = point_in(args.before, events), point_in(args.after, events)
     changes = _redactor(store, args, events).diff(diff_points(events, before, after))
     if args.json:
         emit(

@@ -34,9 +34,9 @@ from kernel import (
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
-from projections.cli._ids import RUN_WINDOW, events_of, find_run
+from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
 from projections.cli._json import emit, emit_line, json_text
-from projections.cli._points import UsageError, parse_point
+from projections.cli._points import UsageError, point_in
 from projections.cli._render import print_paged, run_document, show_time, show_value
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli._safe import cell, visible
@@ -58,7 +58,9 @@ def add_durable_commands(commands: Any) -> None:
         "respond", help="record a response to a pending request, for the workflow to go on with"
     )
     answer.add_argument("run", help="the run that waits (id or unique prefix)")
-    answer.add_argument("request_id", metavar="REQUEST_ID")
+    answer.add_argument(
+        "request_id", metavar="REQUEST_ID", help="the request answered (id or unique prefix)"
+    )
     answer.add_argument("value", metavar="JSON", help="the response, as JSON")
     again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
     again.add_argument("run", help="a run id, or a unique prefix of one")
@@ -265,7 +267,8 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
         return 0
     console.print(table)
     console.print(
-        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' can branch from any "
+        "of them",
         markup=False,
     )
     if any(mark["status"] is None for mark in marks):
@@ -370,12 +373,13 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         value = ValueCodec().decode(orjson.loads(args.value), what="the response")
     except (orjson.JSONDecodeError, DecodeError) as error:
         raise UsageError(f"the response must be JSON, got {args.value!r}: {error}") from error
-    recorded = record_response(store, run_id, args.request_id, value, instance_id=instance)
+    request = request_id(store, instance, args.request_id)
+    recorded = record_response(store, run_id, request, value, instance_id=instance)
     if args.json:
         emit(
             {
                 "instance_id": instance,
-                "request_id": args.request_id,
+                "request_id": request,
                 "run_id": recorded.run_id,
                 "continues": run_id,
                 "positions": [recorded.first_position, recorded.last_position],
@@ -384,7 +388,7 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         return 0
     console.print(
         visible(
-            f"recorded the response to request {args.request_id} of {instance} in run "
+            f"recorded the response to request {request} of {instance} in run "
             f"{recorded.run_id} (positions {recorded.first_position}..{recorded.last_position}); "
             "the workflow goes on with it at its next resume()"
         ),
@@ -396,7 +400,7 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = list(events_of(store, args.instance))
-    point = parse_point(args.point, events)
+    point = point_in(args.point, events)
     forked = fork_at(store, args.instance, point, args.to)
     if args.json:
         emit(
