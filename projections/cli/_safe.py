@@ -61,9 +61,14 @@ def json_safe(text: str) -> str:
 
 class SafeConsole(Console):
     """A rich console that shows every string it renders ``visible`` but for line breaks:
-    stored text a command did not escape itself never reaches the terminal raw. A closed
-    standard output raises ``BrokenPipeError`` (rich's own handler would exit 1): the command
-    ends quietly, as ``main`` decides."""
+    stored text a command did not escape itself never reaches the terminal raw. Emoji codes are
+    not replaced (``:warning:`` in a key is shown as it is). A closed standard output raises
+    ``BrokenPipeError`` (rich's own handler would exit 1): the command ends quietly, as ``main``
+    decides."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(*args, **kwargs)
 
     def render_str(self, text: str, **options: Any) -> Text:
         return super().render_str(visible(text, keep="\n"), **options)

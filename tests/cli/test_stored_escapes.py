@@ -2,12 +2,12 @@
 
 A log holds terminal escapes (clear the screen, retitle the window), a newline that would forge
 a line of output, a carriage return and a tab, DEL, a C1 control (``U+009B``, CSI on some
-terminals), a bidi override and rich markup, in its instance id, run ids, workflow name, executor
-id, key, error texts, custom event type, request id and response type. Every command that shows
-them, and every error message naming them, shows each such character escaped visibly (``\\x1b``,
-``\\n``, ``\\u202e``) and the markup as it is; ``--json`` output is valid JSON holding the exact
-text, with no raw control character either. On a real pseudo-terminal too, where rich writes its
-own colours: only those reach it.
+terminals), a bidi override, rich markup and an emoji code, in its instance id, run ids, workflow
+name, executor id, keys, error texts, custom event type, request id and response type. Every
+command that shows them, and every error message naming them, shows each such character escaped
+visibly (``\\x1b``, ``\\n``, ``\\u202e``), and markup and emoji codes as they are; ``--json``
+output is valid JSON holding the exact text, with no raw control character either. On a real
+pseudo-terminal too, where rich writes its own colours: only those reach it.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def hostile_log(url: str) -> int:
     log.invoke(EVIL)
     log.write(EVIL, EVIL)
     log.write("[bold]k", 1)
+    log.write(":warning: k", 2)
     log.output(EVIL)
     log.request(EVIL, request_id=REQUEST, response_type=EVIL)
     log.commit()
@@ -128,13 +129,22 @@ def test_every_command_shows_stored_controls_escaped_and_markup_as_it_is(
         assert not RAW.findall(err), (args, err)
 
 
-def test_markup_in_a_key_is_shown_never_applied(
-    hostile: tuple[str, int], capsys: pytest.CaptureFixture[str]
+def test_markup_and_emoji_codes_in_a_key_are_shown_never_applied(
+    hostile: tuple[str, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _ = hostile
-    for args in (["state", EVIL], ["blame", EVIL, "[bold]k"], ["log", EVIL]):
+    monkeypatch.setenv("COLUMNS", "400")
+    markup, emoji = "[bold]k", ":warning: k"
+    for args, keys in (
+        (["state", EVIL], (markup, emoji)),
+        (["log", EVIL], (markup, emoji)),
+        (["blame", EVIL, markup], (markup,)),
+        (["blame", EVIL, emoji], (emoji,)),
+    ):
         assert main(["--store", url, *args]) == 0
-        assert "[bold]k" in capsys.readouterr().out, args
+        out = capsys.readouterr().out
+        for key in keys:
+            assert key in out, (args, key)
 
 
 def documents(out: str) -> list[Any]:
