@@ -21,6 +21,7 @@ from kernel import (
     SuperstepStarted,
 )
 from projections.cli._points import UsageError
+from projections.cli._safe import visible
 
 __all__ = [
     "RUN_WINDOW",
@@ -49,7 +50,9 @@ def pick(text: str, ids: Iterable[str], what: str, where: str) -> str:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        shown = ", ".join(matches[:_SHOWN]) + (" ..." if len(matches) > _SHOWN else "")
+        shown = ", ".join(map(visible, matches[:_SHOWN])) + (
+            " ..." if len(matches) > _SHOWN else ""
+        )
         raise UsageError(
             f"{what} {text!r} is ambiguous in {where}: {len(matches)} {what}s start with it "
             f"({shown}); give more characters"
@@ -60,7 +63,7 @@ def pick(text: str, ids: Iterable[str], what: str, where: str) -> str:
 def closest(text: str, known: Iterable[str]) -> str:
     """``"; closest: a, b"`` naming the ids of ``known`` most like ``text`` (or ``""``)."""
     close = difflib.get_close_matches(text, list(known), n=3, cutoff=0.5)
-    return f"; closest: {', '.join(close)}" if close else ""
+    return f"; closest: {', '.join(map(visible, close))}" if close else ""
 
 
 def instance_id(store: EventStore, text: str) -> str:

@@ -13,6 +13,7 @@ from kernel import (
     SuperstepStarted,
 )
 from projections import AtPosition, AtSuperstep, AtTime, InsideSuperstep, Point
+from projections.cli._safe import visible
 
 __all__ = ["UsageError", "parse_point", "point_in"]
 
@@ -96,7 +97,9 @@ def _unique(prefix: str, ids: set[str], what: str) -> str:
     matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []
     if len(matches) != 1:
         found = (
-            "none" if not matches else f"{len(matches)}: {', '.join(m[:12] for m in matches[:5])}"
+            "none"
+            if not matches
+            else f"{len(matches)}: {', '.join(visible(m[:12]) for m in matches[:5])}"
         )
         raise UsageError(
             f"{what} {prefix!r} must name exactly one {what} of the instance ({found})"

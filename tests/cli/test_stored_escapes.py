@@ -127,6 +127,10 @@ def test_every_command_shows_stored_controls_escaped_and_markup_as_it_is(
         assert err.count("\n") == 1, (args, err)
         assert err.startswith("steplog: "), (args, err)
         assert not RAW.findall(err), (args, err)
+        assert r"\nFORGED" in err, (args, err)  # the id is named, its newline shown
+        if args[0] == "show":  # the closest run ids, as stored (not with a space for "\n")
+            assert f"{SHOWN}-run1" in err, err
+            assert f"{SHOWN}-run2" in err, err
 
 
 def test_markup_and_emoji_codes_in_a_key_are_shown_never_applied(
