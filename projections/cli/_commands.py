@@ -333,9 +333,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     output closed by its reader (``EXIT_CLOSED_PIPE``: quietly, nothing more printed)."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "completion":  # needs no store
-            return completion_command(_parser(), args.shell)
-        return _run(args)
+        code = (
+            completion_command(_parser(), args.shell)  # needs no store
+            if args.command == "completion"
+            else _run(args)
+        )
+        sys.stdout.flush()  # here, not at exit: a reader gone meanwhile is a closed pipe too
+        return code
     except BrokenPipeError as error:
         if not _stdout_closed():  # (not standard output's pipe: a bug)
             return _unexpected(error, debug=args.debug)

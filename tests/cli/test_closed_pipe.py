@@ -9,6 +9,7 @@ output is far larger than a pipe's buffer, so the command is still writing when 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,6 +20,8 @@ from kernel.testing import LogBuilder, ticking_clock
 from projections.cli import EXIT_CLOSED_PIPE
 
 STEPLOG = [sys.executable, "-c", "import sys; from projections.cli import main; sys.exit(main())"]
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+"""The child's environment: standard output buffered, as a user's is."""
 RUNS = 400
 """Runs of the instance: 2,400 events, some 600 kB of JSON lines."""
 
@@ -41,7 +44,7 @@ def big(sqlite_url: str) -> str:
 def head_then_close(args: list[str]) -> tuple[bytes, int, bytes]:
     """Run ``steplog ARGS``, read its first 4 kB, close the pipe; (them, status, stderr)."""
     with subprocess.Popen(
-        [*STEPLOG, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*STEPLOG, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
     ) as child:
         assert child.stdout is not None
         assert child.stderr is not None
@@ -69,9 +72,35 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(big: str, args: list
     assert status == EXIT_CLOSED_PIPE == 141
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["state", "big", "--json"], ["instances"], ["instances", "--json"], ["checkpoints", "big"]],
+    ids=" ".join,
+)
+def test_a_pipe_closed_before_a_short_output_ends_the_command_quietly(
+    big: str, args: list[str]
+) -> None:
+    """The reader is gone before the command writes (``steplog ... | true``): what it buffered
+    fails when flushed, and that is a closed pipe too, never "Exception ignored" at exit (with
+    status 120, Python's)."""
+    with subprocess.Popen(
+        [*STEPLOG, "--store", big, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+    ) as child:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        child.stdout.close()  # before the child has even started Python
+        err = child.stderr.read()
+        status = child.wait(timeout=120)
+    assert err == b""
+    assert status == EXIT_CLOSED_PIPE
+
+
 def test_the_whole_output_read_is_status_0(big: str) -> None:
     done = subprocess.run(
-        [*STEPLOG, "--store", big, "log", "big", "--json"], capture_output=True, check=False
+        [*STEPLOG, "--store", big, "log", "big", "--json"],
+        capture_output=True,
+        check=False,
+        env=ENV,
     )
     assert (done.returncode, done.stderr) == (0, b"")
     assert len(done.stdout.splitlines()) == RUNS * 6
