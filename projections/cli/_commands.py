@@ -33,7 +33,8 @@ it writes) refuse a store that does not exist, and create nothing.
 
 Exit status: 0 on success, 1 when a command finds a problem (the demo finding a leak), 2 for bad
 input (unknown instance, bad URL), 3 when the store is missing or cannot be reached, 4 when the
-log's hash chain is broken (``--allow-broken-chain`` reads it anyway, labelled on stderr).
+log's hash chain is broken (``--allow-broken-chain`` reads it anyway, labelled on stderr), 141
+when standard output was closed by its reader (``| head``: quietly).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import argparse
 import asyncio
 import difflib
 import os
+import select
 import signal
 import sys
 import threading
@@ -53,7 +55,6 @@ from typing import Any
 
 import orjson
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -112,7 +113,7 @@ from projections.cli._ids import (
     superstep_ids,
     written_keys,
 )
-from projections.cli._json import emit, emit_line, quiet_console
+from projections.cli._json import emit, emit_line, json_text, quiet_console
 from projections.cli._keys import (
     add_key_commands,
     add_keys_option,
@@ -121,7 +122,7 @@ from projections.cli._keys import (
     rekey_command,
 )
 from projections.cli._logstream import stream_log
-from projections.cli._points import UsageError, parse_point
+from projections.cli._points import UsageError, point_in
 from projections.cli._render import (
     bisect_document,
     blame_table,
@@ -139,12 +140,14 @@ from projections.cli._render import (
     show_value,
 )
 from projections.cli._runstream import continuations, stream_history
+from projections.cli._safe import SafeConsole, cell, visible
 from projections.cli._ui import add_ui_command, ui_command
 
 __all__ = [
     "COMMANDS",
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_CHAIN",
+    "EXIT_CLOSED_PIPE",
     "EXIT_INTERNAL",
     "EXIT_NEWER_SCHEMA",
     "EXIT_PROBLEM",
@@ -168,6 +171,9 @@ EXIT_NEWER_SCHEMA = 5
 """The store (its database, or a row) was written by a newer steplog: upgrade steplog."""
 EXIT_INTERNAL = 70
 """An unexpected error (a bug): one line on standard error; ``--debug`` shows the traceback."""
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+"""Standard output was closed by its reader (``steplog log X | head -1``): the command stopped
+quietly, with the status of a Unix tool killed by SIGPIPE (141), and printed nothing more."""
 WRITING_COMMANDS = frozenset({"demo", "project", "rebuild"})
 """The commands that may create the store (they write to it). ``recover``, ``respond``, ``fork``
 and ``rekey`` write too, but only to a store that exists: a missing one is ``EXIT_STORE``, and
@@ -182,12 +188,13 @@ _NAMES_AN_INSTANCE = frozenset(
 
 
 _EPILOG = """\
-ids: instance, run and superstep ids may be shortened to a unique prefix (an id that
-  starts with '-' goes after '--').
+ids: instance, run, superstep and request ids may be shortened to a unique prefix (an id
+  that starts with '-' goes after '--').
 points: pos:N, step:SUPERSTEP, run:RUN:INDEX, time:ISO-8601 (with a timezone), inside:SUPERSTEP.
 --json: one JSON document on standard output (JSON lines for log and replay), nothing else.
 exit status: 0 ok, 1 a problem found, 2 bad input, 3 store missing or unreachable,
-  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it).
+  4 hash chain broken, 5 store written by a newer steplog, 70 a bug (--debug shows it),
+  141 standard output closed by its reader (as by SIGPIPE: '| head').
 See docs/cli.md."""
 
 
@@ -322,22 +329,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``steplog`` console script. Exit status: 0 ok, 1 a problem found (``EXIT_PROBLEM``),
     2 bad input (``EXIT_BAD_INPUT``), 3 the store is missing or unreachable (``EXIT_STORE``),
     4 the log's hash chain is broken (``EXIT_BROKEN_CHAIN``), 5 the store was written by a newer
-    steplog (``EXIT_NEWER_SCHEMA``), 70 an unexpected error (``EXIT_INTERNAL``)."""
+    steplog (``EXIT_NEWER_SCHEMA``), 70 an unexpected error (``EXIT_INTERNAL``), 141 standard
+    output closed by its reader (``EXIT_CLOSED_PIPE``: quietly, nothing more printed)."""
     args = _parser().parse_args(argv)
-    if args.command == "completion":  # needs no store
-        return completion_command(_parser(), args.shell)
     try:
-        return _run(args)
+        code = (
+            completion_command(_parser(), args.shell)  # needs no store
+            if args.command == "completion"
+            else _run(args)
+        )
+        sys.stdout.flush()  # here, not at exit: a reader gone meanwhile is a closed pipe too
+        return code
+    except BrokenPipeError as error:
+        if not _stdout_closed():  # (not standard output's pipe: a bug)
+            return _unexpected(error, debug=args.debug)
+        _stdout_to_devnull()
+        return EXIT_CLOSED_PIPE
     except Exception as error:  # the last line of defence: one line, no traceback
-        if args.debug:
-            raise
-        _complain(StepLogError(f"unexpected {type(error).__name__}: {error} (--debug shows where)"))
-        return EXIT_INTERNAL
+        return _unexpected(error, debug=args.debug)
+
+
+def _unexpected(error: Exception, *, debug: bool) -> int:
+    if debug:
+        raise error
+    _complain(StepLogError(f"unexpected {type(error).__name__}: {error} (--debug shows where)"))
+    return EXIT_INTERNAL
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone: ``head`` read what
+    it wanted. (Where ``poll`` cannot say, a broken pipe is taken to be standard output's.)"""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    if not hasattr(select, "poll"):  # pragma: no cover
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _stdout_to_devnull() -> None:
+    """Point standard output at the null device, so that what is still buffered for it is
+    dropped at exit instead of failing again (Python's documentation on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _run(args: argparse.Namespace) -> int:
     args.json = getattr(args, "json", False) or args.global_json
-    console = quiet_console() if args.json else Console(highlight=False)
+    console = quiet_console() if args.json else SafeConsole(highlight=False)
     url = args.store or os.environ.get(DEFAULT_STORE_ENV) or CLI_DEFAULT_STORE
     args.store_url = url  # for the demo's child process, which opens the same store
     if args.command == "keygen":  # needs no store
@@ -389,8 +434,8 @@ def _failed(error: StepLogError) -> int:
 def _complain(error: StepLogError) -> None:
     """One line on standard error (never wrapped: scripts grep it)."""
     text = " ".join(str(error).split())
-    Console(stderr=True, highlight=False).print(
-        f"[bold red]steplog:[/] {escape(text)}", soft_wrap=True
+    SafeConsole(stderr=True, highlight=False).print(
+        f"[bold red]steplog:[/] {cell(text)}", soft_wrap=True
     )
 
 
@@ -417,7 +462,7 @@ def _label_broken(problems: Sequence[ChainProblem]) -> None:
         return
     first = problems[0]
     more = f" and {len(problems) - 1} more place(s)" if len(problems) > 1 else ""
-    Console(stderr=True, highlight=False).print(
+    SafeConsole(stderr=True, highlight=False).print(
         f"WARNING: this log's hash chain is broken at {first.instance_id!r}#{first.position} "
         f"({first.kind}){more}; what was shown may have been altered ('steplog verify' lists "
         "every problem)",
@@ -449,7 +494,7 @@ def _demo(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     )
     wf, outcome = asyncio.run(run_demo(store, instance_id))
     report: dict[str, Any] = {**outcome.model_dump(mode="json"), "recovery": None, "kept": taken}
-    console.print(f"store: {escape(store.url)}   instance: [bold]{escape(instance_id)}[/]")
+    console.print(f"store: {cell(store.url)}   instance: [bold]{cell(instance_id)}[/]")
     console.print(f"run 1 raised: [red]{outcome.first_error}[/]")
     console.print(f"run 2 outputs: {outcome.second_outputs}\n")
     events = wf.events()
@@ -492,16 +537,16 @@ def _demo_recovery(
     )
     outcome = asyncio.run(run_recovery_act(store, url, instance_id))
     report["recovery"] = outcome.model_dump(mode="json")
-    console.print(f"instance: [bold]{escape(instance_id)}[/]")
+    console.print(f"instance: [bold]{cell(instance_id)}[/]")
     console.print(f"child process killed by signal {outcome.killed_by}")
     for closed in outcome.recovered:
-        console.print(f"recovered (superstep aborted as crashed): {escape(closed)}")
-    console.print(f"resumed run outputs: {escape(str(outcome.resumed_outputs))}")
-    console.print(f"committed state: {escape(str(outcome.resumed_state))}\n")
+        console.print(f"recovered (superstep aborted as crashed): {cell(closed)}")
+    console.print(f"resumed run outputs: {cell(str(outcome.resumed_outputs))}")
+    console.print(f"committed state: {cell(str(outcome.resumed_state))}\n")
     console.print(blame_table(fold_blame(store.read(instance_id)), "total", instance_id))
     console.print(
-        f"fork [bold]{escape(outcome.fork_id)}[/] (quantity 5 from the second stage): "
-        f"{escape(str(outcome.fork_state))}"
+        f"fork [bold]{cell(outcome.fork_id)}[/] (quantity 5 from the second stage): "
+        f"{cell(str(outcome.fork_state))}"
     )
     fine = (
         outcome.killed_by == signal.SIGKILL
@@ -525,7 +570,7 @@ def _instances(store: EventStore, args: argparse.Namespace, console: Console) ->
         emit({"instances": [{"instance_id": n, "events": store.version(n)} for n in names]})
         return 0
     for instance in names:
-        console.print(instance, markup=False)
+        console.print(visible(instance), markup=False)
     return 0
 
 
@@ -577,7 +622,7 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         for event, status in stream:
             emit_line(event_document(event, status))
         return 0
-    title = escape(f"the log of {args.instance}")
+    title = cell(f"the log of {args.instance}")
     print_paged(console, stream, lambda page, first: log_table(page, title=title, header=first))
     return 0
 
@@ -587,7 +632,7 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 
 def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    point = parse_point(args.point, events) if args.point else AtPosition(events[-1].position)
+    point = point_in(args.point, events) if args.point else AtPosition(events[-1].position)
     at = _redactor(store, args, events).state(state_at(events, point))
     values = at.values
     if args.key:
@@ -595,18 +640,17 @@ def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int
         if missing:
             hint = closest(missing[0], values)
             raise UsageError(
-                f"key {missing[0]!r} has no committed value in {args.instance!r} at "
-                f"{at.label}{hint}"
+                f"key {missing[0]!r} has no value in {args.instance!r} ({at.label}){hint}"
             )
         values = {k: values[k] for k in args.key}
     if args.json:
-        sys.stdout.write(orjson.dumps(values, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        sys.stdout.write(json_text(values, orjson.OPT_SORT_KEYS) + "\n")
         return 0
-    table = Table(title=escape(f"{args.instance}: {at.label}"))
+    table = Table(title=cell(f"{args.instance}: {at.label}"))
     table.add_column("key")
     table.add_column("value (JSON)", overflow="fold")
     for key in sorted(values):
-        table.add_row(escape(key), escape(show_value(values[key], hint="--json shows it whole")))
+        table.add_row(cell(key), cell(show_value(values[key], hint="--json shows it whole")))
     console.print(table)
     return 0
 
@@ -654,7 +698,7 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    before, after = parse_point(args.before, events), parse_point(args.after, events)
+    before, after = point_in(args.before, events), point_in(args.after, events)
     changes = _redactor(store, args, events).diff(diff_points(events, before, after))
     if args.json:
         emit(
@@ -668,16 +712,16 @@ def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             }
         )
         return 0
-    table = Table(title=escape(f"{args.instance}: {args.before} -> {args.after}"))
+    table = Table(title=cell(f"{args.instance}: {args.before} -> {args.after}"))
     for column in ("key", "change", "before", "after"):
         table.add_column(column, overflow="fold")
     for key, value in sorted(changes.added.items()):
-        table.add_row(escape(key), "[green]added[/]", "", escape(show_value(value)))
+        table.add_row(cell(key), "[green]added[/]", "", cell(show_value(value)))
     for key, value in sorted(changes.removed.items()):
-        table.add_row(escape(key), "[red]removed[/]", escape(show_value(value)), "")
+        table.add_row(cell(key), "[red]removed[/]", cell(show_value(value)), "")
     for key, change in sorted(changes.changed.items()):
-        old, new = escape(show_value(change.old)), escape(show_value(change.new))
-        table.add_row(escape(key), "[yellow]changed[/]", old, new)
+        old, new = cell(show_value(change.old)), cell(show_value(change.new))
+        table.add_row(cell(key), "[yellow]changed[/]", old, new)
     console.print(table if changes else "no difference")
     return 0
 
@@ -714,20 +758,25 @@ def _bisect(store: EventStore, args: argparse.Namespace, console: Console) -> in
         return EXIT_PROBLEM if found is None else 0
     if found is None:
         console.print(
-            f"never: no committed superstep of {args.instance} has {wanted}", markup=False
+            visible(f"never: no committed superstep of {args.instance} has {wanted}"), markup=False
         )
         return EXIT_PROBLEM
     if found.origin_instance is not None:
         console.print(
-            f"true from the start of the fork: {wanted} in the values forked from "
-            f"{found.origin_instance} (checkpoint {found.superstep_id} of run {found.run_id}), "
-            f"log position {found.position}, at {show_time(found.timestamp)}",
+            visible(
+                f"true from the start of the fork: {wanted} in the values forked from "
+                f"{found.origin_instance} (checkpoint {found.superstep_id} of run "
+                f"{found.run_id}), log position {found.position}, at {show_time(found.timestamp)}"
+            ),
             markup=False,
         )
         return 0
     console.print(
-        f"first true after superstep {found.index} ({found.superstep_id}) of run {found.run_id}, "
-        f"log position {found.position}, at {show_time(found.timestamp)}: {wanted}",
+        visible(
+            f"first true after superstep {found.index} ({found.superstep_id}) of run "
+            f"{found.run_id}, log position {found.position}, at {show_time(found.timestamp)}: "
+            f"{wanted}"
+        ),
         markup=False,
     )
     return 0
@@ -754,7 +803,7 @@ def _project(store: EventStore, args: argparse.Namespace, console: Console) -> i
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print(f"following {store.url} into {', '.join(names)} (Ctrl-C stops)", markup=False)
-    errors = Console(stderr=True, highlight=False)
+    errors = SafeConsole(stderr=True, highlight=False)
 
     def waiting(error: StepLogError, delay: float) -> None:
         text = " ".join(str(error).split())
@@ -893,7 +942,7 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int, int], None] | N
         return
     with Progress(
         SpinnerColumn(),
-        TextColumn(escape(label)),
+        TextColumn(cell(label)),
         BarColumn(),
         TaskProgressColumn(),
         TextColumn("{task.fields[events]:,} events"),
@@ -981,7 +1030,7 @@ def _print_chain(
         return
     broken = len({p.instance_id for p in report.problems})
     table = Table(
-        title=escape(
+        title=cell(
             f"hash chain broken: {len(report.problems)} problem(s) in {broken} of "
             f"{report.instances} instances"
         )
@@ -991,10 +1040,10 @@ def _print_chain(
     table.add_column("detail", overflow="fold", ratio=1)
     for problem in sorted(report.problems, key=lambda p: (p.instance_id, p.position)):
         table.add_row(
-            escape(problem.instance_id),
+            cell(problem.instance_id),
             str(problem.position),
-            f"[bold red]{escape(problem.kind)}[/]",
-            escape(problem.detail),
+            f"[bold red]{cell(problem.kind)}[/]",
+            cell(problem.detail),
         )
     console.print(table)
 
@@ -1038,7 +1087,7 @@ def _head(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     if key is not None:
         head = head.sign(key)
     option = 0 if args.json else orjson.OPT_INDENT_2
-    sys.stdout.write(orjson.dumps(head.to_json(), option=option).decode() + "\n")
+    sys.stdout.write(json_text(head.to_json(), option) + "\n")
     return 0
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kernel import (
@@ -35,11 +34,12 @@ from kernel import (
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
-from projections.cli._ids import RUN_WINDOW, events_of, find_run
-from projections.cli._json import emit, emit_line
-from projections.cli._points import UsageError, parse_point
+from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
+from projections.cli._json import emit, emit_line, json_text
+from projections.cli._points import UsageError, point_in
 from projections.cli._render import print_paged, run_document, show_time, show_value
 from projections.cli._runstream import run_row, stream_runs
+from projections.cli._safe import cell, visible
 
 __all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
 
@@ -58,7 +58,9 @@ def add_durable_commands(commands: Any) -> None:
         "respond", help="record a response to a pending request, for the workflow to go on with"
     )
     answer.add_argument("run", help="the run that waits (id or unique prefix)")
-    answer.add_argument("request_id", metavar="REQUEST_ID")
+    answer.add_argument(
+        "request_id", metavar="REQUEST_ID", help="the request answered (id or unique prefix)"
+    )
     answer.add_argument("value", metavar="JSON", help="the response, as JSON")
     again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
     again.add_argument("run", help="a run id, or a unique prefix of one")
@@ -118,7 +120,7 @@ def _runs(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     if args.json:
         opening = '{"runs":['
         for name, run in found:
-            sys.stdout.write(opening + orjson.dumps(run_row(run, name)).decode())
+            sys.stdout.write(opening + json_text(run_row(run, name)))
             sys.stdout.flush()
             opening = ","
         sys.stdout.write(('{"runs":[' if opening != "," else "") + "]}\n")
@@ -136,15 +138,15 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
         table.add_row(
-            escape(name),
-            escape(run.run_id[:8]),
+            cell(name),
+            cell(run.run_id[:8]),
             "waiting for input" if run.status == "awaiting_input" else run.status,
             show_time(run.started_at),
             show_time(run.ended_at),
             str(run.supersteps),
             str(run.committed),
             str(run.aborted),
-            escape(error[:400]),
+            cell(error[:400]),
         )
     return table
 
@@ -167,16 +169,20 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         return 0
     status = "waiting for input" if run.status == "awaiting_input" else run.status
     console.print(
-        f"run {run_id} of {instance} ({run.workflow_name}): {status}, started "
-        f"{run.started_at.isoformat()}, ended "
-        f"{run.ended_at.isoformat() if run.ended_at else '-'}",
+        visible(
+            f"run {run_id} of {instance} ({run.workflow_name}): {status}, started "
+            f"{run.started_at.isoformat()}, ended "
+            f"{run.ended_at.isoformat() if run.ended_at else '-'}"
+        ),
         markup=False,
         soft_wrap=True,
     )
     if run.continues is not None:
-        console.print(f"continues run {run.continues} after {run.checkpoint}", markup=False)
+        console.print(
+            visible(f"continues run {run.continues} after {run.checkpoint}"), markup=False
+        )
     if run.error is not None:
-        console.print(f"error: {run.error.type}: {run.error.message}", markup=False)
+        console.print(visible(f"error: {run.error.type}: {run.error.message}"), markup=False)
     table = Table(title="supersteps", expand=True)
     for column in ("#", "superstep", "status", "executors", "keys written", "messages"):
         table.add_column(column, overflow="fold")
@@ -185,17 +191,17 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     for step in steps:
         table.add_row(
             str(step.index),
-            escape(step.superstep_id[:8]),
-            step.status + (f" ({step.reason})" if step.reason else ""),
-            escape(", ".join(step.executors)),
-            escape(", ".join(step.keys)),
+            cell(step.superstep_id[:8]),
+            cell(step.status + (f" ({step.reason})" if step.reason else "")),
+            cell(", ".join(step.executors)),
+            cell(", ".join(step.keys)),
             str(sent[step.superstep_id]),
-            escape(show_value(list(step.outputs))) if step.outputs else "",
-            escape(", ".join(r + (" (pending)" if r in asked else "") for r in step.requests)),
+            cell(show_value(list(step.outputs))) if step.outputs else "",
+            cell(", ".join(r + (" (pending)" if r in asked else "") for r in step.requests)),
         )
     console.print(table)
     if run.outputs:
-        console.print(f"outputs: {show_value(run.outputs)}", markup=False, soft_wrap=True)
+        console.print(visible(f"outputs: {show_value(run.outputs)}"), markup=False, soft_wrap=True)
     return 0
 
 
@@ -240,28 +246,29 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
     if args.json:
         emit({"instance_id": args.instance, "checkpoints": marks})
         return 0
-    table = Table(title=escape(f"checkpoints of {args.instance}"))
+    table = Table(title=cell(f"checkpoints of {args.instance}"))
     for column in (
         "checkpoint", "instance", "run", "#", "position", "committed at", "latest", "status"
     ):  # fmt: skip
         table.add_column(column, overflow="fold")
     for mark in marks:
         table.add_row(
-            escape(mark["checkpoint_id"]),
-            escape(mark["instance_id"]),
-            escape((mark["run_id"] or "")[:8]),
+            cell(mark["checkpoint_id"]),
+            cell(mark["instance_id"]),
+            cell((mark["run_id"] or "")[:8]),
             "" if mark["index"] is None else str(mark["index"]),
             str(mark["position"]),
             mark["timestamp"] or "",
             "yes" if mark["latest"] else "",
-            _STATUS_TEXT.get(mark["status"], mark["status"] or "-"),
+            cell(_STATUS_TEXT.get(mark["status"], mark["status"] or "-")),
         )
     if not marks:
         console.print("no checkpoints: no superstep committed", markup=False)
         return 0
     console.print(table)
     console.print(
-        "the latest is where the run goes on (wf.resume()); 'steplog fork' branches from any",
+        "the latest is where the run goes on (wf.resume()); 'steplog fork' can branch from any "
+        "of them",
         markup=False,
     )
     if any(mark["status"] is None for mark in marks):
@@ -293,12 +300,12 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
     table.add_column("data (JSON)", overflow="fold", ratio=1)
     for row in found:
         table.add_row(
-            escape(row["instance_id"]),
-            escape((row["run_id"] or "")[:8]),
-            escape(row["request_id"]),
-            escape(row["executor_id"]),
-            escape(row["response_type"]),
-            escape(show_value(row["data"])),
+            cell(row["instance_id"]),
+            cell((row["run_id"] or "")[:8]),
+            cell(row["request_id"]),
+            cell(row["executor_id"]),
+            cell(row["response_type"]),
+            cell(show_value(row["data"])),
         )
     console.print(table)
     console.print("answer one with: steplog respond RUN REQUEST_ID JSON", markup=False)
@@ -312,11 +319,11 @@ def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> in
     async def replayed() -> list[WorkflowEvent]:
         return [event async for event in replay(store, run_id, instance_id=instance)]
 
-    table = Table(title=escape(f"replay of run {run_id} of {instance}"), expand=True)
+    table = Table(title=cell(f"replay of run {run_id} of {instance}"), expand=True)
     for column in ("event", "superstep", "executor"):
         table.add_column(column, no_wrap=True)
     table.add_column("data", overflow="fold", ratio=1)
-    for event in asyncio.run(replayed()):
+    for event in asyncio.run(replayed()):  # (a custom event's type is stored text)
         error = event.error
         document = {
             "type": event.type,
@@ -342,10 +349,10 @@ def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> in
             continue
         detail = document["data"] if error is None else document["error"]
         table.add_row(
-            event.type,
+            cell(event.type),
             "" if event.superstep is None else str(event.superstep),
-            escape(event.executor_id or ""),
-            "" if detail is None else escape(show_value(detail)),
+            cell(event.executor_id or ""),
+            "" if detail is None else cell(show_value(detail)),
         )
     if not args.json:
         console.print(table)
@@ -366,12 +373,13 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         value = ValueCodec().decode(orjson.loads(args.value), what="the response")
     except (orjson.JSONDecodeError, DecodeError) as error:
         raise UsageError(f"the response must be JSON, got {args.value!r}: {error}") from error
-    recorded = record_response(store, run_id, args.request_id, value, instance_id=instance)
+    request = request_id(store, instance, args.request_id)
+    recorded = record_response(store, run_id, request, value, instance_id=instance)
     if args.json:
         emit(
             {
                 "instance_id": instance,
-                "request_id": args.request_id,
+                "request_id": request,
                 "run_id": recorded.run_id,
                 "continues": run_id,
                 "positions": [recorded.first_position, recorded.last_position],
@@ -379,9 +387,11 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         )
         return 0
     console.print(
-        f"recorded the response to request {args.request_id} of {instance} in run "
-        f"{recorded.run_id} (positions {recorded.first_position}..{recorded.last_position}); "
-        "the workflow goes on with it at its next resume()",
+        visible(
+            f"recorded the response to request {request} of {instance} in run "
+            f"{recorded.run_id} (positions {recorded.first_position}..{recorded.last_position}); "
+            "the workflow goes on with it at its next resume()"
+        ),
         markup=False,
         soft_wrap=True,
     )
@@ -390,7 +400,7 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = list(events_of(store, args.instance))
-    point = parse_point(args.point, events)
+    point = point_in(args.point, events)
     forked = fork_at(store, args.instance, point, args.to)
     if args.json:
         emit(
@@ -405,9 +415,11 @@ def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         )
         return 0
     console.print(
-        f"forked {args.instance} at position {forked.origin_position} into {args.to} "
-        f"({len(forked.values)} committed keys; checkpoint {forked.checkpoint or 'none'}): wrote "
-        f"{args.to}#1 (instance_forked)",
+        visible(
+            f"forked {args.instance} at position {forked.origin_position} into {args.to} "
+            f"({len(forked.values)} committed keys; checkpoint {forked.checkpoint or 'none'}): "
+            f"wrote {args.to}#1 (instance_forked)"
+        ),
         markup=False,
         soft_wrap=True,
     )

@@ -1,4 +1,5 @@
-"""Ids named on the command line: an instance, a run or a superstep, or a unique prefix of one.
+"""Ids named on the command line: an instance, a run, a superstep or a request, or a unique prefix
+of one.
 
 An exact id wins; else the one id starting with the text; else ``UsageError``: ambiguous (with
 the candidates) or unknown (with the closest ids, by ``difflib``). Only ``run_started`` events
@@ -10,8 +11,17 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterable, Iterator
 
-from kernel import EventBase, EventStore, InstanceForked, RunStarted, StateStaged, SuperstepStarted
+from kernel import (
+    EventBase,
+    EventStore,
+    InfoRequested,
+    InstanceForked,
+    RunStarted,
+    StateStaged,
+    SuperstepStarted,
+)
 from projections.cli._points import UsageError
+from projections.cli._safe import visible
 
 __all__ = [
     "RUN_WINDOW",
@@ -20,6 +30,7 @@ __all__ = [
     "find_run",
     "instance_id",
     "pick",
+    "request_id",
     "runs_of",
     "superstep_ids",
     "written_keys",
@@ -39,7 +50,9 @@ def pick(text: str, ids: Iterable[str], what: str, where: str) -> str:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        shown = ", ".join(matches[:_SHOWN]) + (" ..." if len(matches) > _SHOWN else "")
+        shown = ", ".join(map(visible, matches[:_SHOWN])) + (
+            " ..." if len(matches) > _SHOWN else ""
+        )
         raise UsageError(
             f"{what} {text!r} is ambiguous in {where}: {len(matches)} {what}s start with it "
             f"({shown}); give more characters"
@@ -50,7 +63,7 @@ def pick(text: str, ids: Iterable[str], what: str, where: str) -> str:
 def closest(text: str, known: Iterable[str]) -> str:
     """``"; closest: a, b"`` naming the ids of ``known`` most like ``text`` (or ``""``)."""
     close = difflib.get_close_matches(text, list(known), n=3, cutoff=0.5)
-    return f"; closest: {', '.join(close)}" if close else ""
+    return f"; closest: {', '.join(map(visible, close))}" if close else ""
 
 
 def instance_id(store: EventStore, text: str) -> str:
@@ -96,6 +109,22 @@ def find_run(store: EventStore, text: str, instance: str | None = None) -> tuple
     where = f"instance {instance!r}" if instance is not None else store.url
     run = pick(text, owners, "run", where)
     return owners[run], run
+
+
+def request_id(store: EventStore, instance: str, text: str) -> str:
+    """The request of ``instance`` that ``text`` names (exactly, or as a unique prefix), among
+    every request it asked for (``info_requested``) or was forked with, answered or not (whether
+    it may be answered is the kernel's to say). A text no id starts with is returned as it is:
+    ``record_response`` refuses it naming the requests pending, more help than the closest."""
+    asked: list[str] = []
+    for event in events_of(store, instance, ("info_requested", "instance_forked")):
+        if isinstance(event, InfoRequested):
+            asked.append(event.request_id)
+        elif isinstance(event, InstanceForked):
+            asked += [str(r.get("request_id")) for r in event.requests]
+    if not any(known.startswith(text) for known in asked):
+        return text
+    return pick(text, asked, "request", repr(instance))
 
 
 def written_keys(store: EventStore, instance: str) -> set[str]:

@@ -2,7 +2,9 @@
 command's shape described by a JSON Schema shipped in ``projections/cli/schemas/COMMAND.json``.
 
 With ``--json`` nothing else goes to standard output: the tables a command would print go to a
-console that writes nowhere, and errors and warnings go to standard error, as always.
+console that writes nowhere, and errors and warnings go to standard error, as always. Stored text
+in a document is escaped as JSON escapes it: control characters by orjson, DEL, C1 controls and
+bidi controls by ``json_text`` (``_safe.json_safe``), so no raw one reaches a terminal.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-__all__ = ["emit", "emit_line", "quiet_console", "schema_of"]
+from projections.cli._safe import SafeConsole, json_safe
+
+__all__ = ["emit", "emit_line", "json_text", "quiet_console", "schema_of"]
+
+
+def json_text(document: Any, option: int = 0) -> str:
+    """``document`` as JSON text (orjson ``option``s; datetimes as ISO 8601), safe on a
+    terminal: every control or bidi character of its strings escaped (``\\uXXXX``)."""
+    return json_safe(orjson.dumps(document, option=option).decode())
 
 
 def emit(document: Any) -> None:
     """Write ``document`` as one line of JSON on standard output (datetimes as ISO 8601)."""
-    sys.stdout.write(orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    sys.stdout.write(json_text(document, orjson.OPT_NON_STR_KEYS) + "\n")
 
 
 def emit_line(document: Any) -> None:
@@ -31,7 +41,7 @@ def emit_line(document: Any) -> None:
 
 def quiet_console() -> Console:
     """A console that prints nowhere: what a command shows in tables is dropped under --json."""
-    return Console(file=io.StringIO(), highlight=False)
+    return SafeConsole(file=io.StringIO(), highlight=False)
 
 
 def schema_of(command: str) -> dict[str, Any]:

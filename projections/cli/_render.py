@@ -3,6 +3,9 @@
 Whether a write counted is never decided here: it is the blame fold's ``WriteRecord.status``
 (the kernel's commit rule, through ``SuperstepTracker``), so ``log``, ``blame`` and
 ``fold_committed`` always agree.
+
+Every piece of stored text goes into a table through ``_safe.cell`` (control characters shown
+escaped, markup never applied), and every value as JSON through ``show_json``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from typing import Any, TypeVar
 
 import orjson
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kernel import EventBase, MessageStaged, RecoveredRun
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
+from projections.cli._json import json_text
+from projections.cli._safe import cell, json_safe
 
 __all__ = [
     "LOG_PAGE",
@@ -90,9 +94,9 @@ def events_table(
         fate = "" if status is None else _fate(status)
         table.add_row(
             str(event.position),
-            str(getattr(event, "run_id", ""))[:8],
+            cell(str(getattr(event, "run_id", ""))[:8]),
             event.type,
-            escape(_details(data)),
+            cell(_details(data)),
             fate,
         )
     return table
@@ -115,23 +119,23 @@ def _fate(status: WriteStatus) -> str:
 
 def blame_table(blame: KeyBlame, key: str, instance: str) -> Table:
     """Every write of ``key``: position, status, run and time, executor, operation, value."""
-    table = Table(title=escape(f"blame of {key!r} in {instance}"), expand=True)
+    table = Table(title=cell(f"blame of {key!r} in {instance}"), expand=True)
     for column in ("#", "counted?", "run / time", "executor", "op"):
         table.add_column(column, no_wrap=True)
     table.add_column("value", overflow="fold", ratio=1)
     for write in blame.writes(key):
         verdict = write.status + (f" ({write.reason})" if write.reason else "")
         colour = "green" if write.status == "committed" else "red"
-        writer = escape(write.executor_id)
+        writer = cell(write.executor_id)
         if write.from_fork:
-            writer = escape(f"the fork from {write.origin_instance} @ pos {write.origin_position}")
+            writer = cell(f"the fork from {write.origin_instance} @ pos {write.origin_position}")
         table.add_row(
             str(write.position),
-            f"[{colour}]{verdict}[/]",
-            f"{escape(write.run_id[:8])}\n{show_time(write.timestamp)}",
+            f"[{colour}]{cell(verdict)}[/]",
+            f"{cell(write.run_id[:8])}\n{show_time(write.timestamp)}",
             writer,
-            write.op,
-            "" if write.op == "delete" else escape(show_value(write.value)),
+            cell(write.op),
+            "" if write.op == "delete" else cell(show_value(write.value)),
         )
     return table
 
@@ -164,7 +168,7 @@ def history_runs_table(
     """The runs table of ``history`` (or a page of it: ``title`` None and no ``header`` after
     the first). ``continued_by`` gives the runs continuing each run when the runs are shown
     before the later runs are folded."""
-    table = Table(title=None if title is None else escape(title), expand=True, show_header=header)
+    table = Table(title=None if title is None else cell(title), expand=True, show_header=header)
     for column in ("run", "status", "started / ended", "steps", "ok", "aborted", "lineage"):
         table.add_column(column, no_wrap=column != "lineage")
     table.add_column("error", overflow="fold", ratio=1)
@@ -183,14 +187,14 @@ def history_runs_table(
             lineage.append(f"closed by {run.closed_by[:8]}")
         status: str = "waiting for input" if run.status == "awaiting_input" else run.status
         table.add_row(
-            escape(run.run_id[:8]),
+            cell(run.run_id[:8]),
             status,
             f"{show_time(run.started_at)}\n{show_time(run.ended_at)}",
             str(run.supersteps),
             str(run.committed),
             str(run.aborted),
-            escape("\n".join(lineage)),
-            escape(error),
+            "\n".join(cell(line) for line in lineage),
+            cell(error),
         )
     return table
 
@@ -204,13 +208,13 @@ def history_rest_tables(history: RunHistory, instance: str) -> list[Table]:
     for step in history.supersteps():
         status = step.status + (f" ({step.reason})" if step.reason else "")
         steps.add_row(
-            escape(step.run_id[:8]),
+            cell(step.run_id[:8]),
             str(step.index),
-            escape(step.superstep_id[:8]),
-            status,
-            escape(", ".join(step.executors)),
-            escape(", ".join(step.keys)),
-            escape(", ".join(r[:8] for r in step.requests)),
+            cell(step.superstep_id[:8]),
+            cell(status),
+            cell(", ".join(step.executors)),
+            cell(", ".join(step.keys)),
+            cell(", ".join(r[:8] for r in step.requests)),
         )
     tables = [steps]
     dropped = [(step, drop) for step in history.supersteps() for drop in step.dropped]
@@ -223,13 +227,13 @@ def history_rest_tables(history: RunHistory, instance: str) -> list[Table]:
             fate = _DROP_FATES.get(step.status, "[yellow]pending[/]")
             table.add_row(
                 str(drop.position),
-                escape(step.run_id[:8]),
+                cell(step.run_id[:8]),
                 str(step.index),
-                escape(drop.source),
-                escape(drop.target or ""),
-                escape(_DROP_TEXT.get(drop.reason, drop.reason)),
+                cell(drop.source),
+                cell(drop.target or ""),
+                cell(_DROP_TEXT.get(drop.reason, drop.reason)),
                 "yes" if step.status == "committed" else fate,
-                escape(show_value(drop.message)),
+                cell(show_value(drop.message)),
             )
         tables.append(table)
     forked = history.forked_from
@@ -246,24 +250,24 @@ def history_rest_tables(history: RunHistory, instance: str) -> list[Table]:
         waiting.add_column("data (JSON)", overflow="fold", ratio=1)
         for asker, request in pending:
             waiting.add_row(
-                escape(request.request_id),
-                escape(asker),
-                escape(request.executor_id),
-                escape(request.response_type),
-                escape(show_value(request.data)),
+                cell(request.request_id),
+                cell(asker),
+                cell(request.executor_id),
+                cell(request.response_type),
+                cell(show_value(request.data)),
             )
         tables.append(waiting)
     forks = history.forks()
     if forks:
-        table = Table(title=escape(f"forks of {instance}"), expand=True)
+        table = Table(title=cell(f"forks of {instance}"), expand=True)
         for column in ("instance", "at position", "checkpoint", "of run", "forked at"):
             table.add_column(column, overflow="fold")
         for fork in forks:
             table.add_row(
-                escape(fork.instance_id),
+                cell(fork.instance_id),
                 str(fork.origin_position),
-                escape((fork.checkpoint or "")[:8]),
-                escape((fork.origin_run or "")[:8]),
+                cell((fork.checkpoint or "")[:8]),
+                cell((fork.origin_run or "")[:8]),
                 show_time(fork.forked_at),
             )
         tables.append(table)
@@ -277,17 +281,17 @@ def recovered_table(closed: list[RecoveredRun]) -> Table:
         table.add_column(column, overflow="fold")
     for run in closed:
         table.add_row(
-            escape(run.instance_id),
-            escape(run.run_id),
-            escape(run.superstep_id or "(none open)"),
-            escape(run.owner),
+            cell(run.instance_id),
+            cell(run.run_id),
+            cell(run.superstep_id or "(none open)"),
+            cell(run.owner),
         )
     return table
 
 
 def recovered_json(closed: list[RecoveredRun]) -> str:
     """The runs ``recover`` closed as one JSON list (empty when it closed nothing)."""
-    return orjson.dumps(
+    return json_text(
         [
             {
                 "instance_id": run.instance_id,
@@ -297,7 +301,7 @@ def recovered_json(closed: list[RecoveredRun]) -> str:
             }
             for run in closed
         ]
-    ).decode()
+    )
 
 
 def _details(data: dict[str, Any]) -> str:
@@ -316,8 +320,8 @@ def _details(data: dict[str, Any]) -> str:
 
 
 def show_json(value: Any) -> str:
-    """A JSON tree as compact JSON text."""
-    return orjson.dumps(value).decode()
+    """A JSON tree as compact JSON text, safe on a terminal (``_safe.json_safe``)."""
+    return json_safe(orjson.dumps(value).decode())
 
 
 def show_value(value: Any, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
@@ -371,9 +375,9 @@ def log_table(
         data = event.model_dump(mode="json", exclude=_SKIP)
         table.add_row(
             str(event.position),
-            str(getattr(event, "run_id", ""))[:8],
+            cell(str(getattr(event, "run_id", ""))[:8]),
             event.type,
-            escape(_details(data)),
+            cell(_details(data)),
             "" if status is None else _drop_fate(status) if _is_drop(event) else _fate(status),
         )
     return table
