@@ -834,6 +834,8 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
         _print_views(console, views, names)
     if not report.ok:
         return EXIT_BROKEN_CHAIN
+    if not report.verified:  # events without hashes: nothing checked them
+        return EXIT_PROBLEM
     return 0 if views is None or all(r.ok for r in views.values()) else EXIT_PROBLEM
 
 
@@ -907,6 +909,7 @@ def _chain_json(
 ) -> dict[str, Any]:
     return {
         "ok": report.ok,
+        "verified": report.verified,
         "instances": report.instances,
         "rows": report.rows,
         "events": report.events,
@@ -961,10 +964,21 @@ def _print_chain(
             markup=False,
             soft_wrap=True,
         )
-    before = f" ({report.unchained_events} before the chain)"
+    unchecked = (
+        f"{report.unchained_events} of {report.events} events carry no hashes and could not be "
+        "checked: written before the hash chain existed, or rewritten without it by someone "
+        "with write access (only a head exported earlier can tell; docs/security.md)"
+    )
+    if report.verified:
+        console.print(
+            f"chain ok: {report.instances} instances, {report.events} events (0 before the chain)",
+            markup=False,
+            soft_wrap=True,
+        )
+        return
     if report.ok:
         console.print(
-            f"chain ok: {report.instances} instances, {report.events} events{before}",
+            f"chain unchecked: {report.instances} instances, {unchecked}",
             markup=False,
             soft_wrap=True,
         )
@@ -987,6 +1001,8 @@ def _print_chain(
             escape(problem.detail),
         )
     console.print(table)
+    if report.unchained_events:
+        console.print(f"also: {unchecked}", markup=False, soft_wrap=True)
 
 
 def _print_views(
