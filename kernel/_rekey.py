@@ -20,10 +20,12 @@ from then on a writer without keys is refused (``open_store``), and its integrit
 be plain and every later one must be sealed. Plain rows after that point are refused, by rekey as
 by every reader: whoever has no key cannot have them sealed for him. (Processes that opened the
 store without keys before it was marked must be stopped first: their later rows are refused
-too.) Once every row is sealed, the mark moves: from then on every row must be. ``compact_store(store)`` then drops what the rewritten rows leave behind in the
-files: on SQLite a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint
-that empties the WAL file; on PostgreSQL a ``VACUUM FULL`` of the events table, which drops the old
-row versions that an ``UPDATE`` leaves in the table until vacuumed.
+too.) Once every row is sealed, the mark moves: from then on every row must be.
+
+``compact_store(store)`` then drops what the rewritten rows leave behind in the files: on SQLite
+a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint that empties the WAL
+file; on PostgreSQL a ``VACUUM FULL`` of the events table, which drops the old row versions that
+an ``UPDATE`` leaves in the table until vacuumed.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from typing import Any
 
 import orjson
 
+from kernel._chain import IntegrityMark
 from kernel._cipher import Keyring, is_sealed
 from kernel._errors import LogIntegrityError, StoreConfigError
-from kernel._chain import IntegrityMark
 from kernel._mapper import EventMapper, _place, row_count
 from kernel._store import ENCRYPTION_MARK, EventStore
 

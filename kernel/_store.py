@@ -282,13 +282,13 @@ class EventStore(ABC):
             if altered:
                 self._marks = IntegrityMark(0, 0)
                 self._mark_problem = ChainProblem(
-                        "",
-                        0,
-                        "mark altered",
-                        f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) "
-                        "is not one its keys wrote: someone without the key altered it, to "
-                        "have plain or unchained rows read as if written before the key or "
-                        "the chain",
+                    "",
+                    0,
+                    "mark altered",
+                    f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) "
+                    "is not one its keys wrote: someone without the key altered it, to "
+                    "have plain or unchained rows read as if written before the key or "
+                    "the chain",
                 )
                 self._refuse(self._mark_problem)
                 return
@@ -359,7 +359,9 @@ class EventStore(ABC):
         unchained = mark.chained_from is not None and link.head is None
         if not (unsealed or unchained):
             return None
-        if row_id is None and ((unsealed and mark.sealed_from) or (unchained and mark.chained_from)):
+        if row_id is None and (
+            (unsealed and mark.sealed_from) or (unchained and mark.chained_from)
+        ):
             with self._translated(f"read the row of {instance_id!r}#{link.last}"):
                 row_id = self._row_id(instance_id, link.last)
         found = row_id if row_id is not None else 1 << 62

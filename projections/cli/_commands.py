@@ -417,8 +417,9 @@ def _label_broken(problems: Sequence[ChainProblem]) -> None:
         return
     first = problems[0]
     more = f" and {len(problems) - 1} more place(s)" if len(problems) > 1 else ""
+    where = f"{first.instance_id!r}#{first.position}" if first.instance_id else "its meta table"
     Console(stderr=True, highlight=False).print(
-        f"WARNING: this log's hash chain is broken at {first.instance_id!r}#{first.position} "
+        f"WARNING: this log's hash chain is broken at {where} "
         f"({first.kind}){more}; what was shown may have been altered ('steplog verify' lists "
         "every problem)",
         markup=False,
@@ -995,7 +996,7 @@ def _print_chain(
     table.add_column("detail", overflow="fold", ratio=1)
     for problem in sorted(report.problems, key=lambda p: (p.instance_id, p.position)):
         table.add_row(
-            escape(problem.instance_id),
+            escape(problem.instance_id) if problem.instance_id else "(meta table)",
             str(problem.position),
             f"[bold red]{escape(problem.kind)}[/]",
             escape(problem.detail),
