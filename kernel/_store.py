@@ -307,31 +307,28 @@ class EventStore(ABC):
         self._marks = mark
 
     def _computed_marks(self) -> IntegrityMark:
-        """The ``IntegrityMark`` the rows themselves give (``_settle_marks``): one look at the
-        log in row order, up to its first chained row and (for a store with keys or marked
-        encrypted) its first sealed one."""
+        """The ``IntegrityMark`` the rows themselves give (``_settle_marks``): the store's first
+        sealed row (looked for with keys, or in a store marked encrypted), and one look at the
+        log in row order up to its first chained row."""
         keyring = self._mapper.keyring
-        look_for_seals = keyring is not None or self._encrypted
         with self._translated("read the global log"):
             last = self.last_row_id()
-            chained_at = sealed_at = None
+            sealed_at = self._first_sealed_row() if keyring is not None or self._encrypted else None
+            chained_at = None
             after = 0
-            while chained_at is None or (look_for_seals and sealed_at is None):
+            while chained_at is None:
                 rows = self._select_rows(after, ROWS_PER_READ, None)
                 for row_id, instance_id, position, topic, state in rows:
-                    sealed = is_sealed(bytes(state))
-                    if sealed and sealed_at is None:
-                        sealed_at = row_id
-                    if chained_at is None:
-                        if sealed and keyring is None:
-                            chained_at = row_id  # cannot be looked into: its readers will say
-                            continue
-                        try:
-                            link = self._mapper.row_link(instance_id, position, topic, state)
-                        except StepLogError:
-                            continue  # left to its readers to name
-                        if link.head is not None:
-                            chained_at = row_id
+                    if keyring is None and is_sealed(bytes(state)):
+                        chained_at = row_id  # cannot be looked into: its readers will say
+                        break
+                    try:
+                        link = self._mapper.row_link(instance_id, position, topic, state)
+                    except StepLogError:
+                        continue  # left to its readers to name
+                    if link.head is not None:
+                        chained_at = row_id
+                        break
                 if len(rows) < ROWS_PER_READ:
                     break
                 after = rows[-1][0]
@@ -341,6 +338,18 @@ class EventStore(ABC):
         elif self._encrypted:  # marked encrypted, nothing sealed yet: every later row must be
             sealed_from = last
         return IntegrityMark(last if chained_at is None else chained_at - 1, sealed_from)
+
+    def _first_sealed_row(self) -> int | None:
+        """The id of the store's first sealed row (None: none); adapters ask the database."""
+        after = 0
+        while True:
+            rows = self._select_rows(after, ROWS_PER_READ, None)
+            for row_id, _, _, _, state in rows:
+                if is_sealed(bytes(state)):
+                    return row_id
+            if len(rows) < ROWS_PER_READ:
+                return None
+            after = rows[-1][0]
 
     def _refuse(self, problem: ChainProblem) -> None:
         """Raise ``problem`` as a ``LogIntegrityError``, or note it when broken chains are read."""

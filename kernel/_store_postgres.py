@@ -28,6 +28,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from psycopg import sql
 from psycopg_pool import PoolTimeout
 
+from kernel._cipher import MAGIC
 from kernel._errors import (
     ConcurrencyConflictError,
     SchemaVersionError,
@@ -735,6 +736,14 @@ class PostgresStore(EventStore):
         ).format(sql.Identifier(self.schema, META_TABLE))
         with self._translated("write the meta table"), self._ds.get_connection() as conn:
             conn.execute(statement, (key, value))
+
+    def _first_sealed_row(self) -> int | None:
+        statement = sql.SQL(
+            "SELECT min(notification_id) AS found FROM {} WHERE substring(state from 1 for 4) = %s"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE))
+        with self._ds.get_connection() as conn:
+            row = conn.execute(statement, (MAGIC,)).fetchone()
+        return None if row is None or row["found"] is None else int(row["found"])
 
     def _row_id(self, instance_id: str, last_position: int) -> int | None:
         statement = sql.SQL(
