@@ -70,6 +70,7 @@ def test_verify_json_is_one_document(log: Log, capsys) -> None:
     document = json.loads(out)
     assert document["chain"] == {
         "ok": True,
+        "verified": True,
         "instances": 2,
         "rows": 12,
         "events": 46,
