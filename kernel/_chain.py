@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from dataclasses import dataclass, field
 
 from kernel._errors import LogIntegrityError, StoreConfigError
 from kernel._mapper import RowLink, genesis
 
-__all__ = ["ChainHead", "ChainProblem", "ChainReport", "link_problem", "tail_problem"]
+__all__ = [
+    "ChainHead",
+    "ChainProblem",
+    "ChainReport",
+    "IntegrityMark",
+    "form_problem",
+    "link_problem",
+    "tail_problem",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +40,9 @@ class ChainProblem:
     instance_id: str
     position: int
     kind: str
-    """``edited``, ``marker rewritten``, ``gap``, ``reordered``, ``unchained``, ``truncated``,
-    ``unrecorded``, ``head mismatch``, ``seal broken`` or ``malformed``."""
+    """``edited``, ``marker rewritten``, ``gap``, ``reordered``, ``unchained``, ``unsealed``,
+    ``truncated``, ``unrecorded``, ``head mismatch``, ``seal broken``, ``mark altered`` or
+    ``malformed``."""
     detail: str
 
     def error(self) -> LogIntegrityError:
@@ -65,7 +75,13 @@ class ChainReport:
 
     @property
     def ok(self) -> bool:
+        """Nothing found wrong (events without hashes may still be unchecked: ``verified``)."""
         return not self.problems
+
+    @property
+    def verified(self) -> bool:
+        """Nothing found wrong, and every event was checked against its hash."""
+        return not self.problems and not self.unchained_events
 
     def first_problem(self, instance_id: str) -> ChainProblem | None:
         """The instance's first problem (lowest position), None when it has none."""
@@ -137,6 +153,72 @@ class ChainHead:
         if not isinstance(signature, str):
             raise StoreConfigError("a chain head's signature is a string")
         return cls(instance_id, position, digest, signature)
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrityMark:
+    """What a store's rows must be, from where: every row with an id (its place in the order of
+    appends) above ``chained_from`` carries hashes, and, in an encrypted store, every row above
+    ``sealed_from`` is sealed. None: no such rule. Rows at or below a bound were written before
+    the chain (or the key) and are read as they are.
+
+    Kept in the store's meta table, as ``to_text`` writes it; in an encrypted store with a tag
+    (``Keyring.tag``), so that someone without the key can neither move a bound nor make a plain
+    store of an encrypted one (``docs/security.md``)."""
+
+    chained_from: int | None = None
+    sealed_from: int | None = None
+
+    def message(self) -> bytes:
+        """The bytes the tag authenticates."""
+        return f"steplog-integrity-1\x00{self.chained_from}\x00{self.sealed_from}".encode()
+
+    def to_text(self, tag: str = "") -> str:
+        return json.dumps(
+            {"chained_from": self.chained_from, "sealed_from": self.sealed_from, "tag": tag},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_text(cls, text: str) -> tuple[IntegrityMark, str] | None:
+        """The mark in ``text`` and its tag ("" when untagged); None when it is malformed."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.keys() != {"chained_from", "sealed_from", "tag"}:
+            return None
+        chained, sealed, tag = data["chained_from"], data["sealed_from"], data["tag"]
+        if not all(v is None or (type(v) is int and v >= 0) for v in (chained, sealed)):
+            return None
+        if not isinstance(tag, str):
+            return None
+        return cls(chained, sealed), tag
+
+
+def form_problem(
+    instance_id: str, row: RowLink, *, chained: bool, sealed: bool
+) -> ChainProblem | None:
+    """What is wrong with a row that breaks its store's ``IntegrityMark`` (not ``sealed``: a
+    plain row in an encrypted store; not ``chained``: a row without hashes in a chained one)."""
+    where = f"the row holding {instance_id!r}#{row.first}..{row.last}"
+    if not sealed:
+        return ChainProblem(
+            instance_id,
+            row.first,
+            "unsealed",
+            f"{where} is not encrypted, though every row of this store after the ones written "
+            "before its key must be: it was written or rewritten by someone without the key",
+        )
+    if not chained:
+        return ChainProblem(
+            instance_id,
+            row.first,
+            "unchained",
+            f"{where} carries no hashes, though this store was stamped as chained before it was "
+            "written: it was rewritten without them",
+        )
+    return None
 
 
 def link_problem(instance_id: str, before: RowLink | None, row: RowLink) -> ChainProblem | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -63,6 +64,9 @@ class Keyring:
         if not keys:
             raise StoreConfigError("a keyring needs at least one key")
         self._ciphers: dict[bytes, AESGCM] = {}
+        self._tags: dict[bytes, bytes] = {}
+        """Per key fingerprint, the key that authenticates (``tag``): derived from the key, never
+        the key itself."""
         for n, key in enumerate(keys, start=1):
             if not isinstance(key, bytes) or len(key) != 32:
                 size = len(key) if isinstance(key, bytes) else type(key).__name__
@@ -71,6 +75,9 @@ class Keyring:
                     "Keyring.generate()"
                 )
             self._ciphers.setdefault(key_id(key), AESGCM(key))
+            self._tags.setdefault(
+                key_id(key), hashlib.blake2b(b"steplog-tag-key-1", key=key, digest_size=32).digest()
+            )
         self.current = key_id(keys[0])
         """The fingerprint of the key that seals."""
         self._nonces = nonces
@@ -133,6 +140,25 @@ class Keyring:
                 f"{where} does not decrypt with its key {found.hex()}: it was altered or moved "
                 "since it was written"
             ) from None
+
+    def tag(self, message: bytes) -> str:
+        """An authentication tag of ``message`` with the current key: its fingerprint and an
+        HMAC-SHA256 with a key derived from it, as hex (``fingerprint:hmac``)."""
+        digest = hmac.new(self._tags[self.current], message, hashlib.sha256).hexdigest()
+        return f"{self.current.hex()}:{digest}"
+
+    def tag_matches(self, tag: str, message: bytes) -> bool | None:
+        """Whether ``tag`` (made by ``tag``) authenticates ``message``: None when the key it
+        names is not in this keyring (it cannot tell), False when it does not match."""
+        found, _, digest = tag.partition(":")
+        try:
+            key = self._tags.get(bytes.fromhex(found))
+        except ValueError:
+            return False
+        if key is None:
+            return None
+        expected = hmac.new(key, message, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(expected.encode(), digest.encode("ascii", "replace"))
 
     def __repr__(self) -> str:
         return f"Keyring({', '.join(self.fingerprints)})"

@@ -15,12 +15,17 @@ before the store's schema version 2), which has no sealed form, is rewritten as 
 one event (batch format 1: no hashes, as before) and sealed.
 
 A store that gets its first key this way is marked encrypted before any row is sealed, so that
-from then on a writer without keys is refused (``open_store``). Processes that opened the store
-before that, without keys, still write plain rows until they reopen it; run ``rekey`` again after
-stopping them. ``compact_store(store)`` then drops what the rewritten rows leave behind in the
-files: on SQLite a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint
-that empties the WAL file; on PostgreSQL a ``VACUUM FULL`` of the events table, which drops the old
-row versions that an ``UPDATE`` leaves in the table until vacuumed.
+from then on a writer without keys is refused (``open_store``), and its integrity mark
+(``kernel._chain.IntegrityMark``, tagged with the key) records that the rows written so far may
+be plain and every later one must be sealed. Plain rows after that point are refused, by rekey as
+by every reader: whoever has no key cannot have them sealed for him. (Processes that opened the
+store without keys before it was marked must be stopped first: their later rows are refused
+too.) Once every row is sealed, the mark moves: from then on every row must be.
+
+``compact_store(store)`` then drops what the rewritten rows leave behind in the files: on SQLite
+a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint that empties the WAL
+file; on PostgreSQL a ``VACUUM FULL`` of the events table, which drops the old row versions that
+an ``UPDATE`` leaves in the table until vacuumed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from kernel._chain import IntegrityMark
 from kernel._cipher import Keyring, is_sealed
 from kernel._errors import LogIntegrityError, StoreConfigError
 from kernel._mapper import EventMapper, _place, row_count
@@ -103,16 +109,24 @@ def rekey(
     if rows_per_transaction < 1:
         raise StoreConfigError(f"rows_per_transaction must be >= 1, got {rows_per_transaction}")
     report = RekeyReport(key=keyring.current.hex())
+    marks = store._marks
     if store._read_meta(ENCRYPTION_MARK) is None:
+        with store._translated("read the global log"):
+            last = store.last_row_id()
         store._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
         report.marked = True
+        if marks.sealed_from is None:  # the rows so far were written without a key
+            marks = IntegrityMark(marks.chained_from, last)
     store._encrypted = True
+    if marks.sealed_from is None:  # sealed rows, no mark: they are where sealing began
+        marks = IntegrityMark(marks.chained_from, store._computed_marks().sealed_from)
+    store._record_marks(marks)
     writer = _writer_for(store)
     after = 0
     while True:
         with store._translated("read the global log"):
             rows: list[Row] = store._select_rows(after, rows_per_transaction, None)
-        planned = [_change(keyring, store, row) for row in rows]
+        planned = [_change(keyring, store, row, marks) for row in rows]
         report.rows += len(rows)
         changes = [(c, kind) for c, kind in planned if c is not None]
         report.current += len(planned) - len(changes)
@@ -131,15 +145,29 @@ def rekey(
         if progress is not None:
             progress(report)
         if len(rows) < rows_per_transaction:
+            if marks.sealed_from:  # every row is sealed now: from now on, every row must be
+                store._record_marks(IntegrityMark(marks.chained_from, 0))
             return report
         after = rows[-1][0]
 
 
-def _change(keyring: Keyring, store: EventStore, row: Row) -> tuple[Change | None, str]:
+def _change(
+    keyring: Keyring, store: EventStore, row: Row, marks: IntegrityMark
+) -> tuple[Change | None, str]:
     """The rewrite of one row and its kind; None when it is already sealed with the current
-    key."""
-    _, instance_id, last, topic, state = row
+    key. A plain row past the point from which rows must be sealed is refused, never sealed."""
+    row_id, instance_id, last, topic, state = row
     count = row_count(instance_id, last, topic)
+    if not is_sealed(state) and row_id > (marks.sealed_from or 0):
+        raise LogIntegrityError(
+            f"the row holding {instance_id!r}#{last - count + 1}..{last} is not encrypted, "
+            "though it was written after the store got its key: it was written by someone "
+            "without the key (or by a process that opened the store before it had one); rekey "
+            "stopped there, leaving it as it is",
+            instance_id=instance_id,
+            position=last - count + 1,
+            kind="unsealed",
+        )
     if is_sealed(state):
         if state[_KEY_ID] == keyring.current:
             return None, ""

@@ -35,7 +35,15 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 
-from kernel._chain import ChainHead, ChainProblem, ChainReport, link_problem, tail_problem
+from kernel._chain import (
+    ChainHead,
+    ChainProblem,
+    ChainReport,
+    IntegrityMark,
+    form_problem,
+    link_problem,
+    tail_problem,
+)
 from kernel._cipher import KEYS_ENV, Keyring, is_sealed
 from kernel._codec import ValueCodec
 from kernel._errors import (
@@ -80,6 +88,9 @@ __all__ = [
 DEFAULT_STORE_ENV = "STEPLOG_STORE"
 ENCRYPTION_MARK = "encryption"
 """The meta key that marks an encrypted store (its value names the cipher)."""
+INTEGRITY_MARK = "integrity"
+"""The meta key of the store's ``IntegrityMark``: from which row on rows must carry hashes and,
+in an encrypted store, be sealed (tagged with a key of the keyring there)."""
 STORE_SCHEMA_VERSION = 3
 """Version of the tables steplog writes. A database stamped with a higher one is refused.
 
@@ -209,6 +220,10 @@ class EventStore(ABC):
         self._memory_heads: dict[str, tuple[int, bytes]] = {}
         """The recorded heads of the memory store (the SQL adapters keep them in a table)."""
         self._encrypted = False
+        self._marks = IntegrityMark()
+        """What this store's rows must be (``_settle_marks``); no rule until it is opened."""
+        self._mark_problem: ChainProblem | None = None
+        """What is wrong with the store's integrity mark (read with ``allow_broken_chain``)."""
         self._memory_meta: dict[str, str] = {}
         self._scan: _Scan | None = None
         """The global scan the last ``read_all`` page ended (see ``read_all``)."""
@@ -236,6 +251,148 @@ class EventStore(ABC):
                 "open_store(url, keyring=Keyring.from_text(...))), or with create=False to "
                 "only read what is not sealed"
             )
+        self._settle_marks(writes=create and not getattr(self, "read_only", False))
+
+    def _settle_marks(self, *, writes: bool) -> None:
+        """Decide what this store's rows must be (its ``IntegrityMark``), and record it when
+        this store may write and it is not recorded yet.
+
+        With keys, only a mark tagged with one of them is believed; one whose tag does not
+        match (or an encrypted store's mark stripped of its tag) raises ``LogIntegrityError``
+        (``mark altered``; with ``allow_broken_chain``, noted, and every row must then be
+        chained and sealed). Without a believed mark, the rows say: those after the first
+        chained row must be chained, and those after the first sealed row (or, in a store marked
+        encrypted with none sealed yet, every later row) sealed. A writer records that, tagged
+        when it has keys. Without keys, a recorded mark is used as it is (it cannot be
+        checked)."""
+        keyring = self._mapper.keyring
+        text = self._read_meta(INTEGRITY_MARK)
+        parsed = None if text is None else IntegrityMark.from_text(text)
+        mark, tag = parsed if parsed is not None else (None, "")
+        altered = text is not None and parsed is None
+        if keyring is not None:
+            if mark is not None and tag:
+                matches = keyring.tag_matches(tag, mark.message())
+                if matches:
+                    self._marks = mark
+                    return
+                altered = altered or matches is False
+            elif mark is not None and mark.sealed_from is not None:
+                altered = True
+            if altered:
+                self._marks = IntegrityMark(0, 0)
+                self._mark_problem = ChainProblem(
+                    "",
+                    0,
+                    "mark altered",
+                    f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) "
+                    "is not one its keys wrote: someone without the key altered it, to "
+                    "have plain or unchained rows read as if written before the key or "
+                    "the chain",
+                )
+                self._refuse(self._mark_problem)
+                return
+        elif mark is not None:
+            self._marks = mark
+            return
+        self._marks = self._computed_marks()
+        if writes and (keyring is not None or not self._encrypted):
+            self._record_marks(self._marks)
+
+    def _record_marks(self, mark: IntegrityMark) -> None:
+        """Write ``mark`` to the meta table (tagged with the current key, if any)."""
+        keyring = self._mapper.keyring
+        tag = "" if keyring is None else keyring.tag(mark.message())
+        self._replace_meta(INTEGRITY_MARK, mark.to_text(tag))
+        self._marks = mark
+
+    def _computed_marks(self) -> IntegrityMark:
+        """The ``IntegrityMark`` the rows themselves give (``_settle_marks``): the store's first
+        sealed row (looked for with keys, or in a store marked encrypted), and one look at the
+        log in row order up to its first chained row."""
+        keyring = self._mapper.keyring
+        with self._translated("read the global log"):
+            last = self.last_row_id()
+            sealed_at = self._first_sealed_row() if keyring is not None or self._encrypted else None
+            chained_at = None
+            after = 0
+            while chained_at is None:
+                rows = self._select_rows(after, ROWS_PER_READ, None)
+                for row_id, instance_id, position, topic, state in rows:
+                    if keyring is None and is_sealed(bytes(state)):
+                        chained_at = row_id  # cannot be looked into: its readers will say
+                        break
+                    try:
+                        link = self._mapper.row_link(instance_id, position, topic, state)
+                    except StepLogError:
+                        continue  # left to its readers to name
+                    if link.head is not None:
+                        chained_at = row_id
+                        break
+                if len(rows) < ROWS_PER_READ:
+                    break
+                after = rows[-1][0]
+        sealed_from = None
+        if sealed_at is not None:
+            sealed_from = sealed_at - 1
+        elif self._encrypted:  # marked encrypted, nothing sealed yet: every later row must be
+            sealed_from = last
+        return IntegrityMark(last if chained_at is None else chained_at - 1, sealed_from)
+
+    def _first_sealed_row(self) -> int | None:
+        """The id of the store's first sealed row (None: none); adapters ask the database."""
+        after = 0
+        while True:
+            rows = self._select_rows(after, ROWS_PER_READ, None)
+            for row_id, _, _, _, state in rows:
+                if is_sealed(bytes(state)):
+                    return row_id
+            if len(rows) < ROWS_PER_READ:
+                return None
+            after = rows[-1][0]
+
+    def _refuse(self, problem: ChainProblem) -> None:
+        """Raise ``problem`` as a ``LogIntegrityError``, or note it when broken chains are read."""
+        if self._mapper.on_broken is None:
+            raise problem.error()
+        self._mapper.on_broken(problem.error())
+
+    def _form_problem(
+        self, instance_id: str, link: RowLink, state: bytes, row_id: int | None = None
+    ) -> ChainProblem | None:
+        """What is wrong with a row that is not what the store's ``IntegrityMark`` says rows
+        after a point must be (chained, sealed), or None. ``row_id``: the row's id, looked up
+        only when a bound is not 0 and the row breaks it."""
+        mark = self._marks
+        unsealed = mark.sealed_from is not None and not is_sealed(bytes(state))
+        unchained = mark.chained_from is not None and link.head is None
+        if not (unsealed or unchained):
+            return None
+        if row_id is None and (
+            (unsealed and mark.sealed_from) or (unchained and mark.chained_from)
+        ):
+            with self._translated(f"read the row of {instance_id!r}#{link.last}"):
+                row_id = self._row_id(instance_id, link.last)
+        found = row_id if row_id is not None else 1 << 62
+        unsealed = unsealed and found > (mark.sealed_from or 0)
+        unchained = unchained and found > (mark.chained_from or 0)
+        return form_problem(instance_id, link, chained=not unchained, sealed=not unsealed)
+
+    def _check_form(
+        self, instance_id: str, link: RowLink, state: bytes, row_id: int | None = None
+    ) -> None:
+        """Refuse (or note) a row that breaks the store's ``IntegrityMark``."""
+        problem = self._form_problem(instance_id, link, state, row_id)
+        if problem is not None:
+            self._refuse(problem)
+
+    def _row_id(self, instance_id: str, last_position: int) -> int | None:
+        """The id of the row of ``instance_id`` ending at ``last_position`` (None: no such row);
+        adapters look it up by their index."""
+        for note in self._recorder.select_notifications(start=1, limit=1 << 30):
+            if note.originator_id == instance_id and note.originator_version == last_position:
+                return int(note.id)
+        return None
 
     def _note_broken(self, error: LogIntegrityError) -> None:
         problem = ChainProblem.of(error, error.instance_id or "", error.position or 0)
@@ -249,6 +406,10 @@ class EventStore(ABC):
     def _write_meta(self, key: str, value: str) -> None:
         """Set a meta value that is not set yet (a set one is left as it is)."""
         self._memory_meta.setdefault(key, value)
+
+    def _replace_meta(self, key: str, value: str) -> None:
+        """Set a meta value, replacing the one set."""
+        self._memory_meta[key] = value
 
     @property
     def keyring(self) -> Keyring | None:
@@ -392,6 +553,9 @@ class EventStore(ABC):
             )
         last, topic, state = rows[0]
         link = self._mapper.row_link(instance_id, last, topic, state)
+        problem = self._form_problem(instance_id, link, state)
+        if problem is not None:  # never chain to (and so vouch for) a row written around us
+            raise problem.error()
         return genesis(instance_id) if link.head is None else link.head
 
     def _not_landed(self, instance_id: str, row: StoredEvent | None) -> None:
@@ -501,6 +665,7 @@ class EventStore(ABC):
                     types=wanted,
                     links=links,
                 )
+                self._check_form(instance_id, links[-1], state)
             self._check_links(instance_id, links, from_start=not after)
             return events
 
@@ -541,9 +706,18 @@ class EventStore(ABC):
             ):
                 after, upto = window
                 for last, topic, state in rows:
+                    links: list[RowLink] = []
                     events += decode(
-                        instance_id, last, topic, state, after=after, upto=upto, types=wanted
+                        instance_id,
+                        last,
+                        topic,
+                        state,
+                        after=after,
+                        upto=upto,
+                        types=wanted,
+                        links=links,
                     )
+                    self._check_form(instance_id, links[0], state)
             return events
 
     def find_events(
@@ -580,9 +754,18 @@ class EventStore(ABC):
                 rows = self._select_stream(instance_id, start or None, upto, _ROWS_PER_LOOK)
                 for last, topic, state in rows:
                     if row_may_hold(instance_id, last, topic, state, wanted, needle, keyring):
+                        links: list[RowLink] = []
                         events += decode(
-                            instance_id, last, topic, state, after=after, upto=upto, types=wanted
+                            instance_id,
+                            last,
+                            topic,
+                            state,
+                            after=after,
+                            upto=upto,
+                            types=wanted,
+                            links=links,
                         )
+                        self._check_form(instance_id, links[0], state)
                 if len(rows) < _ROWS_PER_LOOK or (upto is not None and rows[-1][0] >= upto):
                     return events
                 start = rows[-1][0]
@@ -651,6 +834,8 @@ class EventStore(ABC):
         when the store cannot be read. ``progress`` is called with the number of events checked
         after each batch of rows."""
         report = ChainReport()
+        if self._mark_problem is not None:
+            report.problems.append(self._mark_problem)
         with self._translated("verify the hash chain"):
             recorded = self._select_heads(instance_id)
             wanted: dict[str, list[ChainHead]] = {}
@@ -711,8 +896,11 @@ class EventStore(ABC):
                     report.unchained_events += count
                 report.problems += [ChainProblem.of(e, instance_id, link.first) for e in problems]
                 problems.clear()
+                form = self._form_problem(instance_id, link, state)
+                if form is not None:
+                    report.problems.append(form)
                 problem = None if lost else link_problem(instance_id, before, link)
-                if problem is not None:
+                if problem is not None and (form is None or form.kind != problem.kind):
                     report.problems.append(problem)
                 for position in [p for p in by_position if link.first <= p <= link.last]:
                     head = by_position.pop(position)
@@ -861,6 +1049,7 @@ class EventStore(ABC):
             instance_id, last, topic, state, after=low, upto=high, types=wanted, links=links
         ):
             page.append(Recorded(base + event.position - first, event))
+        self._check_form(instance_id, links[0], state, row_id)
         if low < first and row_id > scan.entered:  # entered from its start, for the first time
             scan.entered = row_id
             link = links[0]

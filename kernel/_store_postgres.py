@@ -28,6 +28,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from psycopg import sql
 from psycopg_pool import PoolTimeout
 
+from kernel._cipher import MAGIC
 from kernel._errors import (
     ConcurrencyConflictError,
     SchemaVersionError,
@@ -728,6 +729,29 @@ class PostgresStore(EventStore):
         )
         with self._translated("write the meta table"), self._ds.get_connection() as conn:
             conn.execute(statement, (key, value))
+
+    def _replace_meta(self, key: str, value: str) -> None:
+        statement = sql.SQL(
+            "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(sql.Identifier(self.schema, META_TABLE))
+        with self._translated("write the meta table"), self._ds.get_connection() as conn:
+            conn.execute(statement, (key, value))
+
+    def _first_sealed_row(self) -> int | None:
+        statement = sql.SQL(
+            "SELECT min(notification_id) AS found FROM {} WHERE substring(state from 1 for 4) = %s"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE))
+        with self._ds.get_connection() as conn:
+            row = conn.execute(statement, (MAGIC,)).fetchone()
+        return None if row is None or row["found"] is None else int(row["found"])
+
+    def _row_id(self, instance_id: str, last_position: int) -> int | None:
+        statement = sql.SQL(
+            "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE))
+        with self._ds.get_connection() as conn:
+            row = conn.execute(statement, (instance_id, last_position)).fetchone()
+        return None if row is None else int(row["notification_id"])
 
     def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
         heads = sql.Identifier(self.schema, HEADS_TABLE)

@@ -21,6 +21,7 @@ from eventsourcing.persistence import Notification, StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor, SQLiteDatastore
 from filelock import FileLock, Timeout
 
+from kernel._cipher import MAGIC
 from kernel._errors import (
     ConcurrencyConflictError,
     DecodeError,
@@ -381,6 +382,28 @@ class SQLiteStore(EventStore):
     def _write_meta(self, key: str, value: str) -> None:
         with self._translated("write the meta table"), self._ds.transaction(commit=True) as cursor:
             cursor.execute(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)", (key, value))
+
+    def _replace_meta(self, key: str, value: str) -> None:
+        with self._translated("write the meta table"), self._ds.transaction(commit=True) as cursor:
+            cursor.execute(f"INSERT OR REPLACE INTO {META_TABLE} VALUES (?, ?)", (key, value))
+
+    def _first_sealed_row(self) -> int | None:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT min(rowid) FROM {EVENTS_TABLE} WHERE substr(state, 1, 4) = ?", (MAGIC,)
+            )
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _row_id(self, instance_id: str, last_position: int) -> int | None:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT rowid FROM {EVENTS_TABLE} WHERE originator_id = ? AND "
+                "originator_version = ?",
+                (instance_id, last_position),
+            )
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
         with self._ds.transaction(commit=False) as cursor:

@@ -462,8 +462,9 @@ def _label_broken(problems: Sequence[ChainProblem]) -> None:
         return
     first = problems[0]
     more = f" and {len(problems) - 1} more place(s)" if len(problems) > 1 else ""
+    where = f"{first.instance_id!r}#{first.position}" if first.instance_id else "its meta table"
     SafeConsole(stderr=True, highlight=False).print(
-        f"WARNING: this log's hash chain is broken at {first.instance_id!r}#{first.position} "
+        f"WARNING: this log's hash chain is broken at {where} "
         f"({first.kind}){more}; what was shown may have been altered ('steplog verify' lists "
         "every problem)",
         markup=False,
@@ -893,6 +894,8 @@ def _verify(store: EventStore, args: argparse.Namespace, console: Console) -> in
         _print_views(console, views, names)
     if not report.ok:
         return EXIT_BROKEN_CHAIN
+    if not report.verified:  # events without hashes: nothing checked them
+        return EXIT_PROBLEM
     return 0 if views is None or all(r.ok for r in views.values()) else EXIT_PROBLEM
 
 
@@ -966,6 +969,7 @@ def _chain_json(
 ) -> dict[str, Any]:
     return {
         "ok": report.ok,
+        "verified": report.verified,
         "instances": report.instances,
         "rows": report.rows,
         "events": report.events,
@@ -1020,10 +1024,21 @@ def _print_chain(
             markup=False,
             soft_wrap=True,
         )
-    before = f" ({report.unchained_events} before the chain)"
+    unchecked = (
+        f"{report.unchained_events} of {report.events} events carry no hashes and could not be "
+        "checked: written before the hash chain existed, or rewritten without it by someone "
+        "with write access (only a head exported earlier can tell; docs/security.md)"
+    )
+    if report.verified:
+        console.print(
+            f"chain ok: {report.instances} instances, {report.events} events (0 before the chain)",
+            markup=False,
+            soft_wrap=True,
+        )
+        return
     if report.ok:
         console.print(
-            f"chain ok: {report.instances} instances, {report.events} events{before}",
+            f"chain unchecked: {report.instances} instances, {unchecked}",
             markup=False,
             soft_wrap=True,
         )
@@ -1040,12 +1055,14 @@ def _print_chain(
     table.add_column("detail", overflow="fold", ratio=1)
     for problem in sorted(report.problems, key=lambda p: (p.instance_id, p.position)):
         table.add_row(
-            cell(problem.instance_id),
+            cell(problem.instance_id) if problem.instance_id else "(meta table)",
             str(problem.position),
             f"[bold red]{cell(problem.kind)}[/]",
             cell(problem.detail),
         )
     console.print(table)
+    if report.unchained_events:
+        console.print(f"also: {unchecked}", markup=False, soft_wrap=True)
 
 
 def _print_views(

@@ -70,6 +70,7 @@ def test_verify_json_is_one_document(log: Log, capsys) -> None:
     document = json.loads(out)
     assert document["chain"] == {
         "ok": True,
+        "verified": True,
         "instances": 2,
         "rows": 12,
         "events": 46,
@@ -284,3 +285,27 @@ def test_bad_input_exits_2_in_one_line(log: Log, capsys, tmp_path: Path, args, m
     code, out, err = cli(capsys, "--store", log.url, *filled)
     assert (code, out) == (EXIT_BAD_INPUT, "")
     assert message in _one_line(err)
+
+
+@pytest.mark.parametrize("name", ["format1", "batch1"])
+def test_verify_says_a_log_before_the_chain_is_unchecked(name: str, tmp_path: Path, capsys) -> None:
+    """A log written before the hash chain is legitimate, but nothing vouches for its events:
+    ``verify`` says how many it could not check, not that they are bad, and does not pass."""
+    import shutil
+
+    path = tmp_path / f"{name}.db"
+    shutil.copyfile(Path(__file__).parent.parent / "data" / f"{name}.db", path)
+    before = path.read_bytes()
+    code, out, err = cli(capsys, "--store", f"sqlite:///{path}", "verify")
+    assert (code, err) == (EXIT_PROBLEM, "")
+    first = out.splitlines()[0]
+    assert first.startswith("chain unchecked: ")
+    assert "chain ok" not in out
+    assert " could not be checked" in first
+    assert "broken" not in out
+    code, out, _ = cli(capsys, "--store", f"sqlite:///{path}", "verify", "--json")
+    assert code == EXIT_PROBLEM
+    chain = json.loads(out)["chain"]
+    assert (chain["ok"], chain["verified"], chain["problems"]) == (True, False, [])
+    assert chain["unchained_events"] == chain["events"] > 0
+    assert path.read_bytes() == before  # reading never writes

@@ -29,6 +29,7 @@ from kernel import (
     EventBase,
     EventStore,
     InvalidBatchError,
+    LogIntegrityError,
     SchemaVersionError,
     StateStaged,
     StepLogError,
@@ -350,9 +351,19 @@ def test_an_unreadable_event_is_a_decode_error_naming_its_position(
         assert message in str(caught.value)
 
 
-def test_a_stored_row_the_mapper_wrote_still_reads_back(store: EventStore) -> None:
+def test_a_row_of_the_first_format_planted_in_a_chained_store_is_refused(
+    store: EventStore,
+) -> None:
+    """A well-formed row of the format before the chain (as the mapper wrote it), planted in a
+    store stamped as chained, is refused: it could only have been written around steplog (issue
+    21). Such rows in a store written before the chain read back (``test_format1.py``)."""
     plant(store, "state_staged@1", row())
-    assert store.read("a")[0] == staged()
+    assert store._mapper.decode("a", 1, "state_staged@1", row()) == staged()
+    for read in (lambda: store.read("a"), lambda: store.read_all()):
+        with pytest.raises(LogIntegrityError) as caught:
+            read()
+        assert (caught.value.instance_id, caught.value.position) == ("a", 1)
+        assert caught.value.kind == "unchained"
 
 
 # -- driver errors are all translated -------------------------------------------------------
@@ -473,8 +484,9 @@ def test_a_database_held_by_another_process_is_unavailable(sqlite_url: str) -> N
     open_store(sqlite_url).close()
     with closing(sqlite3.connect(sqlite_path(sqlite_url), isolation_level=None)) as holder:
         holder.execute("BEGIN EXCLUSIVE")
-        with open_store(sqlite_url, lock_timeout=1) as store, pytest.raises(
-            StoreUnavailableError, match="another process holds the database lock"
+        with (
+            open_store(sqlite_url, lock_timeout=1) as store,
+            pytest.raises(StoreUnavailableError, match="another process holds the database lock"),
         ):
             store.append("a", [staged()], expected_version=0)
         holder.execute("ROLLBACK")

@@ -1,0 +1,423 @@
+"""Forgeries of issue 21, performed on real SQLite files and PostgreSQL schemas by someone who can
+write to the database but holds no key: every reader must refuse them, and ``verify`` must name
+them (or, for events without hashes, say that it could not check them).
+
+1. In an encrypted store, a plain row holding a whole forged run (``a = 666``, committed) is
+   appended and chained to the head the store keeps in plain text, and that head moved forward.
+   Variants: the meta marks deleted too; the integrity mark edited; a forged instance of its own.
+2. In a plain store, every row is rewritten in batch format 1 (no hashes), a committed value
+   edited, an abort turned into a commit, and the recorded heads deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import psycopg
+import pytest
+from psycopg import sql
+
+from kernel import (
+    EventBase,
+    EventStore,
+    Executor,
+    Keyring,
+    LogIntegrityError,
+    StateStaged,
+    SuperstepCommitted,
+    WorkflowBuilder,
+    WorkflowContext,
+    counter_ids,
+    fold_committed,
+    handler,
+    open_store,
+    rekey,
+)
+from kernel._mapper import EventMapper
+from kernel.testing import ticking_clock
+from projections import history_of
+from projections.cli import EXIT_BROKEN_CHAIN, EXIT_PROBLEM, main
+from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, run_orders
+
+KEY = Keyring.generate()
+OTHER = Keyring.generate()
+
+
+class Setter(Executor):
+    """Stages ``a``: the order's number."""
+
+    @handler
+    async def set_a(self, value: int, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state("a", value)
+
+
+def run_a(store: EventStore, instance: str, value: int) -> None:
+    workflow = WorkflowBuilder(
+        start_executor=Setter(id="setter"),
+        store=store,
+        instance_id=instance,
+        clock=ticking_clock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC)),
+        id_factory=counter_ids(f"{instance}-{value}"),
+    ).build()
+    asyncio.run(workflow.run(value))
+
+
+def forged_run(instance: str, after: int) -> list[EventBase]:
+    """A whole committed run setting ``a = 666``, at the positions after ``after``: written by
+    steplog itself to a store of the attacker's, then renumbered."""
+    with open_store("memory://") as scratch:
+        run_a(scratch, instance, 666)
+        events = scratch.read(instance)
+    return [e.model_copy(update={"position": after + n}) for n, e in enumerate(events, start=1)]
+
+
+class Database:
+    """The store's tables, reached with the driver, as an attacker with write access would."""
+
+    def __init__(self, url: str) -> None:
+        self.sqlite = url.startswith("sqlite")
+        if self.sqlite:
+            self.path = url.removeprefix("sqlite:///")
+        else:
+            parts = urlsplit(url)
+            query = dict(parse_qsl(parts.query))
+            self.schema = query.pop("schema")
+            self.server = urlunsplit(parts._replace(query=urlencode(query)))
+
+    def run(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """``statement`` with ``{events}``, ``{meta}`` and ``?`` placeholders."""
+        if self.sqlite:
+            text = statement.format(events="steplog_events", meta="steplog_meta")
+            with closing(sqlite3.connect(self.path)) as db, db:
+                return db.execute(text, params).fetchall()
+        composed = sql.SQL(statement.replace("?", "%s")).format(
+            events=sql.Identifier(self.schema, "steplog_events"),
+            meta=sql.Identifier(self.schema, "steplog_meta"),
+        )
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            cursor = conn.execute(composed, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def head(self, instance: str) -> tuple[int, bytes]:
+        """The recorded chain head (kept in plain text)."""
+        if self.sqlite:
+            with closing(sqlite3.connect(self.path)) as db:
+                (found,) = db.execute(
+                    "SELECT position, head FROM steplog_chain WHERE instance_id = ?", (instance,)
+                ).fetchall()
+        else:
+            with psycopg.connect(self.server) as conn:
+                (found,) = conn.execute(
+                    sql.SQL("SELECT version, chain FROM {} WHERE instance_id = %s").format(
+                        sql.Identifier(self.schema, "steplog_heads")
+                    ),
+                    (instance,),
+                ).fetchall()
+        return int(found[0]), bytes(found[1])
+
+    def set_head(self, instance: str, position: int, digest: bytes | None) -> None:
+        """Record (or, with None, delete) an instance's chain head."""
+        if self.sqlite:
+            with closing(sqlite3.connect(self.path)) as db, db:
+                if digest is None:
+                    db.execute("DELETE FROM steplog_chain WHERE instance_id = ?", (instance,))
+                else:
+                    db.execute(
+                        "INSERT OR REPLACE INTO steplog_chain VALUES (?, ?, ?)",
+                        (instance, position, digest),
+                    )
+            return
+        with psycopg.connect(self.server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (instance_id, version, last_row, chain) VALUES (%s, %s, 0, %s) "
+                    "ON CONFLICT (instance_id) DO UPDATE SET version = EXCLUDED.version, "
+                    "chain = EXCLUDED.chain"
+                ).format(sql.Identifier(self.schema, "steplog_heads")),
+                (instance, position, digest),
+            )
+
+    def append_plain(self, instance: str, events: list[EventBase], previous: bytes | None) -> None:
+        """Append ``events`` as one plain row chained to ``previous``, and move the head."""
+        row = EventMapper().to_row(events, previous=previous)
+        self.run(
+            "INSERT INTO {events} (originator_id, originator_version, topic, state) "
+            "VALUES (?, ?, ?, ?)",
+            (instance, row.originator_version, row.topic, bytes(row.state)),
+        )
+        self.set_head(instance, row.originator_version, row.head)
+
+    def rows(self, instance: str) -> list[tuple[int, str, bytes]]:
+        found = self.run(
+            "SELECT originator_version, topic, state FROM {events} WHERE originator_id = ? "
+            "ORDER BY originator_version",
+            (instance,),
+        )
+        return [(int(last), str(topic), bytes(state)) for last, topic, state in found]
+
+    def put(self, instance: str, last: int, state: bytes) -> None:
+        self.run(
+            "UPDATE {events} SET state = ? WHERE originator_id = ? AND originator_version = ?",
+            (state, instance, last),
+        )
+
+    def meta(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.run("SELECT key, value FROM {meta}")}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> Path:
+    path = tmp_path / "steplog.keys"
+    path.write_text(KEY)
+    return path
+
+
+@pytest.fixture
+def encrypted(durable_store_url: str) -> Iterator[str]:
+    """An encrypted store holding ``orders`` (a = 1, then a = 2) and ``clean`` (a = 7)."""
+    with open_store(durable_store_url, keyring=Keyring.from_text(KEY)) as store:
+        run_a(store, INSTANCE, 1)
+        run_a(store, INSTANCE, 2)
+        run_a(store, CLEAN, 7)
+    return durable_store_url
+
+
+def keyless_append(url: str, instance: str = INSTANCE) -> int:
+    """Attack 1: a plain forged run appended to ``instance``, chained to its recorded head (a
+    new instance: to its genesis), the head moved forward. Returns the forged run's first
+    position."""
+    db = Database(url)
+    try:
+        position, digest = db.head(instance)
+    except ValueError:  # no head: a new instance
+        position, digest = 0, None
+    db.append_plain(instance, forged_run(instance, position), digest)
+    return position + 1
+
+
+def assert_refused(
+    url: str, instance: str, position: int, kind: str, capsys: Any, keys: Path
+) -> None:
+    """Every reader with the key refuses ``instance`` at ``position`` as ``kind``, and
+    ``verify`` names it there."""
+    with open_store(url, keyring=Keyring.from_text(KEY), create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            store.read(instance)
+        assert (caught.value.instance_id, caught.value.position, caught.value.kind) == (
+            instance,
+            position,
+            kind,
+        )
+        with pytest.raises(LogIntegrityError):
+            store.read_all(limit=10_000)
+        with pytest.raises(LogIntegrityError):
+            history_of(store, instance)
+        report = store.verify_chain()
+        found = [(p.instance_id, p.position, p.kind) for p in report.problems]
+        assert (instance, position, kind) in found, found
+        assert store.verify_chain(CLEAN).ok
+    with open_store(url, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
+        assert fold_committed(store.read(instance)).values["a"] == 666  # shown, and labelled
+        assert (instance, position, kind) in [
+            (p.instance_id, p.position, p.kind) for p in store.chain_problems
+        ]
+    store_args = ("--store", url, "--keys-file", str(keys))
+    for command in (["state", instance], ["blame", instance, "a"], ["history", instance]):
+        code, out, err = cli(capsys, *store_args, *command)
+        assert code == EXIT_BROKEN_CHAIN, (command, out, err)
+        assert "666" not in out
+        assert f"{instance!r}#{position}" in err, err
+        assert kind in err
+    code, out, _ = cli(capsys, *store_args, "verify")
+    assert code == EXIT_BROKEN_CHAIN
+    assert kind in out
+    assert instance in out
+
+
+def test_a_keyless_plain_row_appended_to_an_encrypted_store_is_refused(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    position = keyless_append(encrypted)
+    assert_refused(encrypted, INSTANCE, position, "unsealed", capsys, keys_file)
+
+
+def test_deleting_the_stores_marks_does_not_let_a_plain_row_in(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = Database(encrypted)
+    db.run("DELETE FROM {meta} WHERE key IN ('encryption', 'integrity')")
+    position = keyless_append(encrypted)
+    assert_refused(encrypted, INSTANCE, position, "unsealed", capsys, keys_file)
+
+
+def test_a_forged_instance_of_plain_rows_is_refused(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert keyless_append(encrypted, "forged") == 1
+    assert_refused(encrypted, "forged", 1, "unsealed", capsys, keys_file)
+
+
+def test_an_edited_integrity_mark_is_refused_by_every_reader_with_the_key(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mark says from which row on rows must be sealed; moved past the forged row (its tag
+    kept, or dropped), it no longer matches its tag."""
+    db = Database(encrypted)
+    mark = orjson.loads(db.meta()["integrity"])
+    assert mark["sealed_from"] == 0
+    assert mark["tag"]
+    keyless_append(encrypted)
+    for tag in (mark["tag"], ""):
+        edited = {**mark, "sealed_from": 10**9, "tag": tag}
+        db.run(
+            "UPDATE {meta} SET value = ? WHERE key = 'integrity'", (orjson.dumps(edited).decode(),)
+        )
+        with pytest.raises(LogIntegrityError, match="integrity mark") as caught:
+            open_store(encrypted, keyring=Keyring.from_text(KEY), create=False)
+        assert caught.value.kind == "mark altered"
+        with pytest.raises(LogIntegrityError, match="integrity mark"):
+            open_store(encrypted, keyring=Keyring.from_text(KEY))  # a writer never adopts it
+        code, _out, err = cli(capsys, "--store", encrypted, "--keys-file", str(keys_file), "verify")
+        assert code == EXIT_BROKEN_CHAIN
+        assert "integrity mark" in err
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
+        kinds = {p.kind for p in store.verify_chain().problems}
+        assert kinds == {"mark altered", "unsealed"}
+
+
+def test_rotation_and_rekey_keep_the_mark_and_move_it(durable_store_url: str) -> None:
+    """A store written plain, then given a key: its plain rows read until ``rekey`` seals them;
+    a plain row appended by someone without the key after that is refused, and rekey will not
+    seal it for him. After a rotation (``NEW,OLD``) the mark written with the old key still
+    holds; ``rekey`` tags it with the new one."""
+    url = durable_store_url
+    with open_store(url) as store:
+        run_a(store, INSTANCE, 1)
+    with open_store(url, keyring=Keyring.from_text(KEY)) as store:
+        run_a(store, INSTANCE, 2)  # the store's first sealed row
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
+    db = Database(url)
+    head = db.head(INSTANCE)
+    position = keyless_append(url)
+    with open_store(url, keyring=Keyring.from_text(KEY), create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            store.read(INSTANCE)
+        assert (caught.value.position, caught.value.kind) == (position, "unsealed")
+        with pytest.raises(LogIntegrityError, match="without the key"):
+            rekey(store)
+    last, _, _ = db.rows(INSTANCE)[-1]  # the forgery removed, the head put back
+    db.run(
+        "DELETE FROM {events} WHERE originator_id = ? AND originator_version = ?",
+        (INSTANCE, last),
+    )
+    db.set_head(INSTANCE, *head)
+    with open_store(url, keyring=Keyring.from_text(f"{OTHER},{KEY}"), create=False) as store:
+        report = rekey(store)
+        assert report.sealed >= 1
+        assert report.resealed >= 1
+        assert store.verify_chain().verified
+    assert orjson.loads(db.meta()["integrity"])["sealed_from"] == 0
+    with open_store(url, keyring=Keyring.from_text(OTHER), create=False) as store:
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
+        assert store.verify_chain().verified
+    position = keyless_append(url)
+    with open_store(url, keyring=Keyring.from_text(OTHER), create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            store.read(INSTANCE)
+        assert (caught.value.position, caught.value.kind) == (position, "unsealed")
+
+
+# -- 2. a plain store downgraded to the format before the chain ----------------------------------
+
+
+def downgrade(url: str) -> None:
+    """Attack 2: every row of ``orders`` rewritten in batch format 1 (no hashes), the committed
+    token edited, the abort turned into a commit; every recorded head deleted."""
+    db = Database(url)
+    with open_store(url, create=False) as store:
+        events = store.read(INSTANCE)
+    forged: list[EventBase] = []
+    for event in events:
+        if isinstance(event, StateStaged) and event.key == "token":
+            event = event.model_copy(update={"value": "tok-EVIL"})
+        if event.type == "superstep_aborted":
+            event = SuperstepCommitted(
+                instance_id=event.instance_id,
+                position=event.position,
+                timestamp=event.timestamp,
+                run_id=event.run_id,  # type: ignore[attr-defined]
+                superstep_id=event.superstep_id,  # type: ignore[attr-defined]
+            )
+        forged.append(event)
+    mapper = EventMapper()
+    for last, topic, _ in db.rows(INSTANCE):
+        first = last - int(topic) + 1
+        body = orjson.loads(mapper.to_row(forged[first - 1 : last]).state)
+        del body[4]  # the chain
+        body[0] = 1
+        db.put(INSTANCE, last, orjson.dumps(body))
+    db.set_head(INSTANCE, 0, None)
+
+
+@pytest.fixture
+def plain(durable_store_url: str) -> str:
+    asyncio.run(run_orders(durable_store_url))
+    return durable_store_url
+
+
+def test_a_downgraded_store_is_refused_while_its_stamp_is_there(
+    plain: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    downgrade(plain)
+    with open_store(plain, create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            store.read(INSTANCE)
+        assert (caught.value.position, caught.value.kind) == (1, "unchained")
+        report = store.verify_chain()
+        assert (INSTANCE, 1, "unchained") in [
+            (p.instance_id, p.position, p.kind) for p in report.problems
+        ]
+    code, out, err = cli(capsys, "--store", plain, "state", INSTANCE)
+    assert code == EXIT_BROKEN_CHAIN
+    assert "tok-EVIL" not in out
+    assert "unchained" in err
+    mark = orjson.loads(Database(plain).meta()["integrity"])  # the stamp: every row chained
+    assert (mark["chained_from"], mark["sealed_from"], mark["tag"]) == (0, None, "")
+
+
+def test_a_downgraded_store_with_its_stamp_deleted_is_never_called_verified(
+    plain: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a key nothing in the database can tell this store from one written before the
+    chain: readers show it, but ``verify`` says it could not check it, and fails."""
+    downgrade(plain)
+    Database(plain).run("DELETE FROM {meta} WHERE key = 'integrity'")
+    with open_store(plain, create=False) as store:
+        assert fold_committed(store.read(INSTANCE)).values["secret"] == SECRET  # the limit
+        report = store.verify_chain()
+        assert report.ok
+        assert not report.verified
+        assert (report.events, report.unchained_events) == (46, 23)
+    code, out, err = cli(capsys, "--store", plain, "verify")
+    assert code == EXIT_PROBLEM, (out, err)
+    assert "chain ok" not in out
+    assert "23 of 46 events" in out
+    assert "could not be checked" in out
+    code, out, _ = cli(capsys, "--store", plain, "verify", "--json")
+    assert code == EXIT_PROBLEM
+    chain = orjson.loads(out)["chain"]
+    assert (chain["ok"], chain["verified"], chain["unchained_events"]) == (True, False, 23)
