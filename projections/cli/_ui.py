@@ -2,6 +2,7 @@
 
 It needs the ``ui`` extra (``pip install 'steplog[ui]'``); without it, the command says so (bad
 input, status 2). It has no JSON output: it prints the address to open and serves until Ctrl-C.
+An address it cannot bind (a port in use) is bad input too: one line, and nothing is served.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
         token=args.token,
         reveal=args.reveal,
         sensitive=tuple(args.sensitive),
+        allow_broken_chain=args.allow_broken_chain,
         say=lambda line: console.print(line, markup=False, soft_wrap=True),
     )
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -421,6 +422,12 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
         assert f'forked from <a href="/i/{asked.child_instance}">' in child
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_serving_off_loopback_generates_a_token_and_prints_it(
     demo_store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,22 +436,46 @@ def test_serving_off_loopback_generates_a_token_and_prints_it(
     from projections.ui import serve
 
     served: list[tuple[Any, str, int]] = []
-    monkeypatch.setattr(
-        uvicorn, "run", lambda app, host, port, **_: served.append((app, host, port))
-    )
+
+    def run(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+        host, port = sockets[0].getsockname()[:2]
+        served.append((server.config.app, host, port))
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     said: list[str] = []
-    serve(demo_store, host="0.0.0.0", port=9999, say=said.append)
-    ((app, host, port),) = served
+    port = free_port()
+    serve(demo_store, host="0.0.0.0", port=port, say=said.append)
+    ((app, host, bound),) = served
     token = re.search(r"\?token=(\S+)", said[0])
     assert token is not None
-    assert (host, port) == ("0.0.0.0", 9999)
-    assert "http://0.0.0.0:9999/?token=" in said[0]
+    assert (host, bound) == ("0.0.0.0", port)
+    assert f"http://0.0.0.0:{port}/?token=" in said[0]
     with TestClient(app) as client:
         assert client.get("/").status_code == 403
         assert client.get("/", params={"token": token.group(1)}).status_code == 200
     served.clear()
     said.clear()
-    serve(demo_store, say=said.append)  # loopback: no token
-    assert said[0].endswith("at http://127.0.0.1:8765/  (Ctrl-C stops)")
+    serve(demo_store, port=port, say=said.append)  # loopback: no token
+    assert said[0].endswith(f"at http://127.0.0.1:{port}/  (Ctrl-C stops)")
     with TestClient(served[0][0]) as client:
         assert client.get("/").status_code == 200
+
+
+def test_a_busy_port_is_one_clear_line_and_nothing_served(
+    store_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``steplog ui`` binds before it says where it serves: on a port another program listens
+    on, it prints one line saying so (never the "serving ... at" line) and exits non-zero."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["--store", f"sqlite:///{store_path}", "ui", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT
+    assert "serving" not in out + err
+    assert out == ""
+    assert err.splitlines() == [
+        f"steplog: cannot serve at http://127.0.0.1:{port}/: the port is in use (by another "
+        "program, or another steplog ui): stop it, or choose another port"
+    ]
