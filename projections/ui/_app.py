@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from projections import RunRecord, SuperstepRecord
 from projections.cli._render import broken_chain_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
+from projections.ui._guard import LOOPBACK_HOSTS, HostGuard
 
-__all__ = ["PAGE_SIZE", "TOKEN_COOKIE", "create_app"]
+__all__ = ["BROKEN_STATUS", "PAGE_SIZE", "TOKEN_COOKIE", "create_app"]
 
 PAGE_SIZE = 50
 """Rows per page of the run list and of a timeline."""
@@ -358,11 +359,17 @@ def create_app(
     reveal: bool = False,
     sensitive: tuple[str, ...] = (),
     allow_broken_chain: bool = False,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
+    any_ip_host: bool = False,
 ) -> Starlette:
     """The UI over ``store`` (read only). ``token``: every request must carry it; ``reveal``
     shows sensitive values, ``sensitive`` redacts more keys (as the CLI's options). A page that
     meets a broken chain answers ``BROKEN_STATUS`` with the error, unless ``allow_broken_chain``
-    (the store itself opened with it reads such a log anyway)."""
+    (the store itself opened with it reads such a log anyway).
+
+    Only requests whose ``Host`` is one of ``allowed_hosts`` (or, with ``any_ip_host``, an IP
+    address) are answered, others get a 400; every answer carries ``SECURITY_HEADERS``
+    (``projections.ui._guard``: a strict Content-Security-Policy, no framing, no sniffing)."""
     reader = Reader(
         store, reveal=reveal, sensitive=sensitive, allow_broken_chain=allow_broken_chain
     )
@@ -379,7 +386,9 @@ def create_app(
         Route("/i/{instance:path}", pages.instance),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(_TokenCheck, token=token)] if token else []
+    middleware = [Middleware(HostGuard, hosts=allowed_hosts, any_ip=any_ip_host)]
+    if token:
+        middleware.append(Middleware(_TokenCheck, token=token))
     return Starlette(
         routes=routes,
         middleware=middleware,

@@ -37,7 +37,7 @@ from tests.store.test_tamper import (
     sqlite_template,
     written_log,
 )
-from tests.ui.conftest import serving
+from tests.ui.conftest import LOCAL, serving
 
 PLACE = {"edited": (11, "edited"), "gap": (8, "gap"), "truncated": (16, "truncated")}
 """Where each alteration is named: the first bad position of ``orders``, and its kind."""
@@ -125,6 +125,7 @@ def the_cli_says(url: str, how: str, capsys: pytest.CaptureFixture[str]) -> str:
 def refused(response: httpx.Response, says: str, how: str, page: str) -> None:
     """``response`` is the integrity error page: 409, the CLI's words, the place named."""
     assert response.status_code == 409, (page, response.status_code, response.text[:300])
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
     found = re.search(
         r'<p class="error-detail integrity" data-instance="([^"]*)" data-position="(\d+)" '
         r'data-kind="([^"]*)">(.*?)</p>',
@@ -149,7 +150,10 @@ def test_every_page_refuses_an_altered_log_as_the_cli_does(
 ) -> None:
     url = altered(template, tmp_path, how)
     says = the_cli_says(url, how, capsys)
-    with open_store(url, create=False) as store, TestClient(create_app(store)) as client:
+    with (
+        open_store(url, create=False) as store,
+        TestClient(create_app(store), base_url=LOCAL) as client,
+    ):
         for page in pages(inside_of_run_2(template)):
             refused(client.get(page), says, how, page)
         assert client.get("/i/clean").status_code == 200  # the other instance reads on
@@ -175,7 +179,10 @@ def test_with_views_the_pages_that_read_the_altered_range_refuse_it(
     ]
     if how == "truncated":  # every page of the instance: its log falls short of its head
         read_it = pages(inside)
-    with open_store(url, create=False) as store, TestClient(create_app(store)) as client:
+    with (
+        open_store(url, create=False) as store,
+        TestClient(create_app(store), base_url=LOCAL) as client,
+    ):
         for page in read_it:
             refused(client.get(page), says, how, page)
         if how != "truncated":  # the state before the altered range reads only what is intact
@@ -246,7 +253,10 @@ def test_every_integrity_error_is_shown_so_views_errors_too(
 
     monkeypatch.setattr(Reader, "blame", refuse)
     url = written_log(f"sqlite:///{tmp_path / 'view.db'}", template).url
-    with open_store(url, create=False) as store, TestClient(create_app(store)) as client:
+    with (
+        open_store(url, create=False) as store,
+        TestClient(create_app(store), base_url=LOCAL) as client,
+    ):
         response = client.get(f"/i/{INSTANCE}/blame/token")
     assert response.status_code == 409
     assert (
@@ -259,6 +269,6 @@ def test_allow_broken_chain_reads_a_cut_log_anyway(template: Path, tmp_path: Pat
     url = altered(template, tmp_path, "truncated")
     with (
         open_store(url, create=False, allow_broken_chain=True) as store,
-        TestClient(create_app(store, allow_broken_chain=True)) as client,
+        TestClient(create_app(store, allow_broken_chain=True), base_url=LOCAL) as client,
     ):
         assert client.get(f"/i/{INSTANCE}").status_code == 200
