@@ -81,7 +81,7 @@ def _ui(cfg: Config, paths: Callable[[int], str], check: Callable[[str], None]) 
         raise Skipped(f"the ui extra is not installed (pip install -e '.[ui]'): {error}") from None
     store = open_store(_url(cfg), create=False)
     try:
-        with TestClient(create_app(store)) as client:
+        with TestClient(create_app(store), base_url="http://127.0.0.1") as client:
             times = []
             for n in range(_samples(cfg) + 1):
                 start = time.perf_counter()

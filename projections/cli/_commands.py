@@ -126,6 +126,7 @@ from projections.cli._points import UsageError, point_in
 from projections.cli._render import (
     bisect_document,
     blame_table,
+    broken_chain_text,
     event_document,
     events_table,
     history_document,
@@ -441,16 +442,9 @@ def _complain(error: StepLogError) -> None:
 
 def _complain_broken(error: LogIntegrityError) -> None:
     """The one line a command that met a broken chain prints (no traceback)."""
-    where = (
-        f"the hash chain is broken at {error.instance_id!r}#{error.position} "
-        f"({error.kind or 'malformed'})"
-        if error.instance_id
-        else "the log was altered"
-    )
     _complain(
         LogIntegrityError(
-            f"{where}: {error}; 'steplog verify' lists every problem, --allow-broken-chain "
-            "reads the log anyway"
+            broken_chain_text(error, also="--allow-broken-chain reads the log anyway")
         )
     )
 

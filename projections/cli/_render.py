@@ -18,7 +18,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kernel import EventBase, MessageStaged, RecoveredRun
+from kernel import EventBase, LogIntegrityError, MessageStaged, RecoveredRun
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 from projections.cli._json import json_text
 from projections.cli._safe import cell, json_safe
@@ -27,6 +27,7 @@ __all__ = [
     "LOG_PAGE",
     "bisect_document",
     "blame_table",
+    "broken_chain_text",
     "counts",
     "event_document",
     "events_table",
@@ -54,6 +55,19 @@ folds a long cell in time quadratic in its length)."""
 T = TypeVar("T")
 _SKIP = {"type", "instance_id", "position", "timestamp", "schema_version", "run_id", "owner"}
 _COUNTED: frozenset[WriteStatus] = frozenset({"committed", "superseded"})
+
+
+def broken_chain_text(error: LogIntegrityError, *, also: str = "") -> str:
+    """What a reader that met a broken chain says (the CLI's one line, the UI's error page): the
+    first bad place (``'orders'#11 (edited)``), the error, where every problem is listed, and
+    ``also`` (another way on, when the reader has one)."""
+    where = (
+        f"the hash chain is broken at {error.instance_id!r}#{error.position} "
+        f"({error.kind or 'malformed'})"
+        if error.instance_id
+        else "the log was altered"
+    )
+    return f"{where}: {error}; 'steplog verify' lists every problem" + (f", {also}" if also else "")
 
 
 def counts(status: WriteStatus) -> bool | None:

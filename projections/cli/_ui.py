@@ -2,6 +2,7 @@
 
 It needs the ``ui`` extra (``pip install 'steplog[ui]'``); without it, the command says so (bad
 input, status 2). It has no JSON output: it prints the address to open and serves until Ctrl-C.
+An address it cannot bind (a port in use) is bad input too: one line, and nothing is served.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def add_ui_command(commands: Any) -> None:
         "not a loopback address)",
     )
     ui.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this host name (one a proxy or the network gives this "
+        "machine; repeatable). Always answered: 127.0.0.1, localhost, [::1] and --host; any "
+        "other name is refused (DNS rebinding)",
+    )
+    ui.add_argument(
         "--reveal", action="store_true", help="show the values of sensitive keys (not redacted)"
     )
     ui.add_argument(
@@ -47,7 +57,7 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be between 1 and 65535, got {args.port}")
     try:
-        from projections.ui import serve
+        from projections.ui import allowed_names, serve
     except ImportError as error:
         raise UsageError(
             f"'steplog ui' needs the ui extra ({error.name} is missing): pip install 'steplog[ui]'"
@@ -55,6 +65,7 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
     from projections import SensitiveKeys
 
     SensitiveKeys(args.sensitive)  # a bad pattern is bad input before anything is served
+    allowed_names(tuple(args.allowed_host))  # and so is a host that is not a name
     serve(
         store,
         host=args.host,
@@ -62,6 +73,8 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
         token=args.token,
         reveal=args.reveal,
         sensitive=tuple(args.sensitive),
+        allow_broken_chain=args.allow_broken_chain,
+        allowed_hosts=tuple(args.allowed_host),
         say=lambda line: console.print(line, markup=False, soft_wrap=True),
     )
     return 0

@@ -5,14 +5,19 @@
 Needs the ``ui`` extra (``pip install 'steplog[ui]'``).
 """
 
-from projections.ui._app import PAGE_SIZE, TOKEN_COOKIE, create_app
-from projections.ui._serve import DEFAULT_HOST, DEFAULT_PORT, needs_token, serve
+from projections.ui._app import BROKEN_STATUS, PAGE_SIZE, TOKEN_COOKIE, create_app
+from projections.ui._guard import LOOPBACK_HOSTS, SECURITY_HEADERS
+from projections.ui._serve import DEFAULT_HOST, DEFAULT_PORT, allowed_names, needs_token, serve
 
 __all__ = [
+    "BROKEN_STATUS",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "LOOPBACK_HOSTS",
     "PAGE_SIZE",
+    "SECURITY_HEADERS",
     "TOKEN_COOKIE",
+    "allowed_names",
     "create_app",
     "needs_token",
     "serve",

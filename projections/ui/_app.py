@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,17 +26,21 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from kernel import EventStore
+from kernel import EventStore, LogIntegrityError
 from projections import RunRecord, SuperstepRecord
-from projections.cli._render import show_value
+from projections.cli._render import broken_chain_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
+from projections.ui._guard import LOOPBACK_HOSTS, HostGuard
 
-__all__ = ["PAGE_SIZE", "TOKEN_COOKIE", "create_app"]
+__all__ = ["BROKEN_STATUS", "PAGE_SIZE", "TOKEN_COOKIE", "create_app"]
 
 PAGE_SIZE = 50
 """Rows per page of the run list and of a timeline."""
 TOKEN_COOKIE = "steplog_ui_token"
+BROKEN_STATUS = 409
+"""The status of a page that met a broken chain (``LogIntegrityError``): the log conflicts with
+its own hash chain, so no page is served from it; the error page names where."""
 POLL_SECONDS = 0.5
 """How often a live page's event stream asks the store for the instance's version."""
 _HERE = Path(__file__).parent
@@ -222,18 +226,40 @@ class _Pages:
 
     async def live_instance(self, request: Request) -> Response:
         instance = self.reader.instance(request.path_params["instance"])
-        return self._stream(request, lambda: self.reader.version(instance))
+
+        def check() -> None:
+            self.reader.history(instance)
+
+        await asyncio.to_thread(check)  # a broken chain: the error page, not a stream
+        return self._stream(request, lambda: self.reader.version(instance), check)
 
     async def live_all(self, request: Request) -> Response:
-        return self._stream(request, self.reader.store.last_position)
+        def check() -> None:
+            for instance in self.reader.instances():
+                self.reader.history(instance)
 
-    def _stream(self, request: Request, version: Callable[[], int]) -> Response:
+        await asyncio.to_thread(check)
+        return self._stream(request, self.reader.store.last_position, check)
+
+    def _stream(
+        self, request: Request, version: Callable[[], int], check: Callable[[], None]
+    ) -> Response:
+        """Server-sent events: the ``version`` each time it changes, once ``check`` (what the
+        page reads) passed; a broken chain found meanwhile is sent as a ``broken`` event with the
+        error's text, and ends the stream."""
+
         async def events() -> AsyncIterator[bytes]:
             last = -1
             quiet = 0.0
             while not await request.is_disconnected():
                 now = await asyncio.to_thread(version)
                 if now != last:
+                    try:
+                        await asyncio.to_thread(check)
+                    except LogIntegrityError as error:
+                        text = " ".join(broken_chain_text(error).split())
+                        yield f"event: broken\ndata: {text}\n\n".encode()
+                        return
                     last = now
                     quiet = 0.0
                     yield f"data: {now}\n\n".encode()
@@ -250,6 +276,19 @@ class _Pages:
         )
 
     # -- errors --------------------------------------------------------------------------------
+
+    async def broken(self, request: Request, error: Exception) -> Response:
+        """A page that met a broken chain (``LogIntegrityError``, or any of its subclasses):
+        status 409, and the CLI's words naming the first bad place (``broken_chain_text``)."""
+        assert isinstance(error, LogIntegrityError)
+        return self.render(
+            request,
+            "error.html",
+            BROKEN_STATUS,
+            title="the log was altered",
+            detail=broken_chain_text(error),
+            integrity=error,
+        )
 
     async def not_found(self, request: Request, error: Exception) -> Response:
         detail = str(error) if isinstance(error, NotFound) else "no such page"
@@ -319,10 +358,22 @@ def create_app(
     token: str | None = None,
     reveal: bool = False,
     sensitive: tuple[str, ...] = (),
+    allow_broken_chain: bool = False,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
+    any_ip_host: bool = False,
 ) -> Starlette:
     """The UI over ``store`` (read only). ``token``: every request must carry it; ``reveal``
-    shows sensitive values, ``sensitive`` redacts more keys (as the CLI's options)."""
-    pages = _Pages(Reader(store, reveal=reveal, sensitive=sensitive), token)
+    shows sensitive values, ``sensitive`` redacts more keys (as the CLI's options). A page that
+    meets a broken chain answers ``BROKEN_STATUS`` with the error, unless ``allow_broken_chain``
+    (the store itself opened with it reads such a log anyway).
+
+    Only requests whose ``Host`` is one of ``allowed_hosts`` (or, with ``any_ip_host``, an IP
+    address) are answered, others get a 400; every answer carries ``SECURITY_HEADERS``
+    (``projections.ui._guard``: a strict Content-Security-Policy, no framing, no sniffing)."""
+    reader = Reader(
+        store, reveal=reveal, sensitive=sensitive, allow_broken_chain=allow_broken_chain
+    )
+    pages = _Pages(reader, token)
     routes = [
         Route("/", pages.runs),
         Route("/live", pages.live_all),
@@ -335,11 +386,17 @@ def create_app(
         Route("/i/{instance:path}", pages.instance),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(_TokenCheck, token=token)] if token else []
+    middleware = [Middleware(HostGuard, hosts=allowed_hosts, any_ip=any_ip_host)]
+    if token:
+        middleware.append(Middleware(_TokenCheck, token=token))
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={NotFound: pages.not_found, 404: pages.not_found},
+        exception_handlers={
+            NotFound: pages.not_found,
+            404: pages.not_found,
+            LogIntegrityError: pages.broken,
+        },
     )
 
 

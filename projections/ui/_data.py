@@ -15,6 +15,13 @@ state comes from ``TimeTravel`` (from snapshots when the snapshot view was built
 address, which pages fetch once shown) scans the log, once per server, continued as it grows.
 Every verdict (a superstep committed or aborted, a write counted or not) is the projections';
 nothing here decides one.
+
+A broken chain is never read past: the store's reads raise ``LogIntegrityError`` (an edited
+event, a missing or moved row), a timeline page checks every event of the supersteps it shows,
+and each instance's log is checked to still reach its recorded chain head (a removed tail,
+which reads alone cannot see: ``verify_chain`` then names it). The error is raised to the page,
+which shows it as the CLI does; ``allow_broken_chain`` (``steplog --allow-broken-chain ui``)
+reads the log anyway, as the store opened so does.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from kernel import (
     EventStore,
     ExecutorInvoked,
     InfoRequested,
+    LogIntegrityError,
     MessageStaged,
     OutputYielded,
     ResponseReceived,
@@ -123,13 +131,20 @@ class Reader:
     """Read-only answers for the UI from ``store`` (see the module docstring).
 
     ``reveal`` shows sensitive values; ``sensitive`` adds patterns to redact, as the CLI's
-    ``--reveal`` and ``--sensitive`` do.
+    ``--reveal`` and ``--sensitive`` do; ``allow_broken_chain`` does not refuse a log whose end
+    falls short of its recorded chain head (the store opened with it reads the rest anyway).
     """
 
     def __init__(
-        self, store: EventStore, *, reveal: bool = False, sensitive: tuple[str, ...] = ()
+        self,
+        store: EventStore,
+        *,
+        reveal: bool = False,
+        sensitive: tuple[str, ...] = (),
+        allow_broken_chain: bool = False,
     ) -> None:
         self.store = store
+        self.allow_broken_chain = allow_broken_chain
         self.reveal = reveal
         self.sensitive = SensitiveKeys(sensitive)
         self._cache: OrderedDict[str, _Instance] = OrderedDict()
@@ -168,11 +183,26 @@ class Reader:
         except UsageError as error:
             raise NotFound(str(error)) from error
 
+    def _reached(self, instance_id: str) -> int:
+        """The instance's version, once its log is seen to reach its recorded chain head: a
+        head past the last row means rows were removed from the end (reads alone cannot tell),
+        and ``verify_chain`` names where (raised as ``LogIntegrityError``). The head is read
+        before the version: a writer records a row and its head together, so a log that grows
+        meanwhile only reaches further."""
+        head = self.store.chain_head(instance_id)
+        version = self.store.version(instance_id)
+        if head is not None and head.position > version and not self.allow_broken_chain:
+            problem = self.store.verify_chain(instance_id).first_problem(instance_id)
+            if problem is not None:
+                raise problem.error()
+        return version
+
     def _load(self, instance_id: str) -> _Instance:
         """The instance's history, caught up with its log: from the history view and its tail
         when the view exists, else folded window by window; when the log grew since the last
-        page, only the new events are read and folded. Nothing else is read here."""
-        version = self.store.version(instance_id)
+        page, only the new events are read and folded. Nothing else is read here. Raises
+        ``LogIntegrityError`` for a broken chain (``_reached``, and the reads')."""
+        version = self._reached(instance_id)
         if version == 0:
             raise NotFound(f"no instance {instance_id!r} in the store")
         with self._lock:
@@ -272,6 +302,8 @@ class Reader:
                 tracker,
                 forks=forks,
             )
+        except LogIntegrityError:
+            raise  # an altered log or view is shown as such, never read around
         except (StepLogError, KeyError, TypeError, ValueError, AttributeError):
             return None  # rows the history cannot read: fold the log instead
         # Every event the view folded was appended before its position was read, so the
@@ -337,7 +369,9 @@ class Reader:
 
     def step_details(self, instance_id: str, steps: list[SuperstepRecord]) -> dict[str, StepDetail]:
         """The messages, outputs and requests of each of ``steps`` (one page of a timeline),
-        read from their positions of the log; values redacted as the instance's are."""
+        read from their positions of the log; values redacted as the instance's are. Every
+        event of those positions is read, so that each is checked against its hash: a page
+        never shows supersteps whose events were altered."""
         found: dict[str, StepDetail] = {s.superstep_id: StepDetail([], [], []) for s in steps}
         if not steps:
             return found
@@ -348,7 +382,6 @@ class Reader:
             instance_id,
             after=first - 1,
             upto=last,
-            types=("message_staged", "output_yielded", "info_requested"),
         ):
             detail = found.get(getattr(event, "superstep_id", ""))
             if detail is None:
@@ -458,6 +491,8 @@ class Reader:
     def _state(self, instance_id: str, point: Point) -> StateAt:
         try:
             return self._time_travel().state(instance_id, point)
+        except LogIntegrityError:
+            raise  # an altered log is shown as such, not as a point that names nothing
         except StepLogError as error:  # a point naming nothing: the projections' own error
             raise NotFound(f"no such point: {error}") from error
 

@@ -27,6 +27,8 @@ from projections.cli import main
 from projections.ui import create_app
 from tests.ui.workflows import HOSTILE_INSTANCE, write_chain
 
+LOCAL = "http://127.0.0.1"
+"""Where the test clients send their requests (the UI answers only its loopback names)."""
 DEMO = "orders"
 RECOVERY = f"{DEMO}-recovery"
 FORK = f"{DEMO}-recovery-fork"
@@ -67,7 +69,7 @@ def demo_store(store_path: Path) -> Iterator[EventStore]:
 
 @pytest.fixture
 def client(demo_store: EventStore) -> Iterator[TestClient]:
-    with TestClient(create_app(demo_store)) as test_client:
+    with TestClient(create_app(demo_store), base_url=LOCAL) as test_client:
         yield test_client
 
 

@@ -13,6 +13,7 @@ from kernel import EventStore, fold_committed, open_store
 from projections import fold_history
 from projections.cli._render import show_value
 from projections.ui import create_app
+from tests.ui.conftest import LOCAL
 from tests.ui.workflows import write_chain
 
 
@@ -26,7 +27,7 @@ def test_the_pages_on_each_backend(store_url: str) -> None:
 def check(store: EventStore) -> None:
     events = store.read("chain")
     steps = fold_history(events).supersteps()
-    with TestClient(create_app(store, reveal=True)) as client:
+    with TestClient(create_app(store, reveal=True), base_url=LOCAL) as client:
         timeline = client.get("/i/chain").text
         assert re.findall(r'data-status="([^"]*)"', timeline) == [s.status for s in steps]
         for step in steps:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,16 @@ def page(browser: Any, server: Server) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server.url)
     opened = context.new_page()
     opened.set_default_timeout(15_000)
+    blocked: list[str] = []  # what the server's Content-Security-Policy refused to run or load
+    opened.on(
+        "console",
+        lambda message: (
+            blocked.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     yield opened
     context.close()
+    assert blocked == [], blocked
 
 
 def in_a_thread(work: Any) -> None:
@@ -176,12 +186,12 @@ def test_a_live_run_appends_supersteps_in_place(page: Any, server: Server) -> No
     page.goto(f"/i/{HOSTILE_INSTANCE}")
     before = page.locator("li.step").count()
     page.evaluate("window.__same_page = true")
-    page.wait_for_function("document.getElementById('live-status') !== null")
+    # (locators, not wait_for_function: the page's policy forbids the eval it needs)
+    page.locator("#live-status").wait_for(state="attached")
     in_a_thread(lambda: asyncio.run(write_chain(server.store, HOSTILE_INSTANCE, stop=4)))
     grown = fold_history(server.store.read(HOSTILE_INSTANCE)).supersteps()
-    page.wait_for_function(
-        f"document.querySelectorAll('li.step').length === {len(grown)}", timeout=20_000
-    )
+    page.locator("li.step").nth(len(grown) - 1).wait_for(timeout=20_000)
+    assert page.locator("li.step").count() == len(grown)
     assert len(grown) > before
     assert page.evaluate("window.__same_page") is True  # updated in place, not reloaded
 
@@ -214,3 +224,24 @@ def test_docs_name_every_screenshot() -> None:
     assert shots, "no screenshot in docs/: run STEPLOG_WRITE_DOCS=1 pytest tests/ui"
     for name in shots:
         assert f"({name})" in text, f"docs/ui.md does not show {name}"
+
+
+def test_a_live_page_shows_an_altered_log_in_place(page: Any, server: Server) -> None:
+    """The log's tail is cut under an open live page: the stream's ``broken`` event replaces the
+    page with the integrity error, in the CLI's words, and the live badge says so."""
+    page.goto(f"/i/{HOSTILE_INSTANCE}")
+    page.evaluate("window.__same_page = true")
+    page.locator("#live-status").wait_for(state="attached")
+    with closing(sqlite3.connect(server.store.url.removeprefix("sqlite:///"))) as db, db:
+        db.execute(
+            "DELETE FROM steplog_events WHERE originator_id = ? AND originator_version = "
+            "(SELECT max(originator_version) FROM steplog_events WHERE originator_id = ?)",
+            (HOSTILE_INSTANCE, HOSTILE_INSTANCE),
+        )
+    shown = page.locator("p.error-detail.integrity")
+    shown.wait_for(timeout=20_000)
+    assert shown.inner_text().startswith(f"the hash chain is broken at '{HOSTILE_INSTANCE}'#")
+    assert shown.get_attribute("data-kind") == "truncated"
+    assert page.locator("h1").inner_text() == "the log was altered"
+    assert page.locator("#live-status").inner_text() == "live · the log was altered"
+    assert page.evaluate("window.__same_page") is True

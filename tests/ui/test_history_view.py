@@ -13,7 +13,7 @@ from kernel import EventStore
 from projections import HistoryView, Projector, backend_for, forks_of
 from projections.ui import create_app
 from projections.ui._data import Reader
-from tests.ui.conftest import DEMO, FORK, RECOVERY
+from tests.ui.conftest import DEMO, FORK, LOCAL, RECOVERY
 from tests.ui.workflows import HOSTILE_INSTANCE, write_chain
 
 
@@ -22,7 +22,7 @@ def pages(store: EventStore, instances: list[str]) -> dict[str, str]:
     each run, each superstep selected), the state now and after each superstep, the graph (with
     each superstep's executors highlighted)."""
     found: dict[str, str] = {}
-    with TestClient(create_app(store)) as client:
+    with TestClient(create_app(store), base_url=LOCAL) as client:
         paths = ["/"]
         for instance in instances:
             paths += [f"/i/{instance}", f"/i/{instance}/state", f"/i/{instance}/graph"]
@@ -35,7 +35,7 @@ def pages(store: EventStore, instances: list[str]) -> dict[str, str]:
                           f"/i/{instance}/graph?{active}"]  # fmt: skip
         # Each page from a new server, so that each one is a first load of its instance.
         for path in paths:
-            with TestClient(create_app(store)) as fresh:
+            with TestClient(create_app(store), base_url=LOCAL) as fresh:
                 response = fresh.get(path)
             assert response.status_code == 200, path
             found[path] = response.text

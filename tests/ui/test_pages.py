@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 from projections.cli._render import show_value
 from projections.ui import create_app, needs_token
 from tests.store.test_hostile_store import in_a_child_without_write_permission
-from tests.ui.conftest import DEMO, FORK, RECOVERY, Server
+from tests.ui.conftest import DEMO, FORK, LOCAL, RECOVERY, Server
 from tests.ui.workflows import HOSTILE, HOSTILE_INSTANCE, write_chain
 
 
@@ -144,7 +145,7 @@ def test_with_the_history_view_only_the_graph_reads_the_whole_log(demo_store: Ev
     step = history.supersteps()[-1]
     last = demo_store.version(RECOVERY)
     key = next(iter(fold_committed(read(RECOVERY)).values))
-    with TestClient(create_app(demo_store)) as client:
+    with TestClient(create_app(demo_store), base_url=LOCAL) as client:
         for path in ("/", f"/i/{RECOVERY}", f"/i/{RECOVERY}?step={step.superstep_id}",
                      f"/i/{RECOVERY}/state?at=step:{step.superstep_id}",
                      f"/i/{RECOVERY}/blame/{key}"):  # fmt: skip
@@ -270,23 +271,23 @@ def test_every_value_from_the_log_is_escaped(client: TestClient, demo_store: Eve
 
 
 def test_sensitive_values_are_redacted_unless_revealed(demo_store: EventStore) -> None:
-    with TestClient(create_app(demo_store)) as client:
+    with TestClient(create_app(demo_store), base_url=LOCAL) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
         blame = client.get(f"/i/{HOSTILE_INSTANCE}/blame/api_key").text
     assert state_rows(page)["api_key"] == '{"$t":"redacted"}'
     assert "sk-" not in page
     assert "sk-" not in blame
     assert '"$t":"redacted"' in html.unescape(blame)
-    with TestClient(create_app(demo_store, reveal=True)) as client:
+    with TestClient(create_app(demo_store, reveal=True), base_url=LOCAL) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
     assert state_rows(page)["api_key"] == '"sk-3"'
-    with TestClient(create_app(demo_store, sensitive=("count",))) as client:
+    with TestClient(create_app(demo_store, sensitive=("count",)), base_url=LOCAL) as client:
         page = client.get(f"/i/{HOSTILE_INSTANCE}/state").text
     assert state_rows(page)["count"] == '{"$t":"redacted"}'
 
 
 def test_a_token_guards_every_page(demo_store: EventStore) -> None:
-    with TestClient(create_app(demo_store, token="s3cret")) as client:
+    with TestClient(create_app(demo_store, token="s3cret"), base_url=LOCAL) as client:
         assert client.get("/").status_code == 403
         assert client.get(f"/i/{DEMO}").status_code == 403
         assert client.get("/static/ui.css").status_code == 403
@@ -331,7 +332,9 @@ import sys
 from starlette.testclient import TestClient
 from kernel import open_store
 from projections.ui import create_app
-with open_store(sys.argv[1], create=False) as store, TestClient(create_app(store)) as client:
+with open_store(sys.argv[1], create=False) as store, TestClient(
+    create_app(store), base_url="http://127.0.0.1"
+) as client:
     for path in sys.argv[2:]:
         print(path, client.get(path).status_code)
 """
@@ -374,7 +377,7 @@ def test_with_snapshots_and_the_key_index_the_pages_say_the_same(demo_store: Eve
     from projections import KeyIndexView, Projector, SnapshotView
 
     Projector(demo_store, [SnapshotView(2), KeyIndexView()]).catch_up()
-    with TestClient(create_app(demo_store)) as client:
+    with TestClient(create_app(demo_store), base_url=LOCAL) as client:
         for instance in (DEMO, RECOVERY, FORK):
             events = demo_store.read(instance)
             for step in fold_history(events).supersteps():
@@ -401,13 +404,13 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path}/sub.db") as demo_store:
         wf = asking_parent(demo_store, instance_id="parent")
         asyncio.run(wf.run("ann@example.com"))
-        with TestClient(create_app(demo_store)) as client:
+        with TestClient(create_app(demo_store), base_url=LOCAL) as client:
             waiting = client.get("/", params={"q": "waiting for input"}).text
             assert "parent" in rows(waiting, "data-instance")
         (request,) = wf.pending_requests()
         asyncio.run(wf.run(responses={request.request_id: True}))
         asked, answered = subworkflows_of(demo_store, "parent")
-        with TestClient(create_app(demo_store)) as client:
+        with TestClient(create_app(demo_store), base_url=LOCAL) as client:
             parent = html.unescape(client.get("/i/parent").text)
             child = html.unescape(client.get(f"/i/{answered.child_instance}").text)
         for link in (asked, answered):
@@ -421,6 +424,12 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
         assert f'forked from <a href="/i/{asked.child_instance}">' in child
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_serving_off_loopback_generates_a_token_and_prints_it(
     demo_store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,22 +438,46 @@ def test_serving_off_loopback_generates_a_token_and_prints_it(
     from projections.ui import serve
 
     served: list[tuple[Any, str, int]] = []
-    monkeypatch.setattr(
-        uvicorn, "run", lambda app, host, port, **_: served.append((app, host, port))
-    )
+
+    def run(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+        host, port = sockets[0].getsockname()[:2]
+        served.append((server.config.app, host, port))
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     said: list[str] = []
-    serve(demo_store, host="0.0.0.0", port=9999, say=said.append)
-    ((app, host, port),) = served
+    port = free_port()
+    serve(demo_store, host="0.0.0.0", port=port, say=said.append)
+    ((app, host, bound),) = served
     token = re.search(r"\?token=(\S+)", said[0])
     assert token is not None
-    assert (host, port) == ("0.0.0.0", 9999)
-    assert "http://0.0.0.0:9999/?token=" in said[0]
-    with TestClient(app) as client:
+    assert (host, bound) == ("0.0.0.0", port)
+    assert f"http://0.0.0.0:{port}/?token=" in said[0]
+    with TestClient(app, base_url=LOCAL) as client:
         assert client.get("/").status_code == 403
         assert client.get("/", params={"token": token.group(1)}).status_code == 200
     served.clear()
     said.clear()
-    serve(demo_store, say=said.append)  # loopback: no token
-    assert said[0].endswith("at http://127.0.0.1:8765/  (Ctrl-C stops)")
-    with TestClient(served[0][0]) as client:
+    serve(demo_store, port=port, say=said.append)  # loopback: no token
+    assert said[0].endswith(f"at http://127.0.0.1:{port}/  (Ctrl-C stops)")
+    with TestClient(served[0][0], base_url=LOCAL) as client:
         assert client.get("/").status_code == 200
+
+
+def test_a_busy_port_is_one_clear_line_and_nothing_served(
+    store_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``steplog ui`` binds before it says where it serves: on a port another program listens
+    on, it prints one line saying so (never the "serving ... at" line) and exits non-zero."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["--store", f"sqlite:///{store_path}", "ui", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT
+    assert "serving" not in out + err
+    assert out == ""
+    assert err.splitlines() == [
+        f"steplog: cannot serve at http://127.0.0.1:{port}/: the port is in use (by another "
+        "program, or another steplog ui): stop it, or choose another port"
+    ]
