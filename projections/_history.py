@@ -65,6 +65,7 @@ from projections._runrecords import (
     RunRecord,
     RunStatus,
     SuperstepRecord,
+    continued,
     in_memory,
 )
 from projections._tracker import SuperstepTracker
@@ -170,9 +171,9 @@ class RunHistory(Fold):
         rows.add_run(run)
         self._run = run
         if event.continues is not None:
-            continued = rows.run(event.continues)
-            if continued is not None and event.run_id not in continued.continued_by:
-                continued.continued_by.append(event.run_id)
+            earlier = rows.run(event.continues)
+            if earlier is not None:
+                continued(earlier, event.run_id)
         else:
             self._drop_pending()
 
@@ -453,9 +454,9 @@ class RunHistory(Fold):
         rows = MemoryHistoryRows()
         for run in sorted((RunRecord.from_row(r) for r in runs), key=_start):
             rows.add_run(run)
-            continued = rows.runs.get(run.continues) if run.continues is not None else None
-            if continued is not None:
-                continued.continued_by.append(run.run_id)
+            earlier = rows.runs.get(run.continues) if run.continues is not None else None
+            if earlier is not None:
+                continued(earlier, run.run_id)
         ordered = sorted((SuperstepRecord.from_row(s) for s in steps), key=_start)
         for step in ordered:
             rows.add_step(step)

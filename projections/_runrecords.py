@@ -26,11 +26,19 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "SuperstepRecord",
+    "continued",
     "in_memory",
 ]
 
 RunStatus = Literal[
-    "running", "completed", "failed", "cancelled", "abandoned", "crashed", "awaiting_input"
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "abandoned",
+    "crashed",
+    "awaiting_input",
+    "continued",
 ]
 StepStatus = Literal["open", "committed", "aborted"]
 
@@ -260,7 +268,9 @@ class RunRecord:
     Lineage: a run that continues another names it in ``continues`` and the committed superstep
     it went on from in ``checkpoint`` (None: that run's beginning; the continued run may be in
     the instance this one was forked from); ``continued_by`` lists the runs of this instance that
-    continue it. ``pending_requests`` are the requests it made that count and that no response
+    continue it. A run that stopped waiting for input and was continued (answered, or resumed)
+    no longer waits: its status is ``continued`` (see ``continued``), and the runs it is
+    continued by say how it went on. ``pending_requests`` are the requests it made that count and that no response
     has answered yet (status ``awaiting_input`` when it stopped waiting for them), while they can
     still be answered: a later run that continues nothing drops them; ``responses``
     the ids of the requests whose responses this run recorded.
@@ -313,6 +323,16 @@ class RunRecord:
     def from_row(cls, row: dict[str, Any]) -> RunRecord:
         """The record of a row written by ``to_row`` (the derived lists empty)."""
         return _from_row(cls, row, _RUN_ROW)
+
+
+def continued(run: RunRecord, by: str) -> None:
+    """Record that run ``by`` continues ``run``: ``by`` joins its ``continued_by``, and a run
+    that stopped waiting for input no longer waits (status ``continued``). A run that ended
+    otherwise (failed, crashed, ...) keeps that status: it is what happened to it."""
+    if by not in run.continued_by:
+        run.continued_by.append(by)
+    if run.status == "awaiting_input":
+        run.status = "continued"
 
 
 _STEP_ROW = _row_codecs(SuperstepRecord)

@@ -135,10 +135,13 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     table.add_column("error", overflow="fold", ratio=1)
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        status = "waiting for input" if run.status == "awaiting_input" else run.status
+        if run.continued_by:
+            status += "\ncontinued by " + ", ".join(r[:8] for r in run.continued_by)
         table.add_row(
             escape(name),
             escape(run.run_id[:8]),
-            "waiting for input" if run.status == "awaiting_input" else run.status,
+            escape(status),
             show_time(run.started_at),
             show_time(run.ended_at),
             str(run.supersteps),
@@ -175,6 +178,8 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     )
     if run.continues is not None:
         console.print(f"continues run {run.continues} after {run.checkpoint}", markup=False)
+    if run.continued_by:
+        console.print(f"continued by run {', '.join(run.continued_by)}", markup=False)
     if run.error is not None:
         console.print(f"error: {run.error.type}: {run.error.message}", markup=False)
     table = Table(title="supersteps", expand=True)

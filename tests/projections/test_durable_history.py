@@ -87,6 +87,32 @@ async def test_a_run_waiting_for_input_shows_its_pending_requests_until_answered
     assert projected(store).history("r") == history
 
 
+async def test_a_run_answered_and_continued_no_longer_waits_in_the_fold_and_the_view(store_url):
+    """Issue 21: a run that stopped waiting for input and was continued is ``continued`` (and
+    lists the run that continues it), in the pure fold and in the materialized view alike, the
+    view folded page by page as the log grew."""
+    store = open_store(store_url)
+    wf = build_reviewer(store)
+    projector = Projector(store, ["history"], page_size=2)
+    (request,) = (await wf.run("v1")).pending_requests
+    projector.catch_up()
+    assert [r.status for r in projector.history("r").runs()] == ["awaiting_input"]
+    (again,) = (await wf.run(responses={request.request_id: "shorter"})).pending_requests
+    projector.catch_up()
+    await wf.run(responses={again.request_id: "approve"})
+    projector.catch_up()
+
+    history = fold_history(wf.events())
+    first, second, third = history.runs()
+    assert (first.status, first.continued_by) == ("continued", [second.run_id])
+    assert (second.status, second.continued_by) == ("continued", [third.run_id])
+    assert (third.status, third.continued_by) == ("completed", [])
+    assert [run for run in history.runs() if run.status == "awaiting_input"] == []
+    assert history.pending_requests() == []
+    assert projector.history("r") == history
+    assert projected(store).history("r") == history  # the view folded from nothing
+
+
 async def test_a_request_of_an_aborted_superstep_never_waits(store_url):
     store = open_store(store_url)
     wf = WorkflowBuilder(
@@ -111,7 +137,7 @@ async def test_a_new_run_ends_the_wait_as_the_kernel_does(store_url):
     assert [r.request_id for r in fold_history(wf.events()).pending_requests()] == [
         request.request_id
     ]
-    await wf.run("v2")  # a new line: v1's request can no longer be answered
+    await wf.run("v2", supersede_requests=True)  # a new line: v1's request is given up
 
     history = fold_history(wf.events())
     first, second = history.runs()
