@@ -400,7 +400,6 @@ def waiting_requests(ledger: Ledger) -> dict[str, dict[str, Any]]:
     return pending_wire(ledger, line.run_id, checkpoint, forked_requests=inherited)
 
 
-
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:
     """Which run a continuation goes on with, and from which of its checkpoints (None: from its
     start): always the instance's last run (for a fork that has not run yet, its origin's run), so

@@ -930,7 +930,7 @@ def unfinished_closing(
 ) -> list[tuple[type[EventBase], dict[str, Any]]]:
     """The events that close a run found unfinished: its open superstep's abort, and its end.
 
-    ``closed_by`` is the run that closes it (None when ``recover`` does).
+    ``closed_by`` is who closes it: the run that does, or ``recover@`` and its lease holder.
     """
     closing: list[tuple[type[EventBase], dict[str, Any]]] = []
     if superstep_id is not None:

@@ -37,6 +37,7 @@ from kernel import (
     SUPERSTEP_MARKER_TYPES,
     CommittedState,
     CustomEventAdded,
+    ErrorInfo,
     EventBase,
     ExecutorFailed,
     ExecutorInvoked,
@@ -89,6 +90,29 @@ _END_STATUS: dict[str, RunStatus] = {
     "run_cancelled": "cancelled",
     "run_awaiting_input": "awaiting_input",
 }
+
+
+_ABANDONED_WHY = {
+    "crashed": "its process died (or its lease ran out) before the run ended",
+    "abandoned": "it stopped before it ended (its stream was dropped, or its task stopped)",
+}
+
+
+def _abandoned_error(event: RunAbandoned, closer: str) -> ErrorInfo:
+    """What the log says of a run found unfinished and closed: why, the superstep it left open
+    (aborted), who closed it and when. Its ``type`` is the run's status."""
+    open_step = (
+        f"; its open superstep {event.superstep_id} was aborted"
+        if event.superstep_id is not None
+        else ""
+    )
+    return ErrorInfo(
+        type=event.reason,
+        message=(
+            f"{_ABANDONED_WHY[event.reason]}{open_step}; closed by {closer} at "
+            f"{event.timestamp.isoformat()}"
+        ),
+    )
 
 
 class RunHistory(Fold):
@@ -356,10 +380,12 @@ class RunHistory(Fold):
         run.ended_at = event.timestamp
         if isinstance(event, RunAbandoned):
             run.status = event.reason
-            run.closed_by = event.closed_by
+            # only recover closed a run without naming itself (before it said so)
+            run.closed_by = event.closed_by or "recover"
+            run.error = _abandoned_error(event, run.closed_by)
         else:
             run.status = _END_STATUS[event.type]
-        run.error = event.error if isinstance(event, RunFailed) else None
+            run.error = event.error if isinstance(event, RunFailed) else None
 
     # -- reading ------------------------------------------------------------------------------
 

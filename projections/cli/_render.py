@@ -18,6 +18,7 @@ from rich.table import Table
 
 from kernel import EventBase, MessageStaged, RecoveredRun
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
+from projections._runrecords import closer_label
 
 __all__ = [
     "LOG_PAGE",
@@ -180,7 +181,7 @@ def history_runs_table(
         if run.responses:
             lineage.append(f"{len(run.responses)} response(s)")
         if run.closed_by is not None:
-            lineage.append(f"closed by {run.closed_by[:8]}")
+            lineage.append(f"closed by {closer_label(run.closed_by)}")
         status: str = "waiting for input" if run.status == "awaiting_input" else run.status
         table.add_row(
             escape(run.run_id[:8]),

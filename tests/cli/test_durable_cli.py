@@ -83,7 +83,8 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
     code, out = cli(capsys, "--store", sqlite_url, "runs", "r")
     assert code == 0
     assert out.count("waiting for input") == 1
-    assert f"continued by {second[:8]}" in out and f"continued by {third[:8]}" in out
+    assert f"continued by {second[:8]}" in out
+    assert f"continued by {third[:8]}" in out
 
     code, out = cli(capsys, "--store", sqlite_url, "history", "r")
     assert code == 0
@@ -91,7 +92,8 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
 
     code, out = cli(capsys, "--store", sqlite_url, "show", first)
     assert code == 0
-    assert ": continued, started" in out and f"continued by run {second}" in out
+    assert ": continued, started" in out
+    assert f"continued by run {second}" in out
 
 
 async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, capsys, wide):

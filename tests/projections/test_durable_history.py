@@ -173,6 +173,33 @@ def _request(request_id: str, superstep_id: str, run_id: str) -> InfoRequested:
     )
 
 
+def test_a_crashed_run_says_what_happened_and_who_closed_it():
+    """Issue 21: the record of a run found unfinished and closed has an error that says why it
+    ended, which superstep was aborted, who closed it and when; a log written before ``recover``
+    named itself (``closed_by`` None: only ``recover`` left it empty) says ``recover``."""
+    log = LogBuilder("hand", clock=ticking_clock(datetime(2025, 1, 1, tzinfo=UTC), step=1))
+    log.start_run(run_id="run-1")
+    log.start_superstep(superstep_id="s1")
+    log.abort("crashed")
+    log.abandon_run("crashed", superstep_id="s1")  # as recover wrote it before (closed_by None)
+    log.start_run(run_id="run-2")
+    log.start_superstep(superstep_id="s2")
+    log.abort("abandoned")
+    ended = log.abandon_run("abandoned", superstep_id="s2", closed_by="run-3")
+    log.start_run(run_id="run-3")
+    first, second, _ = fold_history(log.events()).runs()
+    assert (first.status, first.closed_by) == ("crashed", "recover")
+    assert first.error is not None
+    assert first.error.type == "crashed"
+    assert first.error.message.startswith("its process died")
+    assert "its open superstep s1 was aborted; closed by recover at 2025-01-01T00:00:" in (
+        first.error.message
+    )
+    assert (second.status, second.closed_by) == ("abandoned", "run-3")
+    assert second.error is not None
+    assert second.error.message.endswith(f"closed by run-3 at {ended.timestamp.isoformat()}")
+
+
 def test_a_request_counts_only_if_staged_before_its_superstep_commits():
     log = LogBuilder("hand", clock=ticking_clock(datetime(2025, 1, 1, tzinfo=UTC), step=1))
     log.start_run(run_id="run-1")

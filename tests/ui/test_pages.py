@@ -442,9 +442,12 @@ def test_a_run_answered_and_continued_is_listed_as_continued_not_waiting(tmp_pat
             instance = client.get("/i/order").text
     assert rows(waiting, "data-run") == []
     for page in (listed, instance):
-        row = re.search(rf'<tr class="run[^"]*"[^>]*>(?:(?!</tr>).)*{first[:8]}.*?</tr>', page, re.S)
+        row = re.search(
+            rf'<tr class="run[^"]*"[^>]*>(?:(?!</tr>).)*{first[:8]}.*?</tr>', page, re.S
+        )
         assert row is not None
-        assert "run-continued" in row.group(0) and f'title="{second}"' in row.group(0)
+        assert "run-continued" in row.group(0)
+        assert f'title="{second}"' in row.group(0)
 
 
 def test_serving_off_loopback_generates_a_token_and_prints_it(
