@@ -67,6 +67,7 @@ from projections._runrecords import (
     RunStatus,
     SuperstepRecord,
     continued,
+    given_up,
     in_memory,
 )
 from projections._tracker import SuperstepTracker
@@ -128,6 +129,7 @@ class RunHistory(Fold):
         "_forked_from",
         "_forks",
         "_inherited",
+        "_last_run",
         "_requested_by",
         "_rows",
         "_run",
@@ -150,6 +152,7 @@ class RunHistory(Fold):
         # a fork's requests inherited from its origin's run (InstanceForked.requests), unanswered
         self._inherited: list[RequestRecord] = []
         self._forks = sorted(forks, key=_fork_order)
+        self._last_run: str | None = None  # the run started last
         # The records the last events touched: a superstep's events come together, so most
         # events find their records here instead of asking ``rows`` (records are changed in
         # place, so a sink hands out the same record for an id for as long as the fold lives).
@@ -161,6 +164,7 @@ class RunHistory(Fold):
             forked = tracker.get("forked_from")
             self._forked_from = None if forked is None else ForkRecord.from_row(forked)
             self._inherited = [RequestRecord.from_row(r) for r in tracker.get("inherited", [])]
+            self._last_run = tracker.get("last_run")
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -200,6 +204,10 @@ class RunHistory(Fold):
                 continued(earlier, event.run_id)
         else:
             self._drop_pending()
+            last = None if self._last_run is None else rows.run(self._last_run)
+            if last is not None:
+                given_up(last)
+        self._last_run = event.run_id
 
     def _drop_pending(self) -> None:
         """A run that continues nothing starts a new line: the requests earlier runs left
@@ -447,6 +455,7 @@ class RunHistory(Fold):
             "requested_by": dict(self._requested_by),
             "forked_from": None if forked is None else forked.to_row(),
             "inherited": [request.to_row() for request in self._inherited],
+            "last_run": self._last_run,
         }
 
     def to_json(self) -> dict[str, Any]:

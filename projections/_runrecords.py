@@ -28,6 +28,7 @@ __all__ = [
     "SuperstepRecord",
     "closer_label",
     "continued",
+    "given_up",
     "in_memory",
 ]
 
@@ -40,6 +41,7 @@ RunStatus = Literal[
     "crashed",
     "awaiting_input",
     "continued",
+    "superseded",
 ]
 StepStatus = Literal["open", "committed", "aborted"]
 
@@ -276,7 +278,8 @@ class RunRecord:
     continued by say how it went on. ``pending_requests`` are the requests it made that count
     and that no response has answered yet (status ``awaiting_input`` when it stopped waiting for
     them), while they can still be answered: a later run that continues nothing (started with
-    ``supersede_requests=True``) drops them; ``responses``
+    ``supersede_requests=True``) drops them, and the run that was waiting for them is then
+    ``superseded``; ``responses``
     the ids of the requests whose responses this run recorded.
 
     ``dropped`` are the messages its committed supersteps sent that no edge delivered, in order
@@ -343,6 +346,14 @@ def continued(run: RunRecord, by: str) -> None:
         run.continued_by.append(by)
     if run.status == "awaiting_input":
         run.status = "continued"
+
+
+def given_up(run: RunRecord) -> None:
+    """Record that a run that continues nothing started after ``run``: if it was waiting for
+    input, what it waited for was given up (``supersede_requests=True``), so it waits no more
+    (status ``superseded``)."""
+    if run.status == "awaiting_input":
+        run.status = "superseded"
 
 
 _STEP_ROW = _row_codecs(SuperstepRecord)

@@ -135,7 +135,7 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     table.add_column("error", overflow="fold", ratio=1)
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
-        status = "waiting for input" if run.status == "awaiting_input" else run.status
+        status: str = "waiting for input" if run.status == "awaiting_input" else run.status
         if run.continued_by:
             status += "\ncontinued by " + ", ".join(r[:8] for r in run.continued_by)
         table.add_row(

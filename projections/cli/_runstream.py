@@ -12,12 +12,12 @@ end of the log is printed last, as ``running``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from typing import Any
 
 from kernel import EventStore, RunStarted
 from projections import MemoryHistoryRows, RunHistory, RunRecord
-from projections._runrecords import continued
+from projections._runrecords import continued, given_up
 from projections.cli._ids import events_of
 
 __all__ = ["continuations", "run_row", "stream_history", "stream_runs", "with_continuations"]
@@ -37,7 +37,7 @@ class _PassingRows(MemoryHistoryRows):
 def stream_runs(store: EventStore, instance_id: str) -> Iterator[RunRecord]:
     """The runs of ``instance_id`` in start order, each as soon as it has ended, with the runs
     that continue it (``continuations``, found first: they come later in the log)."""
-    later = continuations(store, instance_id)
+    later, superseded = _starts(store, instance_id)
     rows = _PassingRows()
     fold = RunHistory(rows)
     started: deque[str] = deque()
@@ -53,34 +53,52 @@ def stream_runs(store: EventStore, instance_id: str) -> Iterator[RunRecord]:
                 break
             started.popleft()
             rows.forget(run)
-            yield with_continuations(run, later)
+            yield with_continuations(run, later, superseded)
     for run_id in started:
         run = rows.runs.get(run_id)
         if run is not None:
-            yield with_continuations(run, later)
+            yield with_continuations(run, later, superseded)
 
 
-def with_continuations(run: RunRecord, later: dict[str, list[str]]) -> RunRecord:
-    """``run`` as the whole history folds it: continued by the runs ``later`` names."""
+def with_continuations(
+    run: RunRecord, later: dict[str, list[str]], superseded: Set[str] = frozenset()
+) -> RunRecord:
+    """``run`` as the whole history folds it: continued by the runs ``later`` names, and
+    ``superseded`` if it is one of ``superseded`` (followed by a run that continues nothing)."""
     for run_id in later.get(run.run_id, ()):
         continued(run, run_id)
+    if run.run_id in superseded:
+        given_up(run)
     return run
 
 
 def continuations(store: EventStore, instance_id: str) -> dict[str, list[str]]:
     """The runs continuing each run of ``instance_id`` (``RunRecord.continued_by``, as the run
     history folds it), from its run starts alone (found by their rows' bytes)."""
+    return _starts(store, instance_id)[0]
+
+
+def _starts(store: EventStore, instance_id: str) -> tuple[dict[str, list[str]], set[str]]:
+    """From the run starts of ``instance_id`` alone (found by their rows' bytes): the runs
+    continuing each run, and the runs followed by a run that continues nothing (which gives up
+    what they waited for)."""
     seen: set[str] = set()
     found: dict[str, list[str]] = {}
+    followed: set[str] = set()
+    last: str | None = None
     for event in store.find_events(instance_id, ("run_started",)):
         if not isinstance(event, RunStarted) or event.run_id in seen:
             continue
         seen.add(event.run_id)
-        if event.continues is not None and event.continues in seen:
+        if event.continues is None:
+            if last is not None:
+                followed.add(last)
+        elif event.continues in seen:
             later = found.setdefault(event.continues, [])
             if event.run_id not in later:
                 later.append(event.run_id)
-    return found
+        last = event.run_id
+    return found, followed
 
 
 def stream_history(store: EventStore, history: RunHistory, instance_id: str) -> Iterator[RunRecord]:

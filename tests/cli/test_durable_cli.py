@@ -95,6 +95,16 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
     assert ": continued, started" in out
     assert f"continued by run {second}" in out
 
+    with open_store(sqlite_url) as store:  # the wait given up on purpose: no longer waiting
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        await wf.run("v3", supersede_requests=True)
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
+    assert code == 0
+    statuses = [run["status"] for run in json.loads(out)["runs"]]
+    assert statuses == ["continued", "continued", "completed", "superseded", "awaiting_input"]
+
 
 async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, capsys, wide):
     with open_store(sqlite_url) as store:

@@ -142,6 +142,7 @@ async def test_a_new_run_ends_the_wait_as_the_kernel_does(store_url):
     history = fold_history(wf.events())
     first, second = history.runs()
     assert first.pending_requests == []
+    assert (first.status, second.status) == ("superseded", "awaiting_input")  # one waits
     (waiting,) = wf.pending_requests()  # v2's request, by the kernel
     assert [r.request_id for r in second.pending_requests] == [waiting.request_id]
     assert [r.request_id for r in history.pending_requests()] == [waiting.request_id]
