@@ -52,6 +52,8 @@ __all__ = [
     "answer",
     "check_responses",
     "continued_run",
+    "pending_wire",
+    "waiting_requests",
 ]
 
 CheckpointStatus = Literal[
@@ -352,6 +354,50 @@ class _Rebuild:
             outputs,
             intermediate_outputs=standing.intermediate_outputs,
         )
+
+
+def pending_wire(
+    ledger: Ledger, run_id: str, checkpoint: str | None, *, forked_requests: list[Any]
+) -> dict[str, dict[str, Any]]:
+    """The requests still pending where run ``run_id`` stands after ``checkpoint``, as the log
+    recorded them (wire data), by request id in the order they were made."""
+    chain, forked = ledger.lineage(run_id, checkpoint)
+    base = list(forked_requests) if forked is not None else []
+    pending: dict[str, dict[str, Any]] = {r["request_id"]: dict(r) for r in base}
+    for line, upto in chain:
+        if line.started.continues is None:
+            pending = {}
+        for response in line.responses:
+            pending.pop(response.request_id, None)
+        for step in line.steps:
+            if upto is None:
+                break
+            for item in step.items:
+                if isinstance(item, InfoRequested):
+                    pending[item.request_id] = {
+                        "request_id": item.request_id,
+                        "executor_id": item.executor_id,
+                        "response_type": item.response_type,
+                        "data": item.data,
+                        "run_id": item.run_id,
+                        "superstep_id": item.superstep_id,
+                    }
+            if step.superstep_id == upto:
+                break
+    return pending
+
+
+def waiting_requests(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """The requests of the instance's last run (of its lineage, a fork's inherited ones too)
+    that count and still wait for a response, where it stands now: what a run started with a new
+    message would leave unanswerable (it continues nothing). Wire data, by request id."""
+    forked = ledger.forked
+    inherited = list(forked.requests) if forked is not None else []
+    line = ledger.last_run()
+    if line is None:
+        return {r["request_id"]: dict(r) for r in inherited}
+    checkpoint = line.steps[-1].superstep_id if line.steps else None
+    return pending_wire(ledger, line.run_id, checkpoint, forked_requests=inherited)
 
 
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:

@@ -15,7 +15,8 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   ├── StateWriteRejectedError  a write to a superstep that is already closed
     │   ├── RoutingError             a message that no edge can deliver
     │   ├── ResumeError              a checkpoint or run that cannot be continued (names why)
-    │   └── ResponseError            a response to a request that is unknown, answered or mistyped
+    │   ├── ResponseError            a response to a request that is unknown, answered or mistyped
+    │   └── PendingRequestsError     a new message while requests still wait for a response
     ├── RecordedError                an exception as the log recorded it, in a replayed stream
     │                                (kernel._replay: it carries the recorded ErrorInfo)
     ├── EncodingError                a value or message that cannot be stored as JSON
@@ -61,6 +62,7 @@ __all__ = [
     "InvalidBatchError",
     "LogIntegrityError",
     "MissingKeyError",
+    "PendingRequestsError",
     "ProjectionError",
     "ResponseError",
     "ResumeError",
@@ -246,6 +248,24 @@ class ResumeError(ExecutionError):
 class ResponseError(ExecutionError):
     """A response was refused: its request is unknown or already answered, or the value is not of
     a type the requesting executor's response handlers accept. Nothing was appended."""
+
+
+class PendingRequestsError(ExecutionError):
+    """A run with a new message was refused: requests of the instance's last run still wait for
+    a response, and a run that continues nothing would leave them unanswerable. ``request_ids``
+    names them; the message says how to answer them (``run(responses=...)``) or to start the run
+    anyway (``run(message, supersede_requests=True)``). Nothing was appended."""
+
+    def __init__(self, message: str, *, request_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_pending_requests, (str(self), self.request_ids))
+
+
+def _pending_requests(message: str, request_ids: tuple[str, ...]) -> PendingRequestsError:
+    return PendingRequestsError(message, request_ids=request_ids)
 
 
 class EncodingError(StepLogError, TypeError):

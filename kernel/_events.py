@@ -203,7 +203,9 @@ class ResponseReceived(RunEvent):
 class RunAbandoned(RunEvent):
     """A run was found unfinished and closed: its stream was dropped, or its process died.
 
-    ``closed_by`` is the run that closed it, when a later run did.
+    ``closed_by`` is who closed it: the later run that did, or ``recover@`` followed by the
+    lease holder ``recover`` closed it as (None in logs written before ``recover`` said so: only
+    ``recover`` left it empty).
     """
 
     type: Literal["run_abandoned"] = "run_abandoned"

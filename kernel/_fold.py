@@ -319,10 +319,12 @@ class OpenRun(Fold):
 
     The runner reads it before starting a run, to close a run whose stream was dropped or whose
     process died (``RunAbandoned``) before appending anything of its own. ``version`` is the
-    position of the last event seen, of any type.
+    position of the last event seen, of any type. ``requests_may_wait`` is False when no request
+    can be waiting for a response (no run yet, or the last run completed), so a run with a new
+    message need not look for them in the ledger.
     """
 
-    __slots__ = ("index", "owner", "run_id", "superstep_id", "version")
+    __slots__ = ("index", "owner", "requests_may_wait", "run_id", "superstep_id", "version")
 
     def __init__(self) -> None:
         self.version = 0
@@ -330,6 +332,7 @@ class OpenRun(Fold):
         self.owner = ""
         self.superstep_id: str | None = None
         self.index = 0
+        self.requests_may_wait = False
 
     def apply(self, event: EventBase) -> Self:
         self.version = max(self.version, event.position)
@@ -344,6 +347,11 @@ class OpenRun(Fold):
     def _started(self, event: RunStarted) -> None:
         self.run_id, self.owner = event.run_id, event.owner
         self.superstep_id, self.index = None, 0
+        self.requests_may_wait = True
+
+    @folds("instance_forked")
+    def _forked(self, event: InstanceForked) -> None:
+        self.requests_may_wait = bool(event.requests)
 
     @folds("superstep_started")
     def _superstep_started(self, event: SuperstepStarted) -> None:
@@ -359,3 +367,5 @@ class OpenRun(Fold):
     def _ended(self, event: RunEvent) -> None:
         if event.run_id == self.run_id:
             self.run_id, self.owner, self.superstep_id, self.index = None, "", None, 0
+            # a run completes only when no request of its lineage is left waiting
+            self.requests_may_wait = event.type != "run_completed"

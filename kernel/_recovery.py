@@ -4,7 +4,9 @@ A process killed mid-run leaves its run open in the log: its open superstep has 
 next run or continuation on the instance closes it before appending anything of its own;
 ``recover`` does the same without starting a run (``steplog recover``). A run is closed only when
 its process is provably gone (its ``host:pid`` owner no longer exists on this host) or the
-lease its process held on the instance has expired: a live run is never touched.
+lease its process held on the instance has expired: a live run is never touched. The run's
+``RunAbandoned`` names who closed it: ``closed_by`` is ``recover@`` and the lease holder
+``recover`` took the instance as.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from kernel._owner import presumed_reason, process_owner
 from kernel._runner import unfinished_closing
 from kernel._store import EventStore
 
-__all__ = ["RecoveredRun", "recover"]
+__all__ = ["RECOVER_CLOSER", "RecoveredRun", "recover"]
+
+RECOVER_CLOSER = "recover@"
+"""How ``RunAbandoned.closed_by`` begins when ``recover`` closed the run: then the lease holder
+it closed it as (``host:pid/token``) follows. (Before this was recorded, ``recover`` left
+``closed_by`` None; a later run names itself.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +61,23 @@ def recover(
         except RunInProgressError:
             continue  # a live process holds the instance: it closes the run itself, if need be
         try:
-            if _close(store, name, head, clock):
+            if _close(store, name, head, clock, f"{RECOVER_CLOSER}{keeper.holder}"):
                 closed.append(RecoveredRun(name, head.run_id, head.superstep_id, head.owner))
         finally:
             keeper.release_now()
     return closed
 
 
-def _close(store: EventStore, name: str, head: OpenRun, clock: Clock) -> bool:
-    """Append the closing of ``head``'s run; False if the stream moved on meanwhile."""
+def _close(store: EventStore, name: str, head: OpenRun, clock: Clock, closer: str) -> bool:
+    """Append the closing of ``head``'s run, closed by ``closer``; False if the stream moved on
+    meanwhile."""
     assert head.run_id is not None
     now = OpenRun().apply_all(store.read(name, types=OpenRun.EVENT_TYPES))
     if (now.run_id, now.superstep_id) != (head.run_id, head.superstep_id):
         return False  # closed, or moved on, by someone else before the lease was ours
     version = store.version(name)
     batch: list[EventBase] = []
-    closing = unfinished_closing(head.run_id, head.superstep_id, "crashed", None)
+    closing = unfinished_closing(head.run_id, head.superstep_id, "crashed", closer)
     for offset, (cls, fields) in enumerate(closing, start=1):
         fields.update(instance_id=name, position=version + offset, timestamp=clock())
         event = trusted_event(cls, fields)

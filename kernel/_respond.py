@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernel._checkpoints import Ledger, continued_run
+from kernel._checkpoints import Ledger, continued_run, pending_wire
 from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._errors import (
@@ -30,7 +30,6 @@ from kernel._errors import (
 )
 from kernel._events import (
     EventBase,
-    InfoRequested,
     InstanceForked,
     ResponseReceived,
     RunAwaitingInput,
@@ -67,37 +66,6 @@ class RecordedResponse:
     request_id: str
     first_position: int
     last_position: int
-
-
-def pending_wire(
-    ledger: Ledger, run_id: str, checkpoint: str | None, *, forked_requests: list[Any]
-) -> dict[str, dict[str, Any]]:
-    """The requests still pending where run ``run_id`` stands after ``checkpoint``, as the log
-    recorded them (wire data), by request id in the order they were made."""
-    chain, forked = ledger.lineage(run_id, checkpoint)
-    base = list(forked_requests) if forked is not None else []
-    pending: dict[str, dict[str, Any]] = {r["request_id"]: dict(r) for r in base}
-    for line, upto in chain:
-        if line.started.continues is None:
-            pending = {}
-        for response in line.responses:
-            pending.pop(response.request_id, None)
-        for step in line.steps:
-            if upto is None:
-                break
-            for item in step.items:
-                if isinstance(item, InfoRequested):
-                    pending[item.request_id] = {
-                        "request_id": item.request_id,
-                        "executor_id": item.executor_id,
-                        "response_type": item.response_type,
-                        "data": item.data,
-                        "run_id": item.run_id,
-                        "superstep_id": item.superstep_id,
-                    }
-            if step.superstep_id == upto:
-                break
-    return pending
 
 
 def _ledger(events: list[EventBase], instance_id: str) -> Ledger:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Position
-from kernel._checkpoints import answer, check_responses, continued_run
+from kernel._checkpoints import Ledger, answer, check_responses, continued_run, waiting_requests
 from kernel._context import WorkflowContext
 from kernel._emit import (
     Emit,
@@ -57,6 +57,7 @@ from kernel._errors import (
     ConvergenceError,
     EncodingError,
     ExecutionError,
+    PendingRequestsError,
     ResumeError,
     RoutingError,
     RunInProgressError,
@@ -230,6 +231,8 @@ class Run:
         self.first_position = 0  # the stream's length before the run's first event
         self.last_position = 0  # the position of its last event, once it returned
         self.include_status_events = False
+        # Set by the workflow: a run with a message may leave pending requests unanswerable.
+        self.supersede_requests = False
         # Set by the workflow: lets a result read the run's events back from the log.
         self.bind_log: Callable[[Run, RunResult], None] | None = None
         self._asked = False  # a request_info was emitted: the stream said so in a status
@@ -445,11 +448,38 @@ class Run:
                 f"{type(self.message).__qualname__}"
             )
         wire_input = self.codec.encode(self.message, what="the run's input message")
-        self._log_start(instance.catch_up(), input=wire_input)
+        head = instance.catch_up()
+        if head.requests_may_wait and not self.supersede_requests:
+            head, ledger = instance.catch_up_ledger()
+            self._refuse_if_waiting(ledger)
+        self._log_start(head, input=wire_input)
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=1)
         self.flush()
         return Position.start(start.id, self.message)
+
+    def _refuse_if_waiting(self, ledger: Ledger) -> None:
+        """Refuse a run with a new message while requests of the instance's last run wait for a
+        response: it continues nothing, so they could no longer be answered. Nothing silent:
+        ``PendingRequestsError`` names them and says how to answer them or go on anyway."""
+        waiting = waiting_requests(ledger)
+        if not waiting:
+            return
+        where = f"instance {self.instance.instance_id!r}"
+        shown = ", ".join(
+            f"{rid} (from {r.get('executor_id')!r}, run {r.get('run_id')})"
+            for rid, r in list(waiting.items())[:5]
+        )
+        more = f" and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+        raise PendingRequestsError(
+            f"{where} has {len(waiting)} request(s) waiting for a response: {shown}{more}. A run "
+            "with a new message would leave them unanswerable, so none was started. Answer them "
+            "with run(responses={request_id: value}) (or 'steplog respond RUN REQUEST_ID JSON' "
+            "and resume()); or start the new run anyway, giving them up, with "
+            "run(message, supersede_requests=True) (a fork of the latest checkpoint can still "
+            "answer them)",
+            request_ids=tuple(waiting),
+        )
 
     def _log_start(self, head: OpenRun, **fields: Any) -> None:
         """Buffer the closing of the run ``head`` shows unfinished, if any, then ``RunStarted``
@@ -930,7 +960,7 @@ def unfinished_closing(
 ) -> list[tuple[type[EventBase], dict[str, Any]]]:
     """The events that close a run found unfinished: its open superstep's abort, and its end.
 
-    ``closed_by`` is the run that closes it (None when ``recover`` does).
+    ``closed_by`` is who closes it: the run that does, or ``recover@`` and its lease holder.
     """
     closing: list[tuple[type[EventBase], dict[str, Any]]] = []
     if superstep_id is not None:

@@ -109,6 +109,7 @@ class Workflow(DefinitionView):
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
         include_status_events: bool = False,
+        supersede_requests: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult]: ...
     @overload
@@ -120,6 +121,7 @@ class Workflow(DefinitionView):
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
         include_status_events: bool = False,
+        supersede_requests: bool = False,
         **kwargs: Any,
     ) -> RunStream: ...
 
@@ -131,6 +133,7 @@ class Workflow(DefinitionView):
         checkpoint_id: str | None = None,
         responses: Mapping[str, Any] | None = None,
         include_status_events: bool = False,
+        supersede_requests: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         """Run the workflow on ``message``, or continue it from the log.
@@ -149,6 +152,11 @@ class Workflow(DefinitionView):
         ``responses={request_id: value}`` answers pending requests and continues (with or without
         ``checkpoint_id``). A continuation first closes a run left open by a dead process.
 
+        A run with a message continues nothing, so the requests the instance's last run left
+        waiting could no longer be answered: it is refused (``PendingRequestsError``, naming
+        them; nothing appended) while any wait, unless ``supersede_requests=True`` gives them up
+        (they stay in the log, and a fork of the checkpoint that holds them can answer them).
+
         Raises ``RunInProgressError`` if this workflow object is still running another run.
         """
         continuation = None
@@ -163,7 +171,12 @@ class Workflow(DefinitionView):
                 "run() needs a message, or checkpoint_id= or responses= to continue a run"
             )
         return self._launch(
-            message, kwargs, continuation, stream=stream, statuses=include_status_events
+            message,
+            kwargs,
+            continuation,
+            stream=stream,
+            statuses=include_status_events,
+            supersede=supersede_requests,
         )
 
     @overload
@@ -212,10 +225,12 @@ class Workflow(DefinitionView):
         *,
         stream: bool,
         statuses: bool = False,
+        supersede: bool = False,
     ) -> Coroutine[Any, Any, RunResult] | RunStream:
         self._check_idle()
         run = Run(self._instance, message, kwargs, continuation)
         run.include_status_events = statuses
+        run.supersede_requests = supersede
         run.bind_log = functools.partial(_bind_log, self.store, self.instance_id)
         if stream:
             handle = RunStream(run)

@@ -37,6 +37,7 @@ from kernel import (
     SUPERSTEP_MARKER_TYPES,
     CommittedState,
     CustomEventAdded,
+    ErrorInfo,
     EventBase,
     ExecutorFailed,
     ExecutorInvoked,
@@ -65,6 +66,8 @@ from projections._runrecords import (
     RunRecord,
     RunStatus,
     SuperstepRecord,
+    continued,
+    given_up,
     in_memory,
 )
 from projections._tracker import SuperstepTracker
@@ -90,6 +93,29 @@ _END_STATUS: dict[str, RunStatus] = {
 }
 
 
+_ABANDONED_WHY = {
+    "crashed": "its process died (or its lease ran out) before the run ended",
+    "abandoned": "it stopped before it ended (its stream was dropped, or its task stopped)",
+}
+
+
+def _abandoned_error(event: RunAbandoned, closer: str) -> ErrorInfo:
+    """What the log says of a run found unfinished and closed: why, the superstep it left open
+    (aborted), who closed it and when. Its ``type`` is the run's status."""
+    open_step = (
+        f"; its open superstep {event.superstep_id} was aborted"
+        if event.superstep_id is not None
+        else ""
+    )
+    return ErrorInfo(
+        type=event.reason,
+        message=(
+            f"{_ABANDONED_WHY[event.reason]}{open_step}; closed by {closer} at "
+            f"{event.timestamp.isoformat()}"
+        ),
+    )
+
+
 class RunHistory(Fold):
     """The runs of one instance and their supersteps (see the module docstring).
 
@@ -103,6 +129,7 @@ class RunHistory(Fold):
         "_forked_from",
         "_forks",
         "_inherited",
+        "_last_run",
         "_requested_by",
         "_rows",
         "_run",
@@ -125,6 +152,7 @@ class RunHistory(Fold):
         # a fork's requests inherited from its origin's run (InstanceForked.requests), unanswered
         self._inherited: list[RequestRecord] = []
         self._forks = sorted(forks, key=_fork_order)
+        self._last_run: str | None = None  # the run started last
         # The records the last events touched: a superstep's events come together, so most
         # events find their records here instead of asking ``rows`` (records are changed in
         # place, so a sink hands out the same record for an id for as long as the fold lives).
@@ -136,6 +164,7 @@ class RunHistory(Fold):
             forked = tracker.get("forked_from")
             self._forked_from = None if forked is None else ForkRecord.from_row(forked)
             self._inherited = [RequestRecord.from_row(r) for r in tracker.get("inherited", [])]
+            self._last_run = tracker.get("last_run")
 
     # -- folding ------------------------------------------------------------------------------
 
@@ -170,11 +199,15 @@ class RunHistory(Fold):
         rows.add_run(run)
         self._run = run
         if event.continues is not None:
-            continued = rows.run(event.continues)
-            if continued is not None and event.run_id not in continued.continued_by:
-                continued.continued_by.append(event.run_id)
+            earlier = rows.run(event.continues)
+            if earlier is not None:
+                continued(earlier, event.run_id)
         else:
             self._drop_pending()
+            last = None if self._last_run is None else rows.run(self._last_run)
+            if last is not None:
+                given_up(last)
+        self._last_run = event.run_id
 
     def _drop_pending(self) -> None:
         """A run that continues nothing starts a new line: the requests earlier runs left
@@ -355,10 +388,12 @@ class RunHistory(Fold):
         run.ended_at = event.timestamp
         if isinstance(event, RunAbandoned):
             run.status = event.reason
-            run.closed_by = event.closed_by
+            # only recover closed a run without naming itself (before it said so)
+            run.closed_by = event.closed_by or "recover"
+            run.error = _abandoned_error(event, run.closed_by)
         else:
             run.status = _END_STATUS[event.type]
-        run.error = event.error if isinstance(event, RunFailed) else None
+            run.error = event.error if isinstance(event, RunFailed) else None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -420,6 +455,7 @@ class RunHistory(Fold):
             "requested_by": dict(self._requested_by),
             "forked_from": None if forked is None else forked.to_row(),
             "inherited": [request.to_row() for request in self._inherited],
+            "last_run": self._last_run,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -453,9 +489,9 @@ class RunHistory(Fold):
         rows = MemoryHistoryRows()
         for run in sorted((RunRecord.from_row(r) for r in runs), key=_start):
             rows.add_run(run)
-            continued = rows.runs.get(run.continues) if run.continues is not None else None
-            if continued is not None:
-                continued.continued_by.append(run.run_id)
+            earlier = rows.runs.get(run.continues) if run.continues is not None else None
+            if earlier is not None:
+                continued(earlier, run.run_id)
         ordered = sorted((SuperstepRecord.from_row(s) for s in steps), key=_start)
         for step in ordered:
             rows.add_step(step)

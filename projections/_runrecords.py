@@ -26,11 +26,22 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "SuperstepRecord",
+    "closer_label",
+    "continued",
+    "given_up",
     "in_memory",
 ]
 
 RunStatus = Literal[
-    "running", "completed", "failed", "cancelled", "abandoned", "crashed", "awaiting_input"
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "abandoned",
+    "crashed",
+    "awaiting_input",
+    "continued",
+    "superseded",
 ]
 StepStatus = Literal["open", "committed", "aborted"]
 
@@ -254,15 +265,21 @@ class RunRecord:
     """One run: its ``status``, times, number of supersteps started, committed outputs, error.
 
     ``outputs`` are wire JSON trees of the outputs of committed supersteps, in order (decode them
-    with ``ValueCodec().decode``). ``closed_by`` is the run that closed an abandoned or crashed run.
+    with ``ValueCodec().decode``). ``closed_by`` says who closed an abandoned or crashed run: the
+    run that did, or ``recover`` (``recover@HOLDER`` since it names the lease holder it closed it
+    as); its ``error`` then says what happened (``type`` the status).
     ``start_position`` is the stream position of its ``run_started``.
 
     Lineage: a run that continues another names it in ``continues`` and the committed superstep
     it went on from in ``checkpoint`` (None: that run's beginning; the continued run may be in
     the instance this one was forked from); ``continued_by`` lists the runs of this instance that
-    continue it. ``pending_requests`` are the requests it made that count and that no response
-    has answered yet (status ``awaiting_input`` when it stopped waiting for them), while they can
-    still be answered: a later run that continues nothing drops them; ``responses``
+    continue it. A run that stopped waiting for input and was continued (answered, or resumed)
+    no longer waits: its status is ``continued`` (see ``continued``), and the runs it is
+    continued by say how it went on. ``pending_requests`` are the requests it made that count
+    and that no response has answered yet (status ``awaiting_input`` when it stopped waiting for
+    them), while they can still be answered: a later run that continues nothing (started with
+    ``supersede_requests=True``) drops them, and the run that was waiting for them is then
+    ``superseded``; ``responses``
     the ids of the requests whose responses this run recorded.
 
     ``dropped`` are the messages its committed supersteps sent that no edge delivered, in order
@@ -313,6 +330,30 @@ class RunRecord:
     def from_row(cls, row: dict[str, Any]) -> RunRecord:
         """The record of a row written by ``to_row`` (the derived lists empty)."""
         return _from_row(cls, row, _RUN_ROW)
+
+
+def closer_label(closed_by: str, width: int = 8) -> str:
+    """``RunRecord.closed_by`` as a table shows it: a run id cut to ``width``; ``recover`` (and
+    the lease holder it closed the run as) whole."""
+    return closed_by if closed_by.startswith("recover") else closed_by[:width]
+
+
+def continued(run: RunRecord, by: str) -> None:
+    """Record that run ``by`` continues ``run``: ``by`` joins its ``continued_by``, and a run
+    that stopped waiting for input no longer waits (status ``continued``). A run that ended
+    otherwise (failed, crashed, ...) keeps that status: it is what happened to it."""
+    if by not in run.continued_by:
+        run.continued_by.append(by)
+    if run.status == "awaiting_input":
+        run.status = "continued"
+
+
+def given_up(run: RunRecord) -> None:
+    """Record that a run that continues nothing started after ``run``: if it was waiting for
+    input, what it waited for was given up (``supersede_requests=True``), so it waits no more
+    (status ``superseded``)."""
+    if run.status == "awaiting_input":
+        run.status = "superseded"
 
 
 _STEP_ROW = _row_codecs(SuperstepRecord)

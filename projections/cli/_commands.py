@@ -140,7 +140,7 @@ from projections.cli._render import (
     show_time,
     show_value,
 )
-from projections.cli._runstream import continuations, stream_history
+from projections.cli._runstream import continuations, stream_history, with_continuations
 from projections.cli._safe import SafeConsole, cell, visible
 from projections.cli._ui import add_ui_command, ui_command
 
@@ -665,7 +665,7 @@ def _history(store: EventStore, args: argparse.Namespace, console: Console) -> i
     later = continuations(store, args.instance)
     print_paged(  # (the title is made with the first page: a fork's first event is folded then)
         console,
-        runs,
+        (with_continuations(run, later) for run in runs),
         lambda page, first: history_runs_table(
             page,
             history_title(history, args.instance) if first else None,

@@ -137,10 +137,13 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     table.add_column("error", overflow="fold", ratio=1)
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
+        status = cell("waiting for input" if run.status == "awaiting_input" else run.status)
+        if run.continued_by:  # the line break is the table's own, the ids are stored text
+            status += "\ncontinued by " + cell(", ".join(r[:8] for r in run.continued_by))
         table.add_row(
             cell(name),
             cell(run.run_id[:8]),
-            "waiting for input" if run.status == "awaiting_input" else run.status,
+            status,
             show_time(run.started_at),
             show_time(run.ended_at),
             str(run.supersteps),
@@ -181,6 +184,8 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         console.print(
             visible(f"continues run {run.continues} after {run.checkpoint}"), markup=False
         )
+    if run.continued_by:
+        console.print(visible(f"continued by run {', '.join(run.continued_by)}"), markup=False)
     if run.error is not None:
         console.print(visible(f"error: {run.error.type}: {run.error.message}"), markup=False)
     table = Table(title="supersteps", expand=True)

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from kernel import EventBase, LogIntegrityError, MessageStaged, RecoveredRun
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
+from projections._runrecords import closer_label
 from projections.cli._json import json_text
 from projections.cli._safe import cell, json_safe
 
@@ -198,7 +199,7 @@ def history_runs_table(
         if run.responses:
             lineage.append(f"{len(run.responses)} response(s)")
         if run.closed_by is not None:
-            lineage.append(f"closed by {run.closed_by[:8]}")
+            lineage.append(f"closed by {closer_label(run.closed_by)}")
         status: str = "waiting for input" if run.status == "awaiting_input" else run.status
         table.add_row(
             cell(run.run_id[:8]),

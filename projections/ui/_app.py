@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from kernel import EventStore, LogIntegrityError
 from projections import RunRecord, SuperstepRecord
+from projections._runrecords import closer_label
 from projections.cli._render import broken_chain_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
@@ -69,6 +70,7 @@ def _environment() -> Environment:
     env.filters["status"] = lambda status: _STATUS.get(status, status)
     env.filters["utc_local"] = _utc_local
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
+    env.filters["closer"] = lambda text: closer_label(text, 10)
     return env
 
 

@@ -55,6 +55,57 @@ async def test_history_shows_a_run_waiting_for_input_and_its_requests(sqlite_url
     assert "continued by" in out
 
 
+async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
+    sqlite_url, capsys, wide
+):
+    """Issue 21: once answered and continued, a run says so ("continued", and by which run) in
+    ``runs``, ``runs --json``, ``history`` and ``show``; only the run still waiting is listed as
+    waiting."""
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        (request,) = (await wf.run("v1")).pending_requests
+        (again,) = (await wf.run(responses={request.request_id: "shorter"})).pending_requests
+        await wf.run(responses={again.request_id: "approve"})
+        await wf.run("v2")  # waits for its own request
+        first, second, third, fourth = [e.run_id for e in wf.events() if e.type == "run_started"]
+
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
+    assert code == 0
+    runs = {run["run_id"]: run for run in json.loads(out)["runs"]}
+    assert (runs[first]["status"], runs[first]["continued_by"]) == ("continued", [second])
+    assert (runs[second]["status"], runs[second]["continued_by"]) == ("continued", [third])
+    assert (runs[third]["status"], runs[third]["continued_by"]) == ("completed", [])
+    assert (runs[fourth]["status"], runs[fourth]["continued_by"]) == ("awaiting_input", [])
+    assert [r for r, run in runs.items() if run["status"] == "awaiting_input"] == [fourth]
+
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r")
+    assert code == 0
+    assert out.count("waiting for input") == 1
+    assert f"continued by {second[:8]}" in out
+    assert f"continued by {third[:8]}" in out
+
+    code, out = cli(capsys, "--store", sqlite_url, "history", "r")
+    assert code == 0
+    assert out.count("waiting for input") == 1
+
+    code, out = cli(capsys, "--store", sqlite_url, "show", first)
+    assert code == 0
+    assert ": continued, started" in out
+    assert f"continued by run {second}" in out
+
+    with open_store(sqlite_url) as store:  # the wait given up on purpose: no longer waiting
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        await wf.run("v3", supersede_requests=True)
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
+    assert code == 0
+    statuses = [run["status"] for run in json.loads(out)["runs"]]
+    assert statuses == ["continued", "continued", "completed", "superseded", "awaiting_input"]
+
+
 async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, capsys, wide):
     with open_store(sqlite_url) as store:
         origin = build_counter(store, fail_at=4)

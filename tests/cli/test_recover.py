@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kernel import open_store
+from kernel._owner import process_owner
 from projections import fold_blame, fold_history
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 
@@ -102,6 +103,36 @@ def test_recover_closes_a_dead_process_run_as_crashed_and_says_so(sqlite_url, ca
     assert (code, json.loads(out)) == (0, [])
     with open_store(sqlite_url) as store:
         assert store.read("doomed") == after
+
+
+def test_a_run_closed_by_recover_says_what_happened_and_who_closed_it(sqlite_url, capsys):
+    """Issue 21: the crashed run's record had an empty error and a null ``closed_by``. The log
+    now names the closer (``recover@`` and the lease holder it took the instance as), and the
+    record says why the run ended, which superstep was aborted, who closed it and when."""
+    died_mid_superstep(sqlite_url, "doomed")
+    code, _, _ = cli(capsys, "--store", sqlite_url, "recover", "doomed")
+    assert code == 0
+    with open_store(sqlite_url) as store:
+        events = store.read("doomed")
+    abandoned = events[-1]
+    assert abandoned.type == "run_abandoned"
+    assert abandoned.closed_by.startswith("recover@")
+    owner, _, token = abandoned.closed_by.removeprefix("recover@").rpartition("/")
+    assert owner == process_owner()
+    assert token
+    opened = next(e for e in events if e.type == "superstep_started")
+
+    code, out, _ = cli(capsys, "--store", sqlite_url, "runs", "doomed", "--json")
+    assert code == 0
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "crashed"
+    assert run["closed_by"] == abandoned.closed_by
+    assert run["error"]["type"] == "crashed"
+    message = run["error"]["message"]
+    assert message.startswith("its process died")
+    assert f"its open superstep {opened.superstep_id} was aborted" in message
+    assert f"closed by {abandoned.closed_by} at {abandoned.timestamp.isoformat()}" in message
+    assert fold_history(events).runs()[0].error.message == message  # the fold says the same
 
 
 def test_recover_without_an_instance_reports_every_closed_run_in_a_table(

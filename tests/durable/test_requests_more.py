@@ -23,6 +23,7 @@ from kernel import (
     ConvergenceError,
     EventStore,
     Executor,
+    PendingRequestsError,
     ResponseError,
     ResumeError,
     Workflow,
@@ -566,18 +567,45 @@ async def test_responses_with_a_checkpoint_id_answer_only_from_the_latest(store_
     assert started.checkpoint == latest.checkpoint_id
 
 
+async def test_a_new_message_while_requests_wait_is_refused_naming_them(store_url: str) -> None:
+    """A run with a message continues nothing, so it would leave the requests waiting
+    unanswerable: it is refused, naming them and how to answer them, and nothing is appended
+    (issue 21: the requests used to disappear without a word). The requests stay answerable."""
+    store = open_store(store_url)
+    wf = panel(store)
+    await wf.run("lunch")
+    old = by_asker(wf)
+    before = len(wf.events())
+    with pytest.raises(PendingRequestsError) as refused:
+        await wf.run("dinner")
+    message = str(refused.value)
+    assert old["a"] in message
+    assert old["b"] in message
+    assert "run(responses=" in message
+    assert "supersede_requests=True" in message
+    assert set(refused.value.request_ids) == set(old.values())
+    with pytest.raises(PendingRequestsError):
+        [e async for e in wf.run("dinner", stream=True)]
+    assert len(wf.events()) == before
+    again = panel(reopen(store_url, store))
+    assert by_asker(again) == old
+    answered = await again.run(responses={old["a"]: "soup", old["b"]: "salad"})
+    assert sorted(answered.get_outputs()) == ["a:soup", "b:salad"]
+    assert (await again.run("dinner")).status == "awaiting_input"  # nothing waits any more
+
+
 async def test_a_new_message_supersedes_the_pending_requests_and_a_fork_can_answer_them(
     store_url: str,
 ) -> None:
-    """Unlike Agent Framework (which keeps them pending across a fresh run, with a warning),
-    a run started with a message makes the previous run's unanswered requests unanswerable on
-    this instance; the checkpoint that holds them can still be forked and answered there."""
+    """Asked to (``supersede_requests=True``), a run started with a message makes the previous
+    run's unanswered requests unanswerable on this instance (Agent Framework keeps them pending
+    across a fresh run); the checkpoint that holds them can still be forked and answered there."""
     store = open_store(store_url)
     wf = panel(store)
     await wf.run("lunch")
     old = by_asker(wf)
     asked_at = wf.checkpoints()[-1]
-    dinner = await wf.run("dinner")
+    dinner = await wf.run("dinner", supersede_requests=True)
     assert dinner.status == "awaiting_input"
     new = by_asker(wf)
     assert sorted(new) == ["a", "b"]

@@ -400,7 +400,8 @@ class KernelMachine(RuleBasedStateMachine):
 
         async def together() -> list[Any]:
             return await asyncio.gather(
-                *(wf.run(job) for _, wf, _, job, _, _ in started), return_exceptions=True
+                *(wf.run(job, supersede_requests=True) for _, wf, _, job, _, _ in started),
+                return_exceptions=True,
             )
 
         outcomes = self.run(together())
@@ -889,7 +890,8 @@ def stream_of(wf: Workflow, action: dict[str, Any]) -> Any:
     """The action's run, streamed."""
     kind = action["kind"]
     if kind == "run":
-        return wf.run(workflow.job_from_json(action["job"]), stream=True)
+        job = workflow.job_from_json(action["job"])
+        return wf.run(job, stream=True, supersede_requests=True)
     if kind == "resume":
         return wf.resume(stream=True)
     return wf.run(responses=action["responses"], stream=True)

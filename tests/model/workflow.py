@@ -244,7 +244,8 @@ async def act(wf: Workflow, action: dict[str, Any]) -> Any:
     ``{"kind": "respond", "responses": {request_id: value}}``."""
     kind = action["kind"]
     if kind == "run":
-        return await wf.run(job_from_json(action["job"]))
+        # a new line gives up the requests still waiting, as the model's new run does
+        return await wf.run(job_from_json(action["job"]), supersede_requests=True)
     if kind == "resume":
         return await wf.resume()
     if kind == "respond":

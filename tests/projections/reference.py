@@ -9,7 +9,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from kernel import EventBase
+from kernel import ErrorInfo, EventBase
 
 RUN_END = {"run_completed", "run_failed", "run_cancelled", "run_abandoned"}
 MARKERS = {"superstep_committed", "superstep_aborted"}
@@ -166,7 +166,7 @@ class Reference:
                         if s in self.marker and self.marker[s].type == "superstep_committed"
                     ),
                     "outputs": [value for _, _, value in outputs],
-                    "error": end.error if end is not None and end.type == "run_failed" else None,
+                    "error": _end_error(end),
                     "superstep_ids": steps,
                 }
             )
@@ -220,3 +220,29 @@ class Reference:
             if holds(self.state(m.position)):
                 return m.superstep_id, m.position
         return None
+
+
+_WHY = {
+    "crashed": "its process died (or its lease ran out) before the run ended",
+    "abandoned": "it stopped before it ended (its stream was dropped, or its task stopped)",
+}
+
+
+def _end_error(end: Any) -> ErrorInfo | None:
+    """A failed run's error; for a run found unfinished and closed, what the log says of it:
+    why, the superstep aborted, who closed it (``recover`` when the event names no one) and
+    when."""
+    if end is None:
+        return None
+    if end.type == "run_failed":
+        return end.error
+    if end.type != "run_abandoned":
+        return None
+    aborted = (
+        "" if end.superstep_id is None else f"; its open superstep {end.superstep_id} was aborted"
+    )
+    closer = end.closed_by or "recover"
+    return ErrorInfo(
+        type=end.reason,
+        message=f"{_WHY[end.reason]}{aborted}; closed by {closer} at {end.timestamp.isoformat()}",
+    )

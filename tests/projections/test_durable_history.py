@@ -87,6 +87,32 @@ async def test_a_run_waiting_for_input_shows_its_pending_requests_until_answered
     assert projected(store).history("r") == history
 
 
+async def test_a_run_answered_and_continued_no_longer_waits_in_the_fold_and_the_view(store_url):
+    """Issue 21: a run that stopped waiting for input and was continued is ``continued`` (and
+    lists the run that continues it), in the pure fold and in the materialized view alike, the
+    view folded page by page as the log grew."""
+    store = open_store(store_url)
+    wf = build_reviewer(store)
+    projector = Projector(store, ["history"], page_size=2)
+    (request,) = (await wf.run("v1")).pending_requests
+    projector.catch_up()
+    assert [r.status for r in projector.history("r").runs()] == ["awaiting_input"]
+    (again,) = (await wf.run(responses={request.request_id: "shorter"})).pending_requests
+    projector.catch_up()
+    await wf.run(responses={again.request_id: "approve"})
+    projector.catch_up()
+
+    history = fold_history(wf.events())
+    first, second, third = history.runs()
+    assert (first.status, first.continued_by) == ("continued", [second.run_id])
+    assert (second.status, second.continued_by) == ("continued", [third.run_id])
+    assert (third.status, third.continued_by) == ("completed", [])
+    assert [run for run in history.runs() if run.status == "awaiting_input"] == []
+    assert history.pending_requests() == []
+    assert projector.history("r") == history
+    assert projected(store).history("r") == history  # the view folded from nothing
+
+
 async def test_a_request_of_an_aborted_superstep_never_waits(store_url):
     store = open_store(store_url)
     wf = WorkflowBuilder(
@@ -111,11 +137,12 @@ async def test_a_new_run_ends_the_wait_as_the_kernel_does(store_url):
     assert [r.request_id for r in fold_history(wf.events()).pending_requests()] == [
         request.request_id
     ]
-    await wf.run("v2")  # a new line: v1's request can no longer be answered
+    await wf.run("v2", supersede_requests=True)  # a new line: v1's request is given up
 
     history = fold_history(wf.events())
     first, second = history.runs()
     assert first.pending_requests == []
+    assert (first.status, second.status) == ("superseded", "awaiting_input")  # one waits
     (waiting,) = wf.pending_requests()  # v2's request, by the kernel
     assert [r.request_id for r in second.pending_requests] == [waiting.request_id]
     assert [r.request_id for r in history.pending_requests()] == [waiting.request_id]
@@ -145,6 +172,33 @@ def _request(request_id: str, superstep_id: str, run_id: str) -> InfoRequested:
         data={"q": request_id},
         response_type="str",
     )
+
+
+def test_a_crashed_run_says_what_happened_and_who_closed_it():
+    """Issue 21: the record of a run found unfinished and closed has an error that says why it
+    ended, which superstep was aborted, who closed it and when; a log written before ``recover``
+    named itself (``closed_by`` None: only ``recover`` left it empty) says ``recover``."""
+    log = LogBuilder("hand", clock=ticking_clock(datetime(2025, 1, 1, tzinfo=UTC), step=1))
+    log.start_run(run_id="run-1")
+    log.start_superstep(superstep_id="s1")
+    log.abort("crashed")
+    log.abandon_run("crashed", superstep_id="s1")  # as recover wrote it before (closed_by None)
+    log.start_run(run_id="run-2")
+    log.start_superstep(superstep_id="s2")
+    log.abort("abandoned")
+    ended = log.abandon_run("abandoned", superstep_id="s2", closed_by="run-3")
+    log.start_run(run_id="run-3")
+    first, second, _ = fold_history(log.events()).runs()
+    assert (first.status, first.closed_by) == ("crashed", "recover")
+    assert first.error is not None
+    assert first.error.type == "crashed"
+    assert first.error.message.startswith("its process died")
+    assert "its open superstep s1 was aborted; closed by recover at 2025-01-01T00:00:" in (
+        first.error.message
+    )
+    assert (second.status, second.closed_by) == ("abandoned", "run-3")
+    assert second.error is not None
+    assert second.error.message.endswith(f"closed by run-3 at {ended.timestamp.isoformat()}")
 
 
 def test_a_request_counts_only_if_staged_before_its_superstep_commits():

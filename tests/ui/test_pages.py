@@ -424,6 +424,35 @@ def test_sub_workflow_links_and_waiting_for_input(tmp_path: Path) -> None:
         assert f'forked from <a href="/i/{asked.child_instance}">' in child
 
 
+def test_a_run_answered_and_continued_is_listed_as_continued_not_waiting(tmp_path: Path) -> None:
+    """Issue 21: after its request was answered and the work went on, the first run is listed
+    as continued, by the run that went on, and a search for waiting runs no longer finds it."""
+    import asyncio
+
+    from kernel import WorkflowBuilder, open_store
+    from tests.durable.test_requests import Reviewer
+
+    with open_store(f"sqlite:///{tmp_path}/answered.db") as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="order"
+        ).build()
+        (request,) = asyncio.run(wf.run("v1")).pending_requests
+        asyncio.run(wf.run(responses={request.request_id: "approve"}))
+        first, second = [e.run_id for e in wf.events() if e.type == "run_started"]
+        with TestClient(create_app(store), base_url=LOCAL) as client:
+            waiting = client.get("/", params={"q": "waiting for input"}).text
+            listed = client.get("/").text
+            instance = client.get("/i/order").text
+    assert rows(waiting, "data-run") == []
+    for page in (listed, instance):
+        row = re.search(
+            rf'<tr class="run[^"]*"[^>]*>(?:(?!</tr>).)*{first[:8]}.*?</tr>', page, re.S
+        )
+        assert row is not None
+        assert "run-continued" in row.group(0)
+        assert f'title="{second}"' in row.group(0)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
