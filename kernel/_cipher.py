@@ -24,8 +24,9 @@ from kernel._errors import LogIntegrityError, MissingKeyError, StoreConfigError
 __all__ = ["KEYS_ENV", "MAGIC", "Keyring", "is_sealed"]
 
 KEYS_ENV = "STEPLOG_KEYS"
-"""The environment variable the CLI reads keys from: base64 keys separated by commas, the first
-the one that encrypts (``Keyring.from_text``)."""
+"""The environment variable keys are read from (by ``open_store`` and the CLI): base64 keys
+separated by commas, whitespace or line breaks, the first the one that encrypts
+(``Keyring.from_text``)."""
 
 MAGIC = b"\x00SL1"
 """How a sealed value begins; no JSON document begins with a NUL byte."""
@@ -82,13 +83,21 @@ class Keyring:
 
     @classmethod
     def from_text(cls, text: str) -> Keyring:
-        """The keyring of ``text``: base64 keys separated by commas, the first one sealing. A
-        malformed key is a ``StoreConfigError`` that names its place, never its value."""
+        """The keyring of ``text``: base64 keys separated by commas, whitespace or line breaks
+        (one key per line is fine), the first one sealing. Each key must be whole base64 text
+        (``generate``'s 44 characters): a part that is not, one with anything after its padding,
+        or an empty part between two commas is a ``StoreConfigError`` that names the key's place
+        (its number), never its text; no key is ever dropped."""
         keys = []
-        for n, part in enumerate(text.split(","), start=1):
-            part = part.strip()
+        parts = text.split(",")
+        for n, part in enumerate(_key_texts(parts), start=1):
+            if not part:
+                raise StoreConfigError(
+                    f"key {n} of the keyring is empty (two commas in a row, or a comma at an "
+                    "end); separate keys by one comma, a space or a line break"
+                )
             try:
-                keys.append(base64.urlsafe_b64decode(part.encode("ascii")))
+                keys.append(base64.b64decode(part.encode("ascii"), altchars=b"-_", validate=True))
             except (binascii.Error, ValueError, UnicodeEncodeError):
                 raise StoreConfigError(
                     f"key {n} of the keyring is not base64 text; make one with Keyring.generate()"
@@ -136,6 +145,12 @@ class Keyring:
 
     def __repr__(self) -> str:
         return f"Keyring({', '.join(self.fingerprints)})"
+
+
+def _key_texts(parts: Sequence[str]) -> list[str]:
+    """The keys of ``parts`` (``text`` cut at its commas), each part cut again at whitespace;
+    a part with nothing in it stays, empty, for ``from_text`` to refuse."""
+    return [key for part in parts for key in (part.split() or [""])]
 
 
 def sealed_without_key(where: str, sealed: bytes) -> MissingKeyError:

@@ -1,8 +1,8 @@
 """The CLI's keys: where commands find them, ``steplog keygen`` and ``steplog rekey``.
 
 Every command opens the store with the keys in ``--keys-file FILE`` (a file holding the same
-text as ``STEPLOG_KEYS``: base64 keys separated by commas or lines, the sealing one first), else
-in ``$STEPLOG_KEYS``, else none. There is no option that takes a key itself: a command line is
+text as ``STEPLOG_KEYS``: base64 keys separated by commas, spaces or lines, the sealing one
+first; ``Keyring.from_text`` reads both), else in ``$STEPLOG_KEYS``, else none. There is no option that takes a key itself: a command line is
 visible to every user of the machine (``ps``), a file readable only by its owner is not.
 """
 
@@ -69,10 +69,9 @@ def keyring_of(args: argparse.Namespace, environ: dict[str, str] | None = None) 
         raise StoreConfigError(
             f"cannot read the keys file given with --keys-file: {reason or error}"
         ) from None
-    keys = ",".join(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
-    if not keys:
+    if not text.strip():
         raise StoreConfigError("the keys file given with --keys-file holds no key")
-    return Keyring.from_text(keys)
+    return Keyring.from_text(text)
 
 
 def keygen(console: Console, *, as_json: bool = False) -> int:

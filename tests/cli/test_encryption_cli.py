@@ -151,3 +151,46 @@ def test_rekey_without_keys_is_refused(sqlite_url, no_keys, capsys):
         run_workflows(store)
     assert main(["--store", sqlite_url, "rekey"]) == EXIT_BAD_INPUT
     assert "rekey needs the keys" in capsys.readouterr().err
+
+
+# -- STEPLOG_KEYS is parsed whole (issue 21) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("separator", ["\n", " ", ", ", "\t", "\r\n"])
+def test_every_key_of_steplog_keys_is_kept_whatever_separates_them(
+    sqlite_url, no_keys, monkeypatch, capsys, separator
+):
+    """Keys separated by a line break or a space were read as the first key alone (base64
+    decoding stopped at its padding), so rows sealed with the second one did not open."""
+    new, old = Keyring.generate(), Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(old)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, f"{new}{separator}{old}\n")
+    assert main(["--store", sqlite_url, "state", "orders-1", "--json", "--reveal"]) == 0
+    assert json.loads(capsys.readouterr().out)["card"] == SECRET
+    assert Keyring.from_text(f"{new}{separator}{old}").fingerprints == [fp(new), fp(old)]
+
+
+@pytest.mark.parametrize(
+    ("text", "place"),
+    [
+        ("{key}garbage", "key 1 of the keyring is not base64"),
+        ("{key}=", "key 1 of the keyring is not base64"),
+        ("{key},{key}xyz", "key 2 of the keyring is not base64"),
+        ("{key},,{key}", "key 2 of the keyring is empty"),
+        ("{key},", "key 2 of the keyring is empty"),
+        ("{key}\n{key}#comment", "key 2 of the keyring is not base64"),
+    ],
+)
+def test_steplog_keys_with_anything_unparseable_is_refused_naming_its_place(
+    sqlite_url, no_keys, monkeypatch, capsys, text, place
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, text.format(key=key))
+    assert main(["--store", sqlite_url, "instances"]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert place in captured.err
+    assert key not in captured.err
+    assert "garbage" not in captured.err and "xyz" not in captured.err
