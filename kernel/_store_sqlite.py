@@ -26,6 +26,7 @@ from kernel._errors import (
     DecodeError,
     SchemaVersionError,
     StoreConfigError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -53,8 +54,8 @@ Row = Sequence[Any]
 """A row of the global log (a ``sqlite3.Row``): rowid, instance id, position, topic, state."""
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
-_SQLITE_ERROR, _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
-    1, 3, 5, 6, 8, 10, 11, 13, 14, 26,
+_SQLITE_ERROR, _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _FULL, _CANTOPEN = (
+    1, 3, 5, 6, 8, 10, 13, 14,
 )  # fmt: skip
 _NOT_WRITABLE = "check that the file and its directory exist and are writable by this user"
 _HINTS: dict[int, str] = {
@@ -560,8 +561,12 @@ class SQLiteStore(EventStore):
         primary = code & 0xFF
         if primary == _SQLITE_ERROR:  # a statement failed ("no such table"): the file is there
             return StoreError, ""
-        if primary in (_NOTADB, _CORRUPT):
-            return StoreUnavailableError, f"{self.path} is not a readable SQLite database"
+        if StoreDamagedError.detects(cause):
+            return StoreDamagedError, (
+                f"the file {self.path} is damaged: it is not a SQLite database, or its pages are "
+                "malformed; nothing was changed, and waiting will not help: restore it from a "
+                "backup (sqlite3's .recover may save what is left)"
+            )
         if primary == _READONLY and self.read_only:
             return StoreUnavailableError, (
                 "the store was opened read-only (?mode=ro, or the file or its directory is not "

@@ -2,8 +2,9 @@
 
 Every command opens the store with the keys in ``--keys-file FILE`` (a file holding the same
 text as ``STEPLOG_KEYS``: base64 keys separated by commas, spaces or lines, the sealing one
-first; ``Keyring.from_text`` reads both), else in ``$STEPLOG_KEYS``, else none. There is no option that takes a key itself: a command line is
-visible to every user of the machine (``ps``), a file readable only by its owner is not.
+first; ``Keyring.from_text`` reads both), else in ``$STEPLOG_KEYS``, else none. There is no
+option that takes a key itself: a command line is visible to every user of the machine (``ps``),
+a file readable only by its owner is not.
 """
 
 from __future__ import annotations

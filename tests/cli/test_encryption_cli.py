@@ -193,4 +193,5 @@ def test_steplog_keys_with_anything_unparseable_is_refused_naming_its_place(
     captured = capsys.readouterr()
     assert place in captured.err
     assert key not in captured.err
-    assert "garbage" not in captured.err and "xyz" not in captured.err
+    assert "garbage" not in captured.err
+    assert "xyz" not in captured.err

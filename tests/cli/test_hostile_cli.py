@@ -349,6 +349,44 @@ def test_a_read_only_mount_with_commits_in_its_wal_is_refused_not_read_without_t
     assert "write-ahead log s.db-wal holds commits" in one_line_complaint(err)
 
 
+# -- a damaged file -----------------------------------------------------------------------------
+
+
+def damage_table(path: Path, table: str) -> None:
+    """Overwrite every page of ``table`` in the SQLite file at ``path`` with bytes that are no
+    b-tree page (SQLite then reports ``SQLITE_CORRUPT``); the rest of the file is left as it is,
+    so the store still opens."""
+    with closing(sqlite3.connect(path)) as db:
+        try:
+            pages = [row[0] for row in db.execute("SELECT pageno FROM dbstat WHERE name = ?",
+                                                  (table,))]  # fmt: skip
+        except sqlite3.OperationalError as error:
+            pytest.skip(f"this SQLite has no dbstat table to find the pages of a table: {error}")
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    assert pages
+    with path.open("r+b") as file:
+        for page in pages:
+            file.seek((page - 1) * size)
+            file.write(b"\xff" * size)
+
+
+def test_project_follow_stops_on_a_damaged_file_instead_of_retrying_it(tmp_path: Path) -> None:
+    """A structurally corrupt file was "unavailable", so ``project --follow`` retried it
+    forever; it stops at once, saying that the file is damaged."""
+    path = tmp_path / "s.db"
+    url = logged(path)
+    damage_table(path, "steplog_events")
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from projections.cli import main; sys.exit(main())",
+         "--store", url, "project", "--follow"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == EXIT_STORE, done.stderr
+    complaint = one_line_complaint(done.stderr)
+    assert f"the file {path} is damaged" in complaint
+    assert "retrying" not in done.stderr
+
+
 # -- big values -------------------------------------------------------------------------------
 
 
