@@ -15,18 +15,23 @@ import binascii
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, TypeAlias
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kernel._errors import LogIntegrityError, MissingKeyError, StoreConfigError
 
-__all__ = ["KEYS_ENV", "MAGIC", "Keyring", "is_sealed"]
+__all__ = ["FROM_ENV", "KEYS_ENV", "MAGIC", "Keyring", "KeyringChoice", "is_sealed", "keyring_from"]
 
 KEYS_ENV = "STEPLOG_KEYS"
 """The environment variable keys are read from (by ``open_store`` and the CLI): base64 keys
 separated by commas, whitespace or line breaks, the first the one that encrypts
 (``Keyring.from_text``)."""
+
+FROM_ENV: Literal["env"] = "env"
+"""``open_store``'s default ``keyring``: the keys in ``$STEPLOG_KEYS`` (none when it is unset or
+empty). ``keyring=None`` opts out: a store in plain text, asked for explicitly."""
 
 MAGIC = b"\x00SL1"
 """How a sealed value begins; no JSON document begins with a NUL byte."""
@@ -145,6 +150,26 @@ class Keyring:
 
     def __repr__(self) -> str:
         return f"Keyring({', '.join(self.fingerprints)})"
+
+
+KeyringChoice: TypeAlias = "Keyring | Literal['env'] | None"
+"""What ``open_store(keyring=...)`` takes: a ``Keyring``, ``FROM_ENV`` or ``None``."""
+
+
+def keyring_from(choice: KeyringChoice, environ: Mapping[str, str]) -> Keyring | None:
+    """The keyring a store is opened with, by the one rule of where keys come from: the
+    ``Keyring`` given; ``FROM_ENV`` (``open_store``'s default, so also the builder's default
+    store and the CLI's): the keys in ``environ[KEYS_ENV]``, none when it is unset or empty;
+    ``None``: no keys, the explicit opt-out. Anything else is a ``StoreConfigError``, and so is
+    text in ``KEYS_ENV`` that is not keys (``Keyring.from_text``)."""
+    if isinstance(choice, Keyring) or choice is None:
+        return choice
+    if choice == FROM_ENV:
+        return Keyring.from_env(environ)
+    shown = type(choice).__name__
+    raise StoreConfigError(
+        f"keyring must be a kernel.Keyring, kernel.FROM_ENV or None, not {shown}"
+    )
 
 
 def _key_texts(parts: Sequence[str]) -> list[str]:

@@ -561,7 +561,7 @@ class SQLiteStore(EventStore):
         primary = code & 0xFF
         if primary == _SQLITE_ERROR:  # a statement failed ("no such table"): the file is there
             return StoreError, ""
-        if StoreDamagedError.detects(cause):
+        if cause is not None and StoreDamagedError.detects(cause):
             return StoreDamagedError, (
                 f"the file {self.path} is damaged: it is not a SQLite database, or its pages are "
                 "malformed; nothing was changed, and waiting will not help: restore it from a "

@@ -195,3 +195,56 @@ def test_steplog_keys_with_anything_unparseable_is_refused_naming_its_place(
     assert key not in captured.err
     assert "garbage" not in captured.err
     assert "xyz" not in captured.err
+
+
+# -- keys given for a store in plain text are warned about (issue 21) ---------------------------
+
+PLAIN_WARNING = "WARNING: keys were given, but"
+
+
+@pytest.mark.parametrize("command", [["instances"], ["log", "orders-1", "--json"], ["project"]])
+def test_keys_given_for_a_plain_store_are_warned_about_on_one_line(
+    durable_store_url, no_keys, monkeypatch, capsys, command
+):
+    """A wrong key on a store that was never encrypted used to pass without a word: the reader
+    believed the store sealed."""
+    with open_store(durable_store_url, keyring=None) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, Keyring.generate())
+    assert main(["--store", durable_store_url, *command]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if PLAIN_WARNING in line]
+    assert len(warnings) == 1, captured.err
+    assert "holds rows in plain text" in warnings[0]
+    assert "'steplog rekey' seals them" in warnings[0]
+    assert PLAIN_WARNING not in captured.out  # stdout stays the command's (one JSON document)
+
+
+def test_keys_given_for_an_encrypted_or_empty_store_give_no_warning(
+    sqlite_url, tmp_path, no_keys, monkeypatch, capsys
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, key)
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["--store", empty, "project"]) == 0
+    assert PLAIN_WARNING not in capsys.readouterr().err
+
+
+def test_a_store_that_got_its_key_late_is_warned_about_until_rekeyed(
+    sqlite_url, no_keys, monkeypatch, capsys
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=None) as store:
+        run_workflows(store, "early")
+    with open_store(sqlite_url, keyring=ring(key)) as store:  # marks the store encrypted
+        run_workflows(store, "late")
+    monkeypatch.setenv(KEYS_ENV, key)
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    assert PLAIN_WARNING in capsys.readouterr().err
+    assert main(["--store", sqlite_url, "rekey"]) == 0
+    capsys.readouterr()
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    assert PLAIN_WARNING not in capsys.readouterr().err
