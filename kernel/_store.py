@@ -214,6 +214,11 @@ class EventStore(ABC):
         """The global scan the last ``read_all`` page ended (see ``read_all``)."""
         self.chain_problems: list[ChainProblem] = []
         """What reads found wrong with the chain, when opened with ``allow_broken_chain``."""
+        self.stranded_leases: dict[str, str] = {}
+        """Leases that a keeper of this store could not give back (a store error at release, such
+        as a full disk): instance id -> holder. Such a lease belongs to a run of this process
+        that has ended, so the next keeper here takes it over at once (``LeaseKeeper``) instead
+        of refusing itself with ``RunInProgressError`` until the lease expires."""
 
     def _configure(
         self, *, keyring: Keyring | None, allow_broken_chain: bool, create: bool
