@@ -11,7 +11,7 @@ from kernel._builder import WorkflowBuilder
 from kernel._chain import ChainHead, ChainProblem, ChainReport
 from kernel._checkpoint_status import checkpoint_statuses
 from kernel._checkpoints import Checkpoint, CheckpointStatus
-from kernel._cipher import KEYS_ENV, Keyring
+from kernel._cipher import FROM_ENV, KEYS_ENV, Keyring
 from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._codec import ValueCodec
 from kernel._context import WorkflowContext
@@ -46,6 +46,7 @@ from kernel._errors import (
     StateWriteRejectedError,
     StepLogError,
     StoreConfigError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -136,6 +137,7 @@ __all__ = [
     "DEFAULT_STORE_ENV",
     "EVENT_TYPES",
     "FRAMEWORK_EVENT_TYPES",
+    "FROM_ENV",
     "KEYS_ENV",
     "MAX_ID_BYTES",
     "MAX_KEY_BYTES",
@@ -220,6 +222,7 @@ __all__ = [
     "StateWriteRejectedError",
     "StepLogError",
     "StoreConfigError",
+    "StoreDamagedError",
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",

@@ -59,7 +59,8 @@ _UNSET: Any = object()
 class WorkflowBuilder:
     """Builds a ``Workflow``.
 
-    ``store`` defaults to ``open_store()`` (``$STEPLOG_STORE``, else memory); ``instance_id`` to a
+    ``store`` defaults to ``open_store()`` (``$STEPLOG_STORE``, else memory; with the keys of
+    ``$STEPLOG_KEYS``, as every ``open_store`` without ``keyring=``); ``instance_id`` to a
     fresh id (exposed as ``workflow.instance_id``); ``clock`` and ``id_factory`` to the system
     clock and random ids. ``durability="superstep"`` appends each superstep in one atomic batch
     with its marker; ``"write"`` appends every event as it happens. ``sensitive_keys`` are state

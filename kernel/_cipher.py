@@ -16,17 +16,23 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, TypeAlias
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kernel._errors import LogIntegrityError, MissingKeyError, StoreConfigError
 
-__all__ = ["KEYS_ENV", "MAGIC", "Keyring", "is_sealed"]
+__all__ = ["FROM_ENV", "KEYS_ENV", "MAGIC", "Keyring", "KeyringChoice", "is_sealed", "keyring_from"]
 
 KEYS_ENV = "STEPLOG_KEYS"
-"""The environment variable the CLI reads keys from: base64 keys separated by commas, the first
-the one that encrypts (``Keyring.from_text``)."""
+"""The environment variable keys are read from (by ``open_store`` and the CLI): base64 keys
+separated by commas, whitespace or line breaks, the first the one that encrypts
+(``Keyring.from_text``)."""
+
+FROM_ENV: Literal["env"] = "env"
+"""``open_store``'s default ``keyring``: the keys in ``$STEPLOG_KEYS`` (none when it is unset or
+empty). ``keyring=None`` opts out: a store in plain text, asked for explicitly."""
 
 MAGIC = b"\x00SL1"
 """How a sealed value begins; no JSON document begins with a NUL byte."""
@@ -89,13 +95,21 @@ class Keyring:
 
     @classmethod
     def from_text(cls, text: str) -> Keyring:
-        """The keyring of ``text``: base64 keys separated by commas, the first one sealing. A
-        malformed key is a ``StoreConfigError`` that names its place, never its value."""
+        """The keyring of ``text``: base64 keys separated by commas, whitespace or line breaks
+        (one key per line is fine), the first one sealing. Each key must be whole base64 text
+        (``generate``'s 44 characters): a part that is not, one with anything after its padding,
+        or an empty part between two commas is a ``StoreConfigError`` that names the key's place
+        (its number), never its text; no key is ever dropped."""
         keys = []
-        for n, part in enumerate(text.split(","), start=1):
-            part = part.strip()
+        parts = text.split(",")
+        for n, part in enumerate(_key_texts(parts), start=1):
+            if not part:
+                raise StoreConfigError(
+                    f"key {n} of the keyring is empty (two commas in a row, or a comma at an "
+                    "end); separate keys by one comma, a space or a line break"
+                )
             try:
-                keys.append(base64.urlsafe_b64decode(part.encode("ascii")))
+                keys.append(base64.b64decode(part.encode("ascii"), altchars=b"-_", validate=True))
             except (binascii.Error, ValueError, UnicodeEncodeError):
                 raise StoreConfigError(
                     f"key {n} of the keyring is not base64 text; make one with Keyring.generate()"
@@ -162,6 +176,32 @@ class Keyring:
 
     def __repr__(self) -> str:
         return f"Keyring({', '.join(self.fingerprints)})"
+
+
+KeyringChoice: TypeAlias = "Keyring | Literal['env'] | None"
+"""What ``open_store(keyring=...)`` takes: a ``Keyring``, ``FROM_ENV`` or ``None``."""
+
+
+def keyring_from(choice: KeyringChoice, environ: Mapping[str, str]) -> Keyring | None:
+    """The keyring a store is opened with, by the one rule of where keys come from: the
+    ``Keyring`` given; ``FROM_ENV`` (``open_store``'s default, so also the builder's default
+    store and the CLI's): the keys in ``environ[KEYS_ENV]``, none when it is unset or empty;
+    ``None``: no keys, the explicit opt-out. Anything else is a ``StoreConfigError``, and so is
+    text in ``KEYS_ENV`` that is not keys (``Keyring.from_text``)."""
+    if isinstance(choice, Keyring) or choice is None:
+        return choice
+    if choice == FROM_ENV:
+        return Keyring.from_env(environ)
+    shown = type(choice).__name__
+    raise StoreConfigError(
+        f"keyring must be a kernel.Keyring, kernel.FROM_ENV or None, not {shown}"
+    )
+
+
+def _key_texts(parts: Sequence[str]) -> list[str]:
+    """The keys of ``parts`` (``text`` cut at its commas), each part cut again at whitespace;
+    a part with nothing in it stays, empty, for ``from_text`` to refuse."""
+    return [key for part in parts for key in (part.split() or [""])]
 
 
 def sealed_without_key(where: str, sealed: bytes) -> MissingKeyError:

@@ -23,7 +23,8 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     ├── StoreError                   anything the event store could not do
     │   ├── StoreConfigError         a store URL or option that is wrong
     │   ├── StoreUnavailableError    a server that cannot be reached, a file that cannot be opened
-    │   │   └── StoreNotFoundError   a store that does not exist (opened with create=False)
+    │   │   ├── StoreNotFoundError   a store that does not exist (opened with create=False)
+    │   │   └── StoreDamagedError    a database file that is damaged (not retried)
     │   ├── InvalidBatchError        an append whose events do not fit its stream and version
     │   ├── ConcurrencyConflictError an append whose expected version was not the stream's version
     │   ├── DecodeError              a stored event that cannot be read back
@@ -72,6 +73,7 @@ __all__ = [
     "StateWriteRejectedError",
     "StepLogError",
     "StoreConfigError",
+    "StoreDamagedError",
     "StoreError",
     "StoreNotFoundError",
     "StoreUnavailableError",
@@ -288,6 +290,36 @@ class StoreNotFoundError(StoreUnavailableError):
     """The store does not exist and was not created: no file, tables or schema, opened with
     ``create=False``; or a PostgreSQL database that does not exist (steplog creates schemas,
     never databases). Nothing was created."""
+
+
+class StoreDamagedError(StoreUnavailableError):
+    """The store's database is damaged: a file that is not a SQLite database, or whose pages are
+    malformed (SQLite's ``SQLITE_NOTADB``, ``SQLITE_CORRUPT``), or data PostgreSQL reports
+    corrupted (SQLSTATE ``XX001``, ``XX002``). Waiting does not help, so nothing retries it
+    (``steplog project --follow`` stops with it); restore the store from a backup. The message
+    names the file (or the database). ``detects`` is the one rule that tells such an error."""
+
+    SQLITE_CODES = frozenset({11, 26})
+    """SQLite's primary result codes of damage: ``SQLITE_CORRUPT``, ``SQLITE_NOTADB``."""
+    SQLSTATES = frozenset({"XX001", "XX002"})
+    """PostgreSQL's SQLSTATEs of damage: ``data_corrupted``, ``index_corrupted``."""
+
+    @classmethod
+    def detects(cls, error: BaseException) -> bool:
+        """Whether ``error``, or an error it was raised from, is a driver's report of a damaged
+        database: by its SQLite result code (extended codes keep the primary one in the low byte)
+        or its PostgreSQL SQLSTATE, never by its message text."""
+        seen: BaseException | None = error
+        for _ in range(8):  # a cause chain is short; never loop on a cycle
+            if seen is None:
+                return False
+            code = getattr(seen, "sqlite_errorcode", None)
+            if isinstance(code, int) and code & 0xFF in cls.SQLITE_CODES:
+                return True
+            if getattr(seen, "sqlstate", None) in cls.SQLSTATES:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
 
 class InvalidBatchError(StoreError, ValueError):

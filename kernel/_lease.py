@@ -161,6 +161,17 @@ class LeaseKeeper:
         """One attempt at ``acquire``, without waiting: the same answers, at once."""
         current = self.store.read_lease(self.instance_id)
         now = self._clock()
+        if current is not None and self._stranded(current):
+            lease = self.store.acquire_lease(
+                self.instance_id, self.holder, ttl=self.ttl, now=now, replace=current
+            )
+            if lease is not None:
+                self.store.stranded_leases.pop(self.instance_id, None)
+                _log.info(
+                    "took back the lease on %r that %s could not release", self.instance_id,
+                    current.holder,
+                )  # fmt: skip
+                return self._took(lease, None)  # not a crash: that run ended in this process
         if current is None or current.holder == self.holder:
             lease = self.store.acquire_lease(self.instance_id, self.holder, ttl=self.ttl, now=now)
             if lease is not None:
@@ -172,6 +183,11 @@ class LeaseKeeper:
             if lease is not None:
                 return self._took(lease, current)
         raise self._in_progress(self.store.read_lease(self.instance_id) or current)
+
+    def _stranded(self, current: Lease) -> bool:
+        """Whether ``current`` is a lease a keeper of this store could not give back (its run
+        has ended in this process; ``EventStore.stranded_leases``)."""
+        return self.store.stranded_leases.get(self.instance_id) == current.holder
 
     def _may_take_over(self, current: Lease, now: datetime) -> bool:
         if current.expired(now):
@@ -262,11 +278,17 @@ class LeaseKeeper:
         try:
             self.store.release_lease(self.instance_id, self.holder)
         except StoreError as error:
+            # Stranded: the next keeper of this store takes it back rather than wait out its ttl.
+            self.store.stranded_leases[self.instance_id] = self.holder
             _log.warning(
-                "could not release the lease on %r (it expires by itself): %s",
+                "could not release the lease on %r (this process takes it back on its next run; "
+                "other processes wait for it to expire): %s",
                 self.instance_id,
                 error,
             )
+        else:
+            if self.store.stranded_leases.get(self.instance_id) == self.holder:
+                del self.store.stranded_leases[self.instance_id]
 
     async def release(self) -> None:
         """Stop the heartbeat and give the lease back (only if still ours). Never raises a

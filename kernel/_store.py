@@ -44,7 +44,7 @@ from kernel._chain import (
     link_problem,
     tail_problem,
 )
-from kernel._cipher import KEYS_ENV, Keyring, is_sealed
+from kernel._cipher import FROM_ENV, KEYS_ENV, Keyring, KeyringChoice, is_sealed, keyring_from
 from kernel._codec import ValueCodec
 from kernel._errors import (
     ConcurrencyConflictError,
@@ -229,6 +229,11 @@ class EventStore(ABC):
         """The global scan the last ``read_all`` page ended (see ``read_all``)."""
         self.chain_problems: list[ChainProblem] = []
         """What reads found wrong with the chain, when opened with ``allow_broken_chain``."""
+        self.stranded_leases: dict[str, str] = {}
+        """Leases that a keeper of this store could not give back (a store error at release, such
+        as a full disk): instance id -> holder. Such a lease belongs to a run of this process
+        that has ended, so the next keeper here takes it over at once (``LeaseKeeper``) instead
+        of refusing itself with ``RunInProgressError`` until the lease expires."""
 
     def _configure(
         self, *, keyring: Keyring | None, allow_broken_chain: bool, create: bool
@@ -416,6 +421,15 @@ class EventStore(ABC):
         """The keys this store seals and opens rows with (None: rows are plain JSON). Views
         that keep copies of values in the same database seal them with it too."""
         return self._mapper.keyring
+
+    def holds_plain_rows(self) -> bool:
+        """Whether this store holds rows in plain text, told cheaply, by its first row (no
+        scan): a store never written with a key holds only plain rows, and one that got its
+        first key late holds its plain rows first (``rekey`` seals them). An empty store holds
+        none."""
+        with self._translated("read the first row"):
+            first = self._select_rows(0, 1, None)
+        return bool(first) and not is_sealed(bytes(first[0][4]))
 
     def _newer_schema(self, stamped: object) -> bool:
         """Whether the schema version stamped in the store's meta table is newer than this
@@ -1378,7 +1392,7 @@ def open_store(
     url: str | None = None,
     *,
     create: bool = True,
-    keyring: Keyring | None = None,
+    keyring: KeyringChoice = FROM_ENV,
     allow_broken_chain: bool = False,
     **options: Any,
 ) -> EventStore:
@@ -1404,24 +1418,26 @@ def open_store(
     show it as ``***`` (the user name is kept).
 
     With a ``keyring`` (``Keyring``), rows are written encrypted and read back with its keys; a
-    store once written with a key refuses writers without one. Every read checks the hash chain
-    and raises ``LogIntegrityError`` at the first event that does not match its hash or row that
-    does not link up; ``allow_broken_chain=True`` reads such a log anyway, noting each problem in
-    ``store.chain_problems`` for the reader to show.
+    store once written with a key refuses writers without one. By default (``kernel.FROM_ENV``)
+    the keys are those in ``$STEPLOG_KEYS``, so that a program opening its store by URL encrypts
+    as the CLI and the builder's default store do; ``keyring=None`` opens it without keys, even
+    when ``$STEPLOG_KEYS`` is set (``kernel._cipher.keyring_from`` is the rule). Every read
+    checks the hash chain and raises ``LogIntegrityError`` at the first event that does not match
+    its hash or row that does not link up; ``allow_broken_chain=True`` reads such a log anyway,
+    noting each problem in ``store.chain_problems`` for the reader to show.
 
-    Raises ``StoreConfigError`` for a URL that is wrong or malformed (naming what is wrong),
-    ``StoreUnavailableError`` when the
-    database cannot be reached or opened, ``StoreNotFoundError`` (one of those) when it does not
-    exist and ``create`` is false, and ``SchemaVersionError`` when it was written by a newer
-    steplog.
+    Raises ``StoreConfigError`` for a URL that is wrong or malformed (naming what is wrong), or
+    keys that are not keys, ``StoreUnavailableError`` when the database cannot be reached or
+    opened (``StoreDamagedError``, one of those, when its file is damaged; ``StoreNotFoundError``,
+    another, when it does not exist and ``create`` is false), and ``SchemaVersionError`` when it
+    was written by a newer steplog.
     """
     if url is None:
         url = os.environ.get(DEFAULT_STORE_ENV) or "memory://"
     if not isinstance(url, str) or not url.strip():
         shown = mask_url(url) if isinstance(url, str) else url
         raise StoreConfigError(f"a store URL must be a non-empty string, got {shown!r}")
-    if keyring is not None and not isinstance(keyring, Keyring):
-        raise StoreConfigError(f"keyring must be a kernel.Keyring, not {type(keyring).__name__}")
+    keys = keyring_from(keyring, os.environ)
     scheme = split_url(url).scheme.lower()
     store: EventStore
     if scheme == "memory":
@@ -1439,7 +1455,7 @@ def open_store(
     else:
         raise _unknown_scheme(scheme, url)
     try:
-        store._configure(keyring=keyring, allow_broken_chain=allow_broken_chain, create=create)
+        store._configure(keyring=keys, allow_broken_chain=allow_broken_chain, create=create)
     except BaseException:
         store.close()
         raise

@@ -33,6 +33,7 @@ from kernel._errors import (
     ConcurrencyConflictError,
     SchemaVersionError,
     StoreConfigError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -952,6 +953,11 @@ class PostgresStore(EventStore):
             return StoreUnavailableError, f"no connection within the timeout; {_SERVER}"
         cause = driver_error(error, psycopg.Error)
         state = getattr(cause, "sqlstate", None)
+        if cause is not None and StoreDamagedError.detects(cause):
+            return StoreDamagedError, (
+                f"PostgreSQL reports the data of {self.url} damaged; waiting will not help: "
+                "restore it from a backup"
+            )
         if not isinstance(state, str):
             return kind, _SERVER if kind is StoreUnavailableError else ""
         return _SQLSTATE_HINTS.get(state) or _SQLSTATE_HINTS.get(state[:2]) or (kind, "")

@@ -27,6 +27,7 @@ from kernel._errors import (
     DecodeError,
     SchemaVersionError,
     StoreConfigError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -54,8 +55,8 @@ Row = Sequence[Any]
 """A row of the global log (a ``sqlite3.Row``): rowid, instance id, position, topic, state."""
 
 # Primary result codes (https://sqlite.org/rescode.html); extended codes keep them in the low byte.
-_SQLITE_ERROR, _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = (
-    1, 3, 5, 6, 8, 10, 11, 13, 14, 26,
+_SQLITE_ERROR, _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _FULL, _CANTOPEN = (
+    1, 3, 5, 6, 8, 10, 13, 14,
 )  # fmt: skip
 _NOT_WRITABLE = "check that the file and its directory exist and are writable by this user"
 _HINTS: dict[int, str] = {
@@ -583,8 +584,12 @@ class SQLiteStore(EventStore):
         primary = code & 0xFF
         if primary == _SQLITE_ERROR:  # a statement failed ("no such table"): the file is there
             return StoreError, ""
-        if primary in (_NOTADB, _CORRUPT):
-            return StoreUnavailableError, f"{self.path} is not a readable SQLite database"
+        if cause is not None and StoreDamagedError.detects(cause):
+            return StoreDamagedError, (
+                f"the file {self.path} is damaged: it is not a SQLite database, or its pages are "
+                "malformed; nothing was changed, and waiting will not help: restore it from a "
+                "backup (sqlite3's .recover may save what is left)"
+            )
         if primary == _READONLY and self.read_only:
             return StoreUnavailableError, (
                 "the store was opened read-only (?mode=ro, or the file or its directory is not "
@@ -683,10 +688,9 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
 def _read_only_uri(path: Path) -> str:
     """A URI that opens ``path`` read-only, changing nothing in it.
 
-    ``mode=ro`` when SQLite can read the file so; when it cannot (a WAL-mode file whose directory
-    this user cannot write: SQLite needs a ``-shm`` file beside it to read the write-ahead log),
-    ``mode=ro&immutable=1``, which reads the file alone, as a snapshot: a store can then be read
-    while no process writes it (a backup, an archive, a read-only mount)."""
+    ``mode=ro`` when SQLite can read the file so; when it cannot because it cannot make the
+    ``-shm`` file it needs to read a WAL-mode file (a directory this user cannot write, or a
+    read-only mount), ``mode=ro&immutable=1``, which reads the file alone (``_open_read_only``)."""
     try:
         db, uri = _open_read_only(path)
     except sqlite3.Error:
@@ -696,15 +700,34 @@ def _read_only_uri(path: Path) -> str:
 
 
 def _open_read_only(path: Path) -> tuple[sqlite3.Connection, str]:
-    """A read-only connection to ``path``, and the URI it was opened with."""
+    """A read-only connection to ``path``, and the URI it was opened with.
+
+    ``mode=ro`` first. SQLite reads a WAL-mode file through its ``-shm`` file; where it cannot
+    create it (a read-only directory: ``SQLITE_READONLY``; a read-only mount: ``SQLITE_CANTOPEN``)
+    the file is opened with ``immutable=1``: read alone, as a snapshot, with no lock and no
+    ``-shm``. That is safe because no writer can be active: a writer needs the ``-wal`` and
+    ``-shm`` files, which do not exist and cannot be made there. A ``-wal`` file that holds
+    commits (a store copied or mounted while a writer had it open) would be ignored by
+    ``immutable=1``, so it is refused with ``StoreUnavailableError`` rather than read without
+    them."""
     uri = f"{path.resolve().as_uri()}?mode=ro"
     db = sqlite3.connect(uri, uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.OperationalError as error:
         db.close()
-        if (getattr(error, "sqlite_errorcode", 0) & 0xFF) != _READONLY:
+        if (getattr(error, "sqlite_errorcode", 0) & 0xFF) not in (_READONLY, _CANTOPEN):
             raise
+        if not os.access(path, os.R_OK):
+            raise
+        wal = path.with_name(f"{path.name}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreUnavailableError(
+                f"SQLite store {path} cannot be read here: its write-ahead log {wal.name} holds "
+                "commits, which SQLite reads only through a -shm file that cannot be created in "
+                "this read-only directory or mount; open it once where it is writable (that "
+                "folds the log into the file), or copy the files to such a place"
+            ) from None
         uri += "&immutable=1"
         return sqlite3.connect(uri, uri=True), uri
     except BaseException:

@@ -20,8 +20,9 @@ transaction that moves the position; a failure anywhere rolls all of it back.
 
 Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
 serialization failure, deadlock, lock not available) and a lost connection become
-``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); any other driver error
-becomes ``ProjectionError``.
+``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); a damaged database
+(``StoreDamagedError.detects``, the kernel's own rule) becomes ``StoreDamagedError``, which
+nothing retries; any other driver error becomes ``ProjectionError``.
 
 Locks (``lock``): on SQLite a lock file beside the database (``<file>.<name>.lock``, taken with
 ``filelock``; the OS releases it when the process dies); on PostgreSQL a session advisory lock
@@ -49,7 +50,14 @@ from tenacity import (
 )
 
 import kernel
-from kernel import EventStore, Keyring, ProjectionError, StepLogError, StoreUnavailableError
+from kernel import (
+    EventStore,
+    Keyring,
+    ProjectionError,
+    StepLogError,
+    StoreDamagedError,
+    StoreUnavailableError,
+)
 from projections._backends import (
     POSITIONS_TABLE,
     Json,
@@ -80,6 +88,10 @@ _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 """SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
 _PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
 """PostgreSQL SQLSTATEs of contention: serialization failure, deadlock, lock not available."""
+_DAMAGED_HINT = (
+    "the database is damaged (its file is not a database, or its pages or data are malformed); "
+    "waiting will not help: restore it from a backup"
+)
 _CONTENTION_HINT = (
     "another process held a lock on the database for longer than this process waits; "
     "retry (a follower retries by itself), or raise the store's lock_timeout"
@@ -240,6 +252,10 @@ class _SQLBackend(ViewBackend):
             if not self._is_driver_error(error):
                 raise
             text = " ".join(str(error).split())
+            if StoreDamagedError.detects(error):
+                raise StoreDamagedError(
+                    f"cannot {action} in {self._url}: {text}; {_DAMAGED_HINT}"
+                ) from error
             if self._is_contention(error):
                 raise StoreUnavailableError(
                     f"cannot {action} in {self._url}: {text}; {_CONTENTION_HINT}"

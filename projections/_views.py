@@ -20,7 +20,8 @@ scratch table) for as long as it uses it, shared by every process on the databas
 Catch-ups need no such lock (their claims keep them exactly-once). A follower never stops for
 contention: when the database stays locked past its busy timeout, or the server cannot be reached
 (``StoreUnavailableError``), ``follow`` waits, with exponential backoff and jitter (tenacity), and
-tries again until it is stopped; any other error stops it.
+tries again until it is stopped; any other error stops it, a missing or damaged store
+(``StoreNotFoundError``, ``StoreDamagedError``) included.
 
 Example::
 
@@ -51,6 +52,7 @@ from kernel import (
     EventStore,
     ProjectionError,
     Recorded,
+    StoreDamagedError,
     StoreNotFoundError,
     StoreUnavailableError,
     open_store,
@@ -393,5 +395,8 @@ def run_follower(
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error`` is worth waiting out: contention or a lost server, not a missing store."""
-    return isinstance(error, StoreUnavailableError) and not isinstance(error, StoreNotFoundError)
+    """Whether ``error`` is worth waiting out: contention or a lost server, not a missing or
+    damaged store."""
+    return isinstance(error, StoreUnavailableError) and not isinstance(
+        error, StoreNotFoundError | StoreDamagedError
+    )

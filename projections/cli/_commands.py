@@ -120,6 +120,7 @@ from projections.cli._keys import (
     keygen,
     keyring_of,
     rekey_command,
+    warn_if_plain,
 )
 from projections.cli._logstream import stream_log
 from projections.cli._points import UsageError, point_in
@@ -395,6 +396,8 @@ def _run(args: argparse.Namespace) -> int:
             allow_broken_chain=args.allow_broken_chain,
             keyring=keyring_of(args),
         ) as store:
+            if args.command != "rekey":  # which seals the plain rows it would warn about
+                warn_if_plain(store)
             if args.command in _NAMES_AN_INSTANCE and getattr(args, "instance", None) is not None:
                 args.instance = instance_id(store, args.instance)
             code = COMMANDS[args.command](store, args, console)

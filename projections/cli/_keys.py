@@ -1,27 +1,42 @@
 """The CLI's keys: where commands find them, ``steplog keygen`` and ``steplog rekey``.
 
 Every command opens the store with the keys in ``--keys-file FILE`` (a file holding the same
-text as ``STEPLOG_KEYS``: base64 keys separated by commas or lines, the sealing one first), else
-in ``$STEPLOG_KEYS``, else none. There is no option that takes a key itself: a command line is
-visible to every user of the machine (``ps``), a file readable only by its owner is not.
+text as ``STEPLOG_KEYS``: base64 keys separated by commas, spaces or lines, the sealing one
+first; ``Keyring.from_text`` reads both), else in ``$STEPLOG_KEYS``, else none. There is no
+option that takes a key itself: a command line is visible to every user of the machine (``ps``),
+a file readable only by its owner is not.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from rich.console import Console
 
-from kernel import KEYS_ENV, EventStore, Keyring, StoreConfigError, compact_store, rekey
+from kernel import (
+    FROM_ENV,
+    KEYS_ENV,
+    EventStore,
+    Keyring,
+    StoreConfigError,
+    compact_store,
+    rekey,
+)
 from projections._docseal import reseal_views
 from projections._sqlbackends import backend_for
 
-__all__ = ["add_key_commands", "add_keys_option", "keygen", "keyring_of", "rekey_command"]
+__all__ = [
+    "add_key_commands",
+    "add_keys_option",
+    "keygen",
+    "keyring_of",
+    "rekey_command",
+    "warn_if_plain",
+]
 
 
 def add_keys_option(parser: argparse.ArgumentParser) -> None:
@@ -54,14 +69,14 @@ def add_key_commands(commands: Any) -> None:
     )
 
 
-def keyring_of(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Keyring | None:
-    """The keys ``--keys-file`` or ``$STEPLOG_KEYS`` give; None when neither does. A file that
-    cannot be read, or text that is not keys, is a ``StoreConfigError`` that shows neither the
-    text nor the file's name (which could be a key typed in its place)."""
-    environ = dict(os.environ) if environ is None else environ
+def keyring_of(args: argparse.Namespace) -> Keyring | Literal["env"]:
+    """The keys ``--keys-file`` gives; without it ``FROM_ENV``, for ``open_store`` to take the
+    keys of ``$STEPLOG_KEYS`` by its own rule. A file that cannot be read, or text that is not
+    keys, is a ``StoreConfigError`` that shows neither the text nor the file's name (which could
+    be a key typed in its place)."""
     path = getattr(args, "keys_file", None)
     if path is None:
-        return Keyring.from_env(environ)
+        return FROM_ENV
     try:
         text = Path(path).read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as error:
@@ -69,10 +84,24 @@ def keyring_of(args: argparse.Namespace, environ: dict[str, str] | None = None) 
         raise StoreConfigError(
             f"cannot read the keys file given with --keys-file: {reason or error}"
         ) from None
-    keys = ",".join(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
-    if not keys:
+    if not text.strip():
         raise StoreConfigError("the keys file given with --keys-file holds no key")
-    return Keyring.from_text(keys)
+    return Keyring.from_text(text)
+
+
+def warn_if_plain(store: EventStore) -> None:
+    """One line on standard error when keys were given for a store that holds rows in plain
+    text (never encrypted, or written before its first key): the keys protect nothing there, and
+    a wrong key would otherwise pass unnoticed. Cheap: the store's mark and its first row."""
+    if store.keyring is None or not store.holds_plain_rows():
+        return
+    Console(stderr=True, highlight=False).print(
+        f"WARNING: keys were given, but {store.url} holds rows in plain text (it was never "
+        "encrypted, or they were written before its first key): the keys protect nothing there; "
+        "'steplog rekey' seals them",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def keygen(console: Console, *, as_json: bool = False) -> int:

@@ -151,3 +151,100 @@ def test_rekey_without_keys_is_refused(sqlite_url, no_keys, capsys):
         run_workflows(store)
     assert main(["--store", sqlite_url, "rekey"]) == EXIT_BAD_INPUT
     assert "rekey needs the keys" in capsys.readouterr().err
+
+
+# -- STEPLOG_KEYS is parsed whole (issue 21) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("separator", ["\n", " ", ", ", "\t", "\r\n"])
+def test_every_key_of_steplog_keys_is_kept_whatever_separates_them(
+    sqlite_url, no_keys, monkeypatch, capsys, separator
+):
+    """Keys separated by a line break or a space were read as the first key alone (base64
+    decoding stopped at its padding), so rows sealed with the second one did not open."""
+    new, old = Keyring.generate(), Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(old)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, f"{new}{separator}{old}\n")
+    assert main(["--store", sqlite_url, "state", "orders-1", "--json", "--reveal"]) == 0
+    assert json.loads(capsys.readouterr().out)["card"] == SECRET
+    assert Keyring.from_text(f"{new}{separator}{old}").fingerprints == [fp(new), fp(old)]
+
+
+@pytest.mark.parametrize(
+    ("text", "place"),
+    [
+        ("{key}garbage", "key 1 of the keyring is not base64"),
+        ("{key}=", "key 1 of the keyring is not base64"),
+        ("{key},{key}xyz", "key 2 of the keyring is not base64"),
+        ("{key},,{key}", "key 2 of the keyring is empty"),
+        ("{key},", "key 2 of the keyring is empty"),
+        ("{key}\n{key}#comment", "key 2 of the keyring is not base64"),
+    ],
+)
+def test_steplog_keys_with_anything_unparseable_is_refused_naming_its_place(
+    sqlite_url, no_keys, monkeypatch, capsys, text, place
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, text.format(key=key))
+    assert main(["--store", sqlite_url, "instances"]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert place in captured.err
+    assert key not in captured.err
+    assert "garbage" not in captured.err
+    assert "xyz" not in captured.err
+
+
+# -- keys given for a store in plain text are warned about (issue 21) ---------------------------
+
+PLAIN_WARNING = "WARNING: keys were given, but"
+
+
+@pytest.mark.parametrize("command", [["instances"], ["log", "orders-1", "--json"], ["project"]])
+def test_keys_given_for_a_plain_store_are_warned_about_on_one_line(
+    durable_store_url, no_keys, monkeypatch, capsys, command
+):
+    """A wrong key on a store that was never encrypted used to pass without a word: the reader
+    believed the store sealed."""
+    with open_store(durable_store_url, keyring=None) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, Keyring.generate())
+    assert main(["--store", durable_store_url, *command]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if PLAIN_WARNING in line]
+    assert len(warnings) == 1, captured.err
+    assert "holds rows in plain text" in warnings[0]
+    assert "'steplog rekey' seals them" in warnings[0]
+    assert PLAIN_WARNING not in captured.out  # stdout stays the command's (one JSON document)
+
+
+def test_keys_given_for_an_encrypted_or_empty_store_give_no_warning(
+    sqlite_url, tmp_path, no_keys, monkeypatch, capsys
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    monkeypatch.setenv(KEYS_ENV, key)
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["--store", empty, "project"]) == 0
+    assert PLAIN_WARNING not in capsys.readouterr().err
+
+
+def test_a_store_that_got_its_key_late_is_warned_about_until_rekeyed(
+    sqlite_url, no_keys, monkeypatch, capsys
+):
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=None) as store:
+        run_workflows(store, "early")
+    with open_store(sqlite_url, keyring=ring(key)) as store:  # marks the store encrypted
+        run_workflows(store, "late")
+    monkeypatch.setenv(KEYS_ENV, key)
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    assert PLAIN_WARNING in capsys.readouterr().err
+    assert main(["--store", sqlite_url, "rekey"]) == 0
+    capsys.readouterr()
+    assert main(["--store", sqlite_url, "instances"]) == 0
+    assert PLAIN_WARNING not in capsys.readouterr().err

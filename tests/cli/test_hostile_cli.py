@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
+import shutil
 import sqlite3
+import subprocess
 import sys
 from contextlib import closing, redirect_stdout
 from pathlib import Path
@@ -271,6 +274,117 @@ def test_every_reading_command_works_on_a_read_only_store(tmp_path: Path, locked
     assert status in (EXIT_BAD_INPUT, EXIT_STORE)
     assert "readonly" in one_line_complaint(err) or "read-only" in err
     assert (directory / "s.db").read_bytes() == before
+
+
+_MOUNT_READ_ONLY = (
+    'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 97; shift; exec "$@"'
+)
+
+
+def in_a_read_only_mount(directory: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run Python with ``args`` in a child that sees ``directory`` as a read-only mount (a bind
+    mount remounted read-only, in a mount namespace of its own: the test's files are untouched,
+    and not even root can write there). Skips where mount namespaces cannot be made."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) to make a read-only mount")
+    as_user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    done = subprocess.run(
+        [unshare, *as_user, "--mount", "--propagation", "private", "sh", "-c", _MOUNT_READ_ONLY,
+         "sh", str(directory), sys.executable, *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if done.returncode == 97 or (done.returncode != 0 and "unshare:" in done.stderr):
+        pytest.skip(f"cannot make a read-only mount here: {done.stderr.strip()}")
+    return done
+
+
+def test_every_reading_command_works_on_a_read_only_mount(tmp_path: Path) -> None:
+    """On a read-only file system SQLite cannot create the ``-shm`` file it reads a WAL-mode
+    file through (``SQLITE_CANTOPEN``): every reading command failed with exit status 3."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    url = logged(directory / "s.db")
+    with open_store(url) as store:
+        run = store.read(INSTANCE, upto=1)[0].run_id
+    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    commands = [["--store", url, *command] for command in [*READING, *by_run]]
+    expected = run_all(commands, child=False)
+    assert [status for status, _, _ in expected] == [0] * len(commands)
+    before = sorted(p.name for p in directory.iterdir())
+    done = in_a_read_only_mount(directory, ["-c", _RUN_ALL, orjson.dumps(commands).decode()])
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout) == expected
+    writing = [["--store", url, "project"]]
+    done = in_a_read_only_mount(directory, ["-c", _RUN_ALL, orjson.dumps(writing).decode()])
+    ((status, _, err),) = orjson.loads(done.stdout)
+    assert status == EXIT_STORE
+    assert "steplog:" in err
+    assert sorted(p.name for p in directory.iterdir()) == before
+
+
+def test_a_read_only_mount_with_commits_in_its_wal_is_refused_not_read_without_them(
+    tmp_path: Path,
+) -> None:
+    """Read alone (``immutable=1``), a file whose ``-wal`` holds commits would show the log
+    without them: it is refused, naming the write-ahead log."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    logged(directory / "s.db")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    with closing(sqlite3.connect(directory / "s.db")) as db:
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        db.execute("CREATE TABLE steplog_later (x)")
+        db.commit()
+        for name in ("s.db", "s.db-wal"):  # a copy taken while the writer had the file open
+            shutil.copyfile(directory / name, copy / name)
+    assert (copy / "s.db-wal").stat().st_size > 0
+    commands = [["--store", f"sqlite:///{copy}/s.db", "instances"]]
+    done = in_a_read_only_mount(copy, ["-c", _RUN_ALL, orjson.dumps(commands).decode()])
+    assert done.returncode == 0, done.stderr
+    ((status, out, err),) = orjson.loads(done.stdout)
+    assert status == EXIT_STORE
+    assert out == ""
+    assert "write-ahead log s.db-wal holds commits" in one_line_complaint(err)
+
+
+# -- a damaged file -----------------------------------------------------------------------------
+
+
+def damage_table(path: Path, table: str) -> None:
+    """Overwrite every page of ``table`` in the SQLite file at ``path`` with bytes that are no
+    b-tree page (SQLite then reports ``SQLITE_CORRUPT``); the rest of the file is left as it is,
+    so the store still opens."""
+    with closing(sqlite3.connect(path)) as db:
+        try:
+            pages = [row[0] for row in db.execute("SELECT pageno FROM dbstat WHERE name = ?",
+                                                  (table,))]  # fmt: skip
+        except sqlite3.OperationalError as error:
+            pytest.skip(f"this SQLite has no dbstat table to find the pages of a table: {error}")
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    assert pages
+    with path.open("r+b") as file:
+        for page in pages:
+            file.seek((page - 1) * size)
+            file.write(b"\xff" * size)
+
+
+def test_project_follow_stops_on_a_damaged_file_instead_of_retrying_it(tmp_path: Path) -> None:
+    """A structurally corrupt file was "unavailable", so ``project --follow`` retried it
+    forever; it stops at once, saying that the file is damaged."""
+    path = tmp_path / "s.db"
+    url = logged(path)
+    damage_table(path, "steplog_events")
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from projections.cli import main; sys.exit(main())",
+         "--store", url, "project", "--follow"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == EXIT_STORE, done.stderr
+    complaint = one_line_complaint(done.stderr)
+    assert f"the file {path} is damaged" in complaint
+    assert "retrying" not in done.stderr
 
 
 # -- big values -------------------------------------------------------------------------------

@@ -214,3 +214,36 @@ def test_a_projector_process_killed_mid_page_loses_nothing(durable_store_url):
         for instance_id, events in logs.items():
             assert projector.blame(instance_id) == fold_blame(events)
         assert projector.verify("blame").ok
+
+
+def test_follow_stops_on_a_damaged_view_table_naming_the_damage(tmp_path):
+    """A corrupt page of a view table (SQLITE_CORRUPT) is damage, told by the kernel's rule
+    (``StoreDamagedError.detects``): ``follow`` stops with ``StoreDamagedError`` rather than a
+    bare ``ProjectionError``, and never waits it out."""
+    from kernel import StoreDamagedError
+    from tests.cli.test_hostile_cli import damage_table, logged
+
+    path = tmp_path / "s.db"
+    url = logged(path)
+    with open_store(url) as store:
+        Projector(store, ["state"]).catch_up()
+        table = next(n for n in backend_tables(store) if n.startswith("steplog_view_state"))
+    damage_table(path, table)
+    logged(path)  # another run: the follower has events to fold into the damaged table
+    retries = []
+    stop = threading.Event()
+    threading.Timer(20, stop.set).start()  # before the fix, follow retried until stopped
+    with open_store(url) as store:
+        projector = Projector(store, ["state"])
+        with pytest.raises(StoreDamagedError, match="the database is damaged"):
+            projector.state("orders-1")
+        with pytest.raises(StoreDamagedError, match="the database is damaged"):
+            projector.follow(stop, on_retry=lambda e, d: retries.append(e))
+    stop.set()
+    assert retries == []
+
+
+def backend_tables(store):
+    with store.datastore.transaction(commit=False) as cursor:
+        cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return [row[0] for row in cursor.fetchall()]

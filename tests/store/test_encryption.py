@@ -17,6 +17,9 @@ import pytest
 from psycopg import sql
 
 from kernel import (
+    DEFAULT_STORE_ENV,
+    FROM_ENV,
+    KEYS_ENV,
     DecodeError,
     EventStore,
     Executor,
@@ -354,3 +357,62 @@ def test_rekey_seals_the_one_event_rows_of_the_first_format(tmp_path):
     with sqlite3.connect(path) as conn:
         states = [bytes(s) for (s,) in conn.execute("SELECT state FROM steplog_events")]
     assert all(s.startswith(b"\x00SL1") for s in states)
+
+
+# -- where keys come from: STEPLOG_KEYS, unless opted out (issue 21) ----------------------------
+
+
+def test_open_store_by_url_alone_takes_the_keys_of_steplog_keys(durable_store_url, monkeypatch):
+    """``open_store(url)`` ignored ``$STEPLOG_KEYS`` and wrote every value in plain text."""
+    key = Keyring.generate()
+    monkeypatch.setenv(KEYS_ENV, key)
+    with open_store(durable_store_url) as store:
+        assert store.keyring is not None
+        assert store.keyring.fingerprints == [fp(key)]
+        run_workflows(store)
+        build_views(store)
+    assert leaks(durable_store_url) == []
+    monkeypatch.delenv(KEYS_ENV)
+    with (
+        open_store(durable_store_url, create=False) as store,  # the rows need the key
+        pytest.raises(DecodeError, match=r"is encrypted.*STEPLOG_KEYS"),
+    ):
+        store.read("orders-1")
+    with open_store(durable_store_url, keyring=ring(key), create=False) as store:
+        assert_reads_back(store)
+
+
+def test_the_builders_default_store_takes_the_keys_of_steplog_keys(sqlite_url, monkeypatch):
+    key = Keyring.generate()
+    monkeypatch.setenv(KEYS_ENV, key)
+    monkeypatch.setenv(DEFAULT_STORE_ENV, sqlite_url)
+    intake = Intake(id="intake")
+    workflow = WorkflowBuilder(start_executor=intake, instance_id="b").add_edge(
+        intake, Charge(id="charge")
+    ).build()
+    asyncio.run(workflow.run({"card": SECRET}))
+    workflow.store.close()
+    assert leaks_in_sqlite(sqlite_url) == []
+
+
+def test_keyring_none_opts_out_of_steplog_keys_explicitly(sqlite_url, monkeypatch):
+    monkeypatch.setenv(KEYS_ENV, Keyring.generate())
+    with open_store(sqlite_url, keyring=None) as store:
+        assert store.keyring is None
+        run_workflows(store)
+    assert leaks_in_sqlite(sqlite_url) != []  # asked for: plain text
+
+
+@pytest.mark.parametrize("choice", ["ENV", "", 0, b"key"])
+def test_a_keyring_that_is_neither_keys_nor_from_env_nor_none_is_refused(choice):
+    with pytest.raises(StoreConfigError, match=r"must be a kernel\.Keyring, kernel\.FROM_ENV"):
+        open_store("memory://", keyring=choice)
+    assert FROM_ENV == "env"
+
+
+def test_malformed_steplog_keys_make_open_store_refuse_naming_the_place(sqlite_url, monkeypatch):
+    key = Keyring.generate()
+    monkeypatch.setenv(KEYS_ENV, f"{key}\n{key}trailing")
+    with pytest.raises(StoreConfigError, match="key 2 of the keyring is not base64") as caught:
+        open_store(sqlite_url)
+    assert key not in str(caught.value)

@@ -34,6 +34,7 @@ from kernel import (
     StateStaged,
     StepLogError,
     StoreConfigError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     StoreUnavailableError,
@@ -138,10 +139,28 @@ def test_a_path_that_is_a_directory_is_unavailable(tmp_path: Path) -> None:
         open_store(f"sqlite:///{tmp_path}/adir")
 
 
-def test_a_file_that_is_not_a_database_is_unavailable(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_database_is_damaged(tmp_path: Path) -> None:
     (tmp_path / "junk.db").write_bytes(b"this is not a SQLite file\n" * 200)
-    with pytest.raises(StoreUnavailableError, match="is not a readable SQLite database"):
+    with pytest.raises(StoreDamagedError, match=r"junk\.db is damaged: it is not"):
         open_store(f"sqlite:///{tmp_path}/junk.db")
+
+
+def test_damage_is_told_by_the_driver_code_for_both_drivers() -> None:
+    """``StoreDamagedError.detects`` is the one rule (the kernel's adapters and the view
+    backends ask it): SQLite's SQLITE_CORRUPT and SQLITE_NOTADB (extended codes too) and
+    PostgreSQL's data_corrupted and index_corrupted, through the causes eventsourcing wraps."""
+    corrupt = sqlite3.DatabaseError("database disk image is malformed")
+    corrupt.sqlite_errorcode = 11 | (1 << 8)  # type: ignore[attr-defined]  # SQLITE_CORRUPT_VTAB
+    wrapped = RuntimeError("wrapped")
+    wrapped.__cause__ = corrupt
+    assert StoreDamagedError.detects(wrapped)
+    assert StoreDamagedError.detects(psycopg.errors.DataCorrupted("x"))
+    assert StoreDamagedError.detects(psycopg.errors.IndexCorrupted("x"))
+    assert not StoreDamagedError.detects(psycopg.errors.SerializationFailure("x"))
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
+    assert not StoreDamagedError.detects(busy)
+    assert issubclass(StoreDamagedError, StoreUnavailableError)
 
 
 def _without_file_permission_override() -> None:  # pragma: no cover - runs in the child
@@ -455,7 +474,7 @@ def coded(code: int, message: str) -> sqlite3.OperationalError:
         pytest.param(coded(8, "database is locked"), "writable by this user", id="readonly-code"),
         pytest.param(coded(5, "attempt to write a readonly database"), "holds the database lock",
                      id="busy-code"),
-        pytest.param(coded(26, "no such thing"), "is not a readable SQLite database",
+        pytest.param(coded(26, "no such thing"), "is damaged: it is not a SQLite database",
                      id="notadb-code"),
         pytest.param(coded(8 | (4 << 8), "moved"), "writable by this user", id="extended-code"),
     ],

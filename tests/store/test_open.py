@@ -8,6 +8,7 @@ row or advisory lock.
 from __future__ import annotations
 
 import inspect
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -24,6 +25,7 @@ from kernel import (
     EventStore,
     MemoryStore,
     StateStaged,
+    StoreDamagedError,
     StoreNotFoundError,
     StoreUnavailableError,
     open_store,
@@ -82,11 +84,11 @@ def test_a_file_without_steplog_tables_is_refused_untouched(tmp_path: Path, make
     assert tree(tmp_path) == before
 
 
-def test_a_file_that_is_not_a_database_is_unavailable_untouched(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_database_is_damaged_untouched(tmp_path: Path) -> None:
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not a SQLite file\n" * 200)
     before = tree(tmp_path)
-    with pytest.raises(StoreUnavailableError, match="is not a readable SQLite database"):
+    with pytest.raises(StoreDamagedError, match=f"the file {re.escape(str(path))} is damaged"):
         open_store(f"sqlite:///{path}", create=False)
     assert tree(tmp_path) == before
 
