@@ -6,7 +6,8 @@ table (the last global position it has folded in) is a row of ``steplog_view_pos
 ``ViewTx`` changes rows and the position in one database transaction, so a view and its position
 never disagree. ``swap`` replaces a table by another one (a rebuilt shadow) atomically.
 ``lock(name, timeout)`` takes a named lock shared by every process using the same database, held
-while a rebuild or a verify uses its scratch table, so that two of them never share one.
+while a rebuild uses its shadow table, so that two of them never share one (a verify refolds in
+memory and takes none).
 
 Documents are turned into stored text and back by ``encode_doc`` and ``decode_doc`` only, in every
 backend.

@@ -11,10 +11,10 @@ exactly once.
 does it in a process of its own (for PostgreSQL: one projection process for many workflow
 processes). ``rebuild(name)`` refolds a view into a shadow table and swaps it in at the end, in one
 transaction; until then readers see the old view, and an interrupted rebuild leaves it intact.
-``verify(name)`` refolds into a scratch table and reports every row that differs.
+``verify(name)`` refolds in memory and reports every row that differs; it writes nothing.
 
-Beside writers and each other. A rebuild holds a lock on its shadow table (a verify, on its
-scratch table) for as long as it uses it, shared by every process on the database
+Beside writers and each other. A rebuild holds a lock on its shadow table for as long as it uses
+it, shared by every process on the database
 (``ViewBackend.lock``): a second rebuild of the same view waits for the first to finish, up to
 ``lock_wait`` seconds, then fails with ``ProjectionError`` saying that another rebuild is running.
 Catch-ups need no such lock (their claims keep them exactly-once). A follower never stops for
@@ -55,7 +55,7 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from projections._backends import RowKey, ViewBackend, ViewTx
+from projections._backends import MemoryViewBackend, RowKey, ViewBackend, ViewTx
 from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
 from projections._snapshots import SnapshotView
@@ -95,17 +95,21 @@ def default_views(names: Iterable[str] = VIEW_NAMES, *, snapshot_every: int = 50
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """The outcome of ``verify``: rows only in the live view, only in the rebuilt one, or
-    different in both (``different`` maps a row to ``(live, rebuilt)``). True when they agree."""
+    different in both (``different`` maps a row to ``(live, rebuilt)``), and ``log_end`` when
+    the log ends before the view's position. True when they agree."""
 
     view: str
     position: int
+    log_end: int | None = None
+    """Where the log ends, when that is before ``position``: events the view folded were
+    removed from the log's end (None when the log reaches the view's position)."""
     only_live: list[RowKey] = field(default_factory=list)
     only_rebuilt: list[RowKey] = field(default_factory=list)
     different: dict[RowKey, tuple[Any, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.only_live or self.only_rebuilt or self.different)
+        return self.log_end is None and not (self.only_live or self.only_rebuilt or self.different)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -146,8 +150,6 @@ class Projector:
                 else view
             )
             self.views[spec.name] = spec
-        for spec in self.views.values():
-            self.backend.ensure(spec.table)
 
     def _spec(self, name: str) -> ViewSpec:
         spec = self.views.get(name)
@@ -172,10 +174,14 @@ class Projector:
         table: str,
         upto: int | None,
         progress: Callable[[int, int], None] | None = None,
+        *,
+        backend: ViewBackend | None = None,
     ) -> int:
+        backend = backend or self.backend
+        backend.ensure(table)  # a view's table is made by its first catch-up, not by a reader
         done = 0
         while True:
-            position = self.backend.position(table)
+            position = backend.position(table)
             # Everything up to the horizon is scanned by the time a page comes back short, even
             # when the view reads only some event types: the position then moves to the horizon.
             horizon = self.store.last_position()
@@ -187,7 +193,7 @@ class Projector:
                 after=position, limit=self.page_size, upto=horizon, types=spec.event_types
             )
             complete = len(page) < self.page_size
-            with self.backend.transaction() as tx:
+            with backend.transaction() as tx:
                 if not tx.claim(table, position):
                     continue  # another projector folded this page first: read on from its position
                 if page:
@@ -295,38 +301,21 @@ class Projector:
     def verify(
         self, name: str, *, progress: Callable[[int, int], None] | None = None
     ) -> VerifyReport:
-        """Refold view ``name`` into a scratch table up to the live view's position and compare.
+        """Refold view ``name`` from the log, in memory, up to the live view's position and
+        compare. It writes nothing (no table, row or file) and so needs no lock. When the log
+        ends before the live view's position (events it folded were removed from the log's
+        end), the report says where (``log_end``) and compares with a refold of what is left.
         ``progress(events folded, global position reached)`` is called after each page."""
         spec = self._spec(name)
-        scratch = f"{spec.table}__verify"
-        with self.backend.lock(scratch, self.lock_wait) as held:
-            if not held:
-                raise self._busy("verify", name)
-            return self._verify(name, spec, scratch, progress)
-
-    def _verify(
-        self,
-        name: str,
-        spec: ViewSpec,
-        scratch: str,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> VerifyReport:
-        self.backend.drop(scratch)
-        self.backend.ensure(scratch)
-        try:
-            for _ in range(5):
-                position, live = self.backend.rows(spec.table)
-                self._catch_up(spec, scratch, position, progress)
-                rebuilt_position, rebuilt = self.backend.rows(scratch)
-                if rebuilt_position == position:
-                    break
-            else:  # pragma: no cover - the live view kept moving under us
-                raise ProjectionError(f"view {name!r} kept moving; verify could not catch it")
-        finally:
-            self.backend.drop(scratch)
+        position, live = self.backend.rows(spec.table)
+        scratch = MemoryViewBackend()
+        scratch.ensure(spec.table)
+        self._catch_up(spec, spec.table, position, progress, backend=scratch)
+        rebuilt_position, rebuilt = scratch.rows(spec.table)
         return VerifyReport(
             view=name,
             position=position,
+            log_end=rebuilt_position if rebuilt_position < position else None,
             only_live=sorted(live.keys() - rebuilt.keys()),
             only_rebuilt=sorted(rebuilt.keys() - live.keys()),
             different={
