@@ -5,7 +5,9 @@ from a store. With a key index (the ``keyindex`` view, ``KeyIndexView``, kept by
 it reads only the events the keys' verdicts depend on: their writes, the starts and markers of
 the supersteps they were written in, the ends of those runs and the fork, located by the index
 and read in short position windows (``store.read_ranges(instance_id, windows, types=BLAME_TYPES)``,
-one query for them all),
+one query for them all, and one more for the rows around them: ``read_ranges`` checks that the
+rows of each window link up with each other and with the rows before and after it, so a row
+forged between the rows it does not link with is refused, as a read of the whole stream would),
 then the tail of the stream the index has not folded yet (read first: a write there may depend
 on a marker or a run's end the index has folded). The cost follows the keys' writes, not
 the length of the log. The verdicts still come from folding those events through ``KeyBlame``
@@ -122,7 +124,8 @@ def _pages(
     store: EventStore, instance_id: str, after: int, page_size: int
 ) -> Iterator[list[EventBase]]:
     """The events of ``BLAME_TYPES`` after ``after``, in position windows of ``page_size``
-    (filtered pages may be short, so they are paged by position, not by count)."""
+    (filtered pages may be short, so they are paged by position, not by count). Each window is
+    read with ``read_ranges``, which checks that its rows link up with the rows around it."""
     end = store.version(instance_id)
     for start in range(after, end, page_size):
-        yield store.read(instance_id, after=start, upto=start + page_size, types=BLAME_TYPES)
+        yield store.read_ranges(instance_id, [(start, start + page_size)], types=BLAME_TYPES)
