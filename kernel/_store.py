@@ -575,7 +575,7 @@ class EventStore(ABC):
         neighbours = self._select_windows(instance_id, around)
         n = 0
         for links in windows:
-            pairs: list[tuple[RowLink | None, RowLink]] = []
+            pairs: list[tuple[RowLink, RowLink]] = []
             first = links[0].first
             if first > 1:
                 found = [row for row in neighbours[n] if row[0] < first]
@@ -589,8 +589,8 @@ class EventStore(ABC):
             n += 1
             if found:
                 pairs.append((links[-1], self._mapper.row_link(instance_id, *found[-1])))
-            for before, row in pairs:
-                problem = link_problem(instance_id, before, row)
+            for earlier, row in pairs:
+                problem = link_problem(instance_id, earlier, row)
                 if problem is not None:
                     if self._mapper.on_broken is None:
                         raise problem.error()
@@ -685,6 +685,21 @@ class EventStore(ABC):
         with self._translated(f"read the chain head of {instance_id!r}"):
             found = self._select_heads(instance_id).get(instance_id)
         return None if found is None else ChainHead(instance_id, found[0], found[1].hex())
+
+    def event_hash(self, instance_id: str, position: int) -> bytes | None:
+        """The chain's hash of the event of ``instance_id`` at ``position``, as its row holds it
+        (opened with the store's keys if sealed): what a materialized view records to say which
+        log it was folded from. None when there is no event there, or its row was written
+        before the hash chain. Reads one row; checks nothing else."""
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
+        if position < 1:
+            return None
+        with self._translated(f"read {instance_id!r}#{position}"):
+            rows = self._select_stream(instance_id, position - 1, position, 1)
+            if not rows or rows[0][0] < position:
+                return None
+            last, topic, state = rows[0]
+            return self._mapper.event_hash(instance_id, last, topic, state, position)
 
     def verify_chain(
         self,

@@ -33,6 +33,7 @@ from kernel import EventBase, EventStore, ProjectionError, StateStaged
 from projections._backends import ViewBackend
 from projections._blame import KeyBlame
 from projections._keyindex import indexed_upto, relevant_positions, windows
+from projections._manifest import MANIFEST_KEY, check_anchor, check_count
 from projections._sqlbackends import backend_for
 from projections._viewspecs import KeyIndexView
 
@@ -61,6 +62,14 @@ class _IndexRows:
 
     def get(self, key: str) -> Any:
         return self._views.get(self._table, self._instance, key)
+
+    def check(self, store: EventStore) -> None:
+        """Check the instance's index rows against their manifest, by counting them (a row
+        deleted or added), and the event it says they were folded up to against the log:
+        ``LogIntegrityError`` when they no longer match (``projections._manifest``)."""
+        manifest = self.get(MANIFEST_KEY)
+        check_count(self._views, self._table, "keyindex", self._instance, manifest)
+        check_anchor(store, "keyindex", self._instance, manifest)
 
     def read(self, keys: list[str]) -> dict[str, Any]:
         return self._views.get_many(self._table, self._instance, keys)
@@ -99,6 +108,8 @@ def blame_keys(
     view = KeyBlame(keys)
     rows = _IndexRows.find(store, instance_id, backend) if index else None
     upto = None if rows is None else indexed_upto(rows.get)
+    if rows is not None:
+        rows.check(store)
     if rows is None or upto is None:
         for events in _pages(store, instance_id, 0, page_size):
             view.apply_all(events)

@@ -126,10 +126,27 @@ class _SQLTx(ViewTx):
         return None if plain is None else decode_doc(plain)
 
     def prefetch(self, table: str, rows: Iterable[RowKey]) -> None:
+        written = self._writes.get(table, {})
+        self._fetch(table, [row for row in rows if row not in written])
+
+    def written(self, table: str) -> dict[RowKey, bytes]:
+        return dict(self._writes.get(table, {}))
+
+    def stored(self, table: str, rows: Iterable[RowKey]) -> dict[RowKey, bytes | None]:
+        rows = list(rows)
+        self._fetch(table, rows)
+        read = self._read[table]
+        found: dict[RowKey, bytes | None] = {}
+        for row in rows:
+            text = read[row]
+            found[row] = None if text is None else _plain(text)
+        return found
+
+    def _fetch(self, table: str, rows: Iterable[RowKey]) -> None:
+        """Read the committed documents of ``rows`` not read yet (a few statements)."""
         b = self._b
         read = self._read.setdefault(table, {})
-        written = self._writes.get(table, {})
-        wanted = sorted({row for row in rows if row not in read and row not in written})
+        wanted = sorted({row for row in rows if row not in read})
         for start in range(0, len(wanted), _MANY_ROWS):
             some = wanted[start : start + _MANY_ROWS]
             self._cursor.execute(
@@ -168,6 +185,11 @@ class _SQLTx(ViewTx):
                     ),
                 )
         self._writes = {}
+
+
+def _plain(text: str | bytes) -> bytes:
+    """A document's JSON as ``encode_doc`` writes it (a stored text re-encoded)."""
+    return encode_doc(decode_doc(text))
 
 
 class _SQLBackend(ViewBackend):
@@ -471,6 +493,15 @@ class _SQLBackend(ViewBackend):
             column(r, "key"): self.decode(column(r, "doc"), table, instance_id, column(r, "key"))
             for r in found
         }
+
+    def count(self, table: str, instance_id: str) -> int:
+        self._readable(table)
+        with self._cursor(f"count the rows of {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT count(*) AS n FROM {self.name(table)} WHERE instance_id={self.mark}",
+                (instance_id,),
+            )
+            return int(self.column(cursor.fetchone(), "n"))
 
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         if not self.exists(table):

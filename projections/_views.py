@@ -58,6 +58,13 @@ from kernel import (
 from projections._backends import MemoryViewBackend, RowKey, ViewBackend, ViewTx
 from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
+from projections._manifest import (
+    MANIFEST_KEY,
+    Anchor,
+    check_anchor,
+    checked_rows,
+    update_manifests,
+)
 from projections._snapshots import SnapshotView
 from projections._sqlbackends import backend_for
 from projections._viewspecs import (
@@ -193,11 +200,12 @@ class Projector:
                 after=position, limit=self.page_size, upto=horizon, types=spec.event_types
             )
             complete = len(page) < self.page_size
+            anchors = self._anchors(page)
             with backend.transaction() as tx:
                 if not tx.claim(table, position):
                     continue  # another projector folded this page first: read on from its position
                 if page:
-                    self._fold_page(spec, tx, table, page)
+                    self._fold_page(spec, tx, table, page, anchors)
                 tx.set_position(table, horizon if complete else page[-1].global_position)
             done += len(page)
             if progress is not None:
@@ -205,8 +213,18 @@ class Projector:
             if complete:
                 return done
 
+    def _anchors(self, page: list[Recorded]) -> dict[str, Anchor]:
+        """Each instance's last event in ``page``, with its chain hash from the log (read before
+        the page's transaction, so that it holds the write lock no longer)."""
+        last: dict[str, int] = {}
+        for recorded in page:
+            last[recorded.event.instance_id] = recorded.event.position
+        return {i: (at, self.store.event_hash(i, at)) for i, at in last.items()}
+
     @staticmethod
-    def _fold_page(spec: ViewSpec, tx: ViewTx, table: str, page: list[Recorded]) -> None:
+    def _fold_page(
+        spec: ViewSpec, tx: ViewTx, table: str, page: list[Recorded], anchors: dict[str, Anchor]
+    ) -> None:
         by_instance: dict[str, list[EventBase]] = {}
         for recorded in page:
             by_instance.setdefault(recorded.event.instance_id, []).append(recorded.event)
@@ -221,6 +239,8 @@ class Projector:
             for event in events:
                 state = spec.apply(state, event)
             spec.save(tx, table, instance_id, state)
+        # Each instance's manifest: the log its rows now reflect, and what rows they are.
+        update_manifests(tx, table, anchors)
 
     def follow(
         self,
@@ -333,19 +353,25 @@ class Projector:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _doc(self, name: str, instance_id: str) -> Any:
-        return self.backend.get(self._spec(name).table, instance_id, DOC_KEY)
+    def _rows(self, name: str, instance_id: str) -> dict[str, Any]:
+        """Every row of ``instance_id`` in view ``name`` (one statement), checked against the
+        instance's manifest and the log (``projections._manifest``): refused with
+        ``LogIntegrityError`` when they no longer match."""
+        docs = self.backend.documents(self._spec(name).table, instance_id)
+        rows = checked_rows(name, instance_id, docs)
+        check_anchor(self.store, name, instance_id, docs.get(MANIFEST_KEY))
+        return rows
 
     def state(self, instance_id: str) -> dict[str, Any]:
-        """The committed state of ``instance_id`` in the ``state`` view (wire JSON trees)."""
-        doc = self._doc("state", instance_id)
+        """The committed state of ``instance_id`` in the ``state`` view (wire JSON trees),
+        checked against the log (``LogIntegrityError`` if the view no longer matches it)."""
+        doc = self._rows("state", instance_id).get(DOC_KEY)
         return {} if doc is None else dict(doc["values"])
 
     def history(self, instance_id: str) -> RunHistory:
         """The run history of ``instance_id`` in the ``history`` view (read in one statement),
-        with the forks of the instance (``forks()``)."""
-        docs = self.backend.documents(self._spec("history").table, instance_id)
-        return HistoryView.read(docs)
+        with the forks of the instance (``forks()``), checked against the log."""
+        return HistoryView.read(self._rows("history", instance_id))
 
     def forks(self, origin_instance: str) -> list[ForkRecord]:
         """The instances forked from ``origin_instance``, oldest first, from the ``history`` view
@@ -353,9 +379,9 @@ class Projector:
         return self.history(origin_instance).forks()
 
     def blame(self, instance_id: str) -> KeyBlame:
-        """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement)."""
-        docs = self.backend.documents(self._spec("blame").table, instance_id)
-        return BlameView.read(docs)
+        """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement),
+        checked against the log."""
+        return BlameView.read(self._rows("blame", instance_id))
 
 
 def run_follower(

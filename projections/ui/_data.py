@@ -30,6 +30,7 @@ from kernel import (
     EventStore,
     ExecutorInvoked,
     InfoRequested,
+    LogIntegrityError,
     MessageStaged,
     OutputYielded,
     ResponseReceived,
@@ -58,6 +59,7 @@ from projections import (
     sensitive_keys_of,
     subworkflows_of,
 )
+from projections._manifest import MANIFEST_KEY, check_anchor, checked_rows
 from projections.cli._ids import RUN_WINDOW, pick
 from projections.cli._points import UsageError, parse_point
 
@@ -263,6 +265,10 @@ class Reader:
             docs = backend.documents(table, instance_id)
             if backend.position(table) != position:
                 return None
+            # Rows that no longer match their manifest or the log are refused, never shown.
+            manifest = docs.get(MANIFEST_KEY)
+            docs = checked_rows("history", instance_id, docs)
+            check_anchor(self.store, "history", instance_id, manifest)
             tracker = docs.get("t")
             if position <= 0 or not isinstance(tracker, dict):
                 return None
@@ -272,6 +278,8 @@ class Reader:
                 tracker,
                 forks=forks,
             )
+        except LogIntegrityError:
+            raise
         except (StepLogError, KeyError, TypeError, ValueError, AttributeError):
             return None  # rows the history cannot read: fold the log instead
         # Every event the view folded was appended before its position was read, so the
