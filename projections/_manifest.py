@@ -40,6 +40,7 @@ from projections._backends import Json, ViewBackend, ViewTx, decode_doc, encode_
 
 __all__ = [
     "MANIFEST_KEY",
+    "VIEW_MISMATCH",
     "Anchor",
     "check_anchor",
     "check_count",
@@ -47,6 +48,8 @@ __all__ = [
     "update_manifests",
 ]
 
+VIEW_MISMATCH = "view mismatch"
+"""The ``kind`` of the ``LogIntegrityError`` of a view that does not match its rows or the log."""
 MANIFEST_KEY = "#"
 """The row key of an instance's manifest in every view table (no other row key begins so)."""
 _MODULUS = 1 << 256
@@ -103,7 +106,7 @@ def _refused(view: str, instance_id: str, why: str, position: int = 0) -> LogInt
         f"Projector.rebuild({view!r})) and run 'steplog verify' to see what differed",
         instance_id=instance_id,
         position=position or None,
-        kind="view mismatch",
+        kind=VIEW_MISMATCH,
     )
 
 

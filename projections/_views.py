@@ -232,7 +232,11 @@ class Projector:
         # writes go out together at the commit (``ViewTx.put``), with the position.
         tx.prefetch(
             table,
-            [(i, key) for i, events in by_instance.items() for key in spec.rows_read(i, events)],
+            [
+                (i, key)
+                for i, events in by_instance.items()
+                for key in (*spec.rows_read(i, events), MANIFEST_KEY)
+            ],
         )
         for instance_id, events in by_instance.items():
             state = spec.load(tx, table, instance_id)

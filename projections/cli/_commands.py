@@ -100,6 +100,7 @@ from projections import (
     sensitive_keys_of,
     state_at,
 )
+from projections._manifest import VIEW_MISMATCH
 from projections.cli._completion import add_completion_command, completion_command
 from projections.cli._demo import run_demo
 from projections.cli._demo_recovery import run_recovery_act
@@ -395,7 +396,11 @@ def _complain(error: StepLogError) -> None:
 
 
 def _complain_broken(error: LogIntegrityError) -> None:
-    """The one line a command that met a broken chain prints (no traceback)."""
+    """The one line a command that met a broken chain prints (no traceback); for a view that
+    no longer matches the log, the view's own error (it says how to rebuild the view)."""
+    if error.kind == VIEW_MISMATCH:
+        _complain(error)
+        return
     where = (
         f"the hash chain is broken at {error.instance_id!r}#{error.position} "
         f"({error.kind or 'malformed'})"

@@ -339,3 +339,30 @@ def test_verify_names_a_truncated_tail_and_reports_the_chain_and_the_views(
     assert document["views"]["state"]["ok"] is False
     assert document["views"]["state"]["position"] == end
     assert 0 < document["views"]["state"]["log_end"] < end
+
+
+def test_blame_refuses_a_key_index_that_lost_a_row_and_verify_names_it(log: Log, capsys) -> None:
+    # Issue 21: deleting the key index's row of a key made 'steplog blame' say the key was never
+    # written. It now refuses in one line saying to rebuild the view; verify names the row.
+    import sqlite3
+    from contextlib import closing
+
+    assert cli(capsys, "--store", log.url, "project", "--views", "keyindex")[0] == 0
+    with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
+        db.execute(
+            "DELETE FROM steplog_view_keyindex WHERE instance_id = ? AND key = 'k:secret'",
+            (INSTANCE,),
+        )
+    code, out, err = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
+    assert code == EXIT_BROKEN_CHAIN
+    assert "never written" not in out + err
+    line = _one_line(err)
+    assert f"the keyindex view of {INSTANCE!r} does not match the log" in line
+    assert "steplog rebuild keyindex" in line
+    code, out, _ = cli(capsys, "--store", log.url, "verify", "keyindex", "--json")
+    assert code == EXIT_PROBLEM
+    assert [INSTANCE, "k:secret"] in json.loads(out)["views"]["keyindex"]["only_rebuilt"]
+    assert cli(capsys, "--store", log.url, "rebuild", "keyindex")[0] == 0
+    code, out, _ = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
+    assert code == 0
+    assert "aborted" in out
