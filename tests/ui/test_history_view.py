@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from starlette.testclient import TestClient
-
 import pytest
+from starlette.testclient import TestClient
 
 from kernel import EventStore, LogIntegrityError
 from projections import HistoryView, Projector, backend_for, forks_of
