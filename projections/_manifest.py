@@ -13,7 +13,8 @@ changes the instance's rows::
     rows were folded from;
 ``rows`` and ``digest``
     how many other rows the instance has, and the sum (modulo 2**256) of the SHA-256 of each
-    row's key and document: a row deleted, added, edited or rolled back changes them.
+    row's key and document (its JSON with sorted keys): a row deleted, added, edited or rolled
+    back changes them.
 
 On a store with keys the manifest is sealed like every document (``projections._docseal``),
 bound to its table and instance: nobody without the keys can write one that matches rows they
@@ -35,8 +36,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from kernel import EventStore, LogIntegrityError
-from projections._backends import Json, ViewBackend, ViewTx, decode_doc, encode_doc
+from projections._backends import Json, ViewBackend, ViewTx, decode_doc
 
 __all__ = [
     "MANIFEST_KEY",
@@ -57,8 +60,11 @@ Anchor = tuple[int, bytes | None]
 """An instance's last event folded: its stream position and its chain hash."""
 
 
-def _row_digest(key: str, encoded: bytes) -> int:
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass") + b"\x00" + encoded).digest()
+def _row_digest(key: str, doc: Json) -> int:
+    """A row's term of the digest: over its key and its document with sorted keys, so that two
+    folds that built the same document in another order count it the same."""
+    canonical = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass") + b"\x00" + canonical).digest()
     return int.from_bytes(digest, "big")
 
 
@@ -83,9 +89,9 @@ def update_manifests(tx: ViewTx, table: str, anchors: Mapping[str, Anchor]) -> N
         old = before.get((instance, key))
         if old is not None:
             manifest["rows"] -= 1
-            sums[instance] -= _row_digest(key, old)
+            sums[instance] -= _row_digest(key, decode_doc(old))
         manifest["rows"] += 1
-        sums[instance] += _row_digest(key, doc)
+        sums[instance] += _row_digest(key, decode_doc(doc))
     for instance, manifest in manifests.items():
         manifest["digest"] = f"{sums[instance] % _MODULUS:064x}"
         if instance in anchors:
@@ -126,7 +132,7 @@ def checked_rows(view: str, instance_id: str, docs: Mapping[str, Json]) -> dict[
                 "steplog)",
             )
         return rows
-    total = sum(_row_digest(key, encode_doc(doc)) for key, doc in rows.items()) % _MODULUS
+    total = sum(_row_digest(key, doc) for key, doc in rows.items()) % _MODULUS
     if len(rows) != manifest["rows"] or f"{total:064x}" != manifest["digest"]:
         raise _refused(
             view,
