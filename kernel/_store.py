@@ -705,7 +705,13 @@ class EventStore(ABC):
     ) -> list[EventBase]:
         """The events of ``instance_id`` in each window ``(after, upto]`` of ``ranges`` (in order,
         not overlapping), in stream order: ``read`` of many short windows in one query, for
-        readers that know where the events they need are (a key index)."""
+        readers that know where the events they need are (a key index).
+
+        Each event is checked against its hash, as ``read`` checks it, and so is the chain around
+        each window: its rows link up with each other, its first row with the row before it
+        (or begins the stream), and its last row with the row after it, read in one more query
+        for all the windows. A row forged between rows it does not link up with is refused
+        (``LogIntegrityError``), as a ``read`` of the whole stream would refuse it."""
         check_id(instance_id, "instance id", StoreConfigError, limit=None)
         wanted = self._wanted(types)
         windows = sorted(ranges)
@@ -715,12 +721,13 @@ class EventStore(ABC):
         with self._translated(f"read {instance_id!r}"), _bulk():
             decode = self._mapper.decode_row
             events: list[EventBase] = []
+            read: list[list[RowLink]] = []
             for window, rows in zip(
                 windows, self._select_windows(instance_id, windows), strict=True
             ):
                 after, upto = window
+                links: list[RowLink] = []
                 for last, topic, state in rows:
-                    links: list[RowLink] = []
                     events += decode(
                         instance_id,
                         last,
@@ -731,8 +738,43 @@ class EventStore(ABC):
                         types=wanted,
                         links=links,
                     )
-                    self._check_form(instance_id, links[0], state)
+                    self._check_form(instance_id, links[-1], state)
+                self._check_links(instance_id, links, from_start=after == 0)
+                read.append(links)
+            self._check_around(instance_id, [links for links in read if links])
             return events
+
+    def _check_around(self, instance_id: str, windows: Sequence[Sequence[RowLink]]) -> None:
+        """Check that each run of rows in ``windows`` links up with the row before it (unless it
+        begins the stream) and the row after it (if there is one), read in one query."""
+        around: list[tuple[int, int]] = []
+        for links in windows:
+            if links[0].first > 1:
+                around.append((links[0].first - 2, links[0].first - 1))
+            around.append((links[-1].last, links[-1].last + 1))
+        neighbours = self._select_windows(instance_id, around)
+        n = 0
+        for links in windows:
+            pairs: list[tuple[RowLink, RowLink]] = []
+            first = links[0].first
+            if first > 1:
+                found = [row for row in neighbours[n] if row[0] < first]
+                n += 1
+                if not found:  # no row ends before it: those positions were deleted
+                    before = RowLink(0, 0, None, None)
+                else:
+                    before = self._mapper.row_link(instance_id, *found[-1])
+                pairs.append((before, links[0]))
+            found = neighbours[n]
+            n += 1
+            if found:
+                pairs.append((links[-1], self._mapper.row_link(instance_id, *found[-1])))
+            for earlier, row in pairs:
+                problem = link_problem(instance_id, earlier, row)
+                if problem is not None:
+                    if self._mapper.on_broken is None:
+                        raise problem.error()
+                    self._mapper.on_broken(problem.error())
 
     def find_events(
         self,
@@ -832,6 +874,21 @@ class EventStore(ABC):
         with self._translated(f"read the chain head of {instance_id!r}"):
             found = self._select_heads(instance_id).get(instance_id)
         return None if found is None else ChainHead(instance_id, found[0], found[1].hex())
+
+    def event_hash(self, instance_id: str, position: int) -> bytes | None:
+        """The chain's hash of the event of ``instance_id`` at ``position``, as its row holds it
+        (opened with the store's keys if sealed): what a materialized view records to say which
+        log it was folded from. None when there is no event there, or its row was written
+        before the hash chain. Reads one row; checks nothing else."""
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
+        if position < 1:
+            return None
+        with self._translated(f"read {instance_id!r}#{position}"):
+            rows = self._select_stream(instance_id, position - 1, position, 1)
+            if not rows or rows[0][0] < position:
+                return None
+            last, topic, state = rows[0]
+            return self._mapper.event_hash(instance_id, last, topic, state, position)
 
     def verify_chain(
         self,

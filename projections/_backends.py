@@ -6,7 +6,8 @@ table (the last global position it has folded in) is a row of ``steplog_view_pos
 ``ViewTx`` changes rows and the position in one database transaction, so a view and its position
 never disagree. ``swap`` replaces a table by another one (a rebuilt shadow) atomically.
 ``lock(name, timeout)`` takes a named lock shared by every process using the same database, held
-while a rebuild or a verify uses its scratch table, so that two of them never share one.
+while a rebuild uses its shadow table, so that two of them never share one (a verify refolds in
+memory and takes none).
 
 Documents are turned into stored text and back by ``encode_doc`` and ``decode_doc`` only, in every
 backend.
@@ -88,6 +89,16 @@ class ViewTx(ABC):
     def set_position(self, table: str, position: int) -> None:
         """Record that ``table`` has folded in every event up to global ``position``."""
 
+    @abstractmethod
+    def written(self, table: str) -> dict[RowKey, bytes]:
+        """The rows of ``table`` put in this transaction so far, as ``encode_doc`` bytes."""
+
+    @abstractmethod
+    def stored(self, table: str, rows: Iterable[RowKey]) -> dict[RowKey, bytes | None]:
+        """The committed documents under ``rows`` as they were before this transaction's
+        writes (``encode_doc`` bytes; None for a row that was not there), read in as few
+        statements as the backend can."""
+
 
 class ViewBackend(ABC):
     """The tables of materialized views in one database (see the module docstring)."""
@@ -132,6 +143,11 @@ class ViewBackend(ABC):
         """Every committed document of ``instance_id`` in ``table`` by key, read in one
         statement (an indexed range of the primary key)."""
 
+    def count(self, table: str, instance_id: str) -> int:
+        """How many rows ``instance_id`` has in ``table`` (counted, not read: the SQL backends
+        count an index range)."""
+        return len(self.documents(table, instance_id))
+
     @abstractmethod
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
         """``table``'s position and every row, read consistently (for ``verify``)."""
@@ -173,6 +189,13 @@ class _MemoryTx(ViewTx):
 
     def set_position(self, table: str, position: int) -> None:
         self.positions[table] = position
+
+    def written(self, table: str) -> dict[RowKey, bytes]:
+        return dict(self.writes.get(table, {}))
+
+    def stored(self, table: str, rows: Iterable[RowKey]) -> dict[RowKey, bytes | None]:
+        committed = self._backend.tables.get(table, {})
+        return {row: committed.get(row) for row in rows}
 
 
 class MemoryViewBackend(ViewBackend):

@@ -5,7 +5,9 @@ from a store. With a key index (the ``keyindex`` view, ``KeyIndexView``, kept by
 it reads only the events the keys' verdicts depend on: their writes, the starts and markers of
 the supersteps they were written in, the ends of those runs and the fork, located by the index
 and read in short position windows (``store.read_ranges(instance_id, windows, types=BLAME_TYPES)``,
-one query for them all),
+one query for them all, and one more for the rows around them: ``read_ranges`` checks that the
+rows of each window link up with each other and with the rows before and after it, so a row
+forged between the rows it does not link with is refused, as a read of the whole stream would),
 then the tail of the stream the index has not folded yet (read first: a write there may depend
 on a marker or a run's end the index has folded). The cost follows the keys' writes, not
 the length of the log. The verdicts still come from folding those events through ``KeyBlame``
@@ -31,6 +33,7 @@ from kernel import EventBase, EventStore, ProjectionError, StateStaged
 from projections._backends import ViewBackend
 from projections._blame import KeyBlame
 from projections._keyindex import indexed_upto, relevant_positions, windows
+from projections._manifest import MANIFEST_KEY, check_anchor, check_count
 from projections._sqlbackends import backend_for
 from projections._viewspecs import KeyIndexView
 
@@ -59,6 +62,14 @@ class _IndexRows:
 
     def get(self, key: str) -> Any:
         return self._views.get(self._table, self._instance, key)
+
+    def check(self, store: EventStore) -> None:
+        """Check the instance's index rows against their manifest, by counting them (a row
+        deleted or added), and the event it says they were folded up to against the log:
+        ``LogIntegrityError`` when they no longer match (``projections._manifest``)."""
+        manifest = self.get(MANIFEST_KEY)
+        check_count(self._views, self._table, "keyindex", self._instance, manifest)
+        check_anchor(store, "keyindex", self._instance, manifest)
 
     def read(self, keys: list[str]) -> dict[str, Any]:
         return self._views.get_many(self._table, self._instance, keys)
@@ -97,6 +108,8 @@ def blame_keys(
     view = KeyBlame(keys)
     rows = _IndexRows.find(store, instance_id, backend) if index else None
     upto = None if rows is None else indexed_upto(rows.get)
+    if rows is not None:
+        rows.check(store)
     if rows is None or upto is None:
         for events in _pages(store, instance_id, 0, page_size):
             view.apply_all(events)
@@ -122,7 +135,8 @@ def _pages(
     store: EventStore, instance_id: str, after: int, page_size: int
 ) -> Iterator[list[EventBase]]:
     """The events of ``BLAME_TYPES`` after ``after``, in position windows of ``page_size``
-    (filtered pages may be short, so they are paged by position, not by count)."""
+    (filtered pages may be short, so they are paged by position, not by count). Each window is
+    read with ``read_ranges``, which checks that its rows link up with the rows around it."""
     end = store.version(instance_id)
     for start in range(after, end, page_size):
-        yield store.read(instance_id, after=start, upto=start + page_size, types=BLAME_TYPES)
+        yield store.read_ranges(instance_id, [(start, start + page_size)], types=BLAME_TYPES)

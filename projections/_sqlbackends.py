@@ -24,14 +24,17 @@ serialization failure, deadlock, lock not available) and a lost connection becom
 (``StoreDamagedError.detects``, the kernel's own rule) becomes ``StoreDamagedError``, which
 nothing retries; any other driver error becomes ``ProjectionError``.
 
-Locks (``lock``): on SQLite a lock file beside the database (``<file>.<name>.lock``, taken with
-``filelock``; the OS releases it when the process dies); on PostgreSQL a session advisory lock
+Locks (``lock``): on SQLite a hidden lock file beside the database (``.<file>.<name>.lock``,
+locked with ``flock``; the OS releases it when the process dies), which exists only while it is
+held: the holder removes it when it is done (``_file_lock``); on PostgreSQL a session advisory lock
 held on a connection of the store's pool (the server releases it when the session ends).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import sys
 import threading
 import time
 import weakref
@@ -135,10 +138,27 @@ class _SQLTx(ViewTx):
         return None if plain is None else decode_doc(plain)
 
     def prefetch(self, table: str, rows: Iterable[RowKey]) -> None:
+        written = self._writes.get(table, {})
+        self._fetch(table, [row for row in rows if row not in written])
+
+    def written(self, table: str) -> dict[RowKey, bytes]:
+        return dict(self._writes.get(table, {}))
+
+    def stored(self, table: str, rows: Iterable[RowKey]) -> dict[RowKey, bytes | None]:
+        rows = list(rows)
+        self._fetch(table, rows)
+        read = self._read[table]
+        found: dict[RowKey, bytes | None] = {}
+        for row in rows:
+            text = read[row]
+            found[row] = None if text is None else _plain(text)
+        return found
+
+    def _fetch(self, table: str, rows: Iterable[RowKey]) -> None:
+        """Read the committed documents of ``rows`` not read yet (a few statements)."""
         b = self._b
         read = self._read.setdefault(table, {})
-        written = self._writes.get(table, {})
-        wanted = sorted({row for row in rows if row not in read and row not in written})
+        wanted = sorted({row for row in rows if row not in read})
         for start in range(0, len(wanted), _MANY_ROWS):
             some = wanted[start : start + _MANY_ROWS]
             self._cursor.execute(
@@ -177,6 +197,11 @@ class _SQLTx(ViewTx):
                     ),
                 )
         self._writes = {}
+
+
+def _plain(text: str | bytes) -> bytes:
+    """A document's JSON as ``encode_doc`` writes it (a stored text re-encoded)."""
+    return encode_doc(decode_doc(text))
 
 
 class _SQLBackend(ViewBackend):
@@ -485,8 +510,18 @@ class _SQLBackend(ViewBackend):
             for r in found
         }
 
+    def count(self, table: str, instance_id: str) -> int:
+        self._readable(table)
+        with self._cursor(f"count the rows of {table}", commit=False) as cursor:
+            cursor.execute(
+                f"SELECT count(*) AS n FROM {self.name(table)} WHERE instance_id={self.mark}",
+                (instance_id,),
+            )
+            return int(self.column(cursor.fetchone(), "n"))
+
     def rows(self, table: str) -> tuple[int, dict[RowKey, Json]]:
-        self.ensure(table)
+        if not self.exists(table):
+            return 0, {}  # a view never built: nothing to read, and reading creates nothing
         with self._cursor(f"read {table}", commit=False) as cursor:
             self._consistent_reads(cursor)
             cursor.execute(
@@ -544,22 +579,85 @@ class SQLiteViewBackend(_SQLBackend):
 
     @contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[bool]:
-        path = self._path.with_name(f"{self._path.name}.{check_table(name)}.lock")
-        held = FileLock(path, timeout=max(timeout, 0))
+        path = self._path.with_name(f".{self._path.name}.{check_table(name)}.lock")
+        with _file_lock(path, timeout, f"cannot take the lock {name!r} of {self._url}") as held:
+            yield held
+
+
+@contextmanager
+def _file_lock(path: Path, timeout: float, failed: str) -> Iterator[bool]:
+    """Hold an exclusive lock on the file at ``path`` for the ``with`` block (True), or give up
+    after ``timeout`` seconds (False). The file is created for the lock and removed when it is
+    released, so none is left behind; the OS releases the lock if the process dies (the next
+    holder then removes the file). A waiter that locked a file its previous holder had removed
+    meanwhile sees that ``path`` no longer names it, and tries again on the file there now, so
+    two holders never hold two files of one path. Windows has no ``flock``: ``filelock``. A
+    file that cannot be created is a ``ProjectionError`` opening with ``failed``."""
+    if sys.platform == "win32":  # pragma: no cover - the tests run on POSIX
+        with _filelock(path, timeout) as held:
+            yield held
+        return
+    import fcntl
+
+    deadline = time.monotonic() + max(timeout, 0)
+    pause = 0.005
+    while True:
         try:
-            held.acquire()
-        except Timeout:
-            yield False
-            return
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as error:
             raise ProjectionError(
-                f"cannot take the lock {name!r} of {self._url}: cannot create {path}: "
-                f"{error.strerror or error}"
+                f"{failed}: cannot create {path}: {error.strerror or error}"
             ) from error
         try:
-            yield True
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                yield False
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # its holder removed it as we took it: lock the file there now
+    try:
+        yield True
+    finally:
+        try:
+            os.unlink(path)  # still held: a waiter on this file then finds it gone
+        except FileNotFoundError:  # pragma: no cover - removed by hand meanwhile
+            pass
         finally:
-            held.release()
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+@contextmanager
+def _filelock(path: Path, timeout: float) -> Iterator[bool]:  # pragma: no cover - Windows
+    """``filelock``'s lock (it removes the file on Windows when released)."""
+    held = FileLock(path, timeout=max(timeout, 0))
+    try:
+        held.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        held.release()
 
 
 class PostgresViewBackend(_SQLBackend):

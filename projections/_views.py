@@ -11,10 +11,10 @@ exactly once.
 does it in a process of its own (for PostgreSQL: one projection process for many workflow
 processes). ``rebuild(name)`` refolds a view into a shadow table and swaps it in at the end, in one
 transaction; until then readers see the old view, and an interrupted rebuild leaves it intact.
-``verify(name)`` refolds into a scratch table and reports every row that differs.
+``verify(name)`` refolds in memory and reports every row that differs; it writes nothing.
 
-Beside writers and each other. A rebuild holds a lock on its shadow table (a verify, on its
-scratch table) for as long as it uses it, shared by every process on the database
+Beside writers and each other. A rebuild holds a lock on its shadow table for as long as it uses
+it, shared by every process on the database
 (``ViewBackend.lock``): a second rebuild of the same view waits for the first to finish, up to
 ``lock_wait`` seconds, then fails with ``ProjectionError`` saying that another rebuild is running.
 Catch-ups need no such lock (their claims keep them exactly-once). A follower never stops for
@@ -57,9 +57,16 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from projections._backends import RowKey, ViewBackend, ViewTx
+from projections._backends import MemoryViewBackend, RowKey, ViewBackend, ViewTx
 from projections._blame import KeyBlame
 from projections._history import ForkRecord, RunHistory
+from projections._manifest import (
+    MANIFEST_KEY,
+    Anchor,
+    check_anchor,
+    checked_rows,
+    update_manifests,
+)
 from projections._snapshots import SnapshotView
 from projections._sqlbackends import backend_for
 from projections._viewspecs import (
@@ -97,17 +104,21 @@ def default_views(names: Iterable[str] = VIEW_NAMES, *, snapshot_every: int = 50
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     """The outcome of ``verify``: rows only in the live view, only in the rebuilt one, or
-    different in both (``different`` maps a row to ``(live, rebuilt)``). True when they agree."""
+    different in both (``different`` maps a row to ``(live, rebuilt)``), and ``log_end`` when
+    the log ends before the view's position. True when they agree."""
 
     view: str
     position: int
+    log_end: int | None = None
+    """Where the log ends, when that is before ``position``: events the view folded were
+    removed from the log's end (None when the log reaches the view's position)."""
     only_live: list[RowKey] = field(default_factory=list)
     only_rebuilt: list[RowKey] = field(default_factory=list)
     different: dict[RowKey, tuple[Any, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.only_live or self.only_rebuilt or self.different)
+        return self.log_end is None and not (self.only_live or self.only_rebuilt or self.different)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -148,8 +159,6 @@ class Projector:
                 else view
             )
             self.views[spec.name] = spec
-        for spec in self.views.values():
-            self.backend.ensure(spec.table)
 
     def _spec(self, name: str) -> ViewSpec:
         spec = self.views.get(name)
@@ -174,10 +183,14 @@ class Projector:
         table: str,
         upto: int | None,
         progress: Callable[[int, int], None] | None = None,
+        *,
+        backend: ViewBackend | None = None,
     ) -> int:
+        backend = backend or self.backend
+        backend.ensure(table)  # a view's table is made by its first catch-up, not by a reader
         done = 0
         while True:
-            position = self.backend.position(table)
+            position = backend.position(table)
             # Everything up to the horizon is scanned by the time a page comes back short, even
             # when the view reads only some event types: the position then moves to the horizon.
             horizon = self.store.last_position()
@@ -189,11 +202,12 @@ class Projector:
                 after=position, limit=self.page_size, upto=horizon, types=spec.event_types
             )
             complete = len(page) < self.page_size
-            with self.backend.transaction() as tx:
+            anchors = self._anchors(page)
+            with backend.transaction() as tx:
                 if not tx.claim(table, position):
                     continue  # another projector folded this page first: read on from its position
                 if page:
-                    self._fold_page(spec, tx, table, page)
+                    self._fold_page(spec, tx, table, page, anchors)
                 tx.set_position(table, horizon if complete else page[-1].global_position)
             done += len(page)
             if progress is not None:
@@ -201,8 +215,18 @@ class Projector:
             if complete:
                 return done
 
+    def _anchors(self, page: list[Recorded]) -> dict[str, Anchor]:
+        """Each instance's last event in ``page``, with its chain hash from the log (read before
+        the page's transaction, so that it holds the write lock no longer)."""
+        last: dict[str, int] = {}
+        for recorded in page:
+            last[recorded.event.instance_id] = recorded.event.position
+        return {i: (at, self.store.event_hash(i, at)) for i, at in last.items()}
+
     @staticmethod
-    def _fold_page(spec: ViewSpec, tx: ViewTx, table: str, page: list[Recorded]) -> None:
+    def _fold_page(
+        spec: ViewSpec, tx: ViewTx, table: str, page: list[Recorded], anchors: dict[str, Anchor]
+    ) -> None:
         by_instance: dict[str, list[EventBase]] = {}
         for recorded in page:
             by_instance.setdefault(recorded.event.instance_id, []).append(recorded.event)
@@ -210,13 +234,19 @@ class Projector:
         # writes go out together at the commit (``ViewTx.put``), with the position.
         tx.prefetch(
             table,
-            [(i, key) for i, events in by_instance.items() for key in spec.rows_read(i, events)],
+            [
+                (i, key)
+                for i, events in by_instance.items()
+                for key in (*spec.rows_read(i, events), MANIFEST_KEY)
+            ],
         )
         for instance_id, events in by_instance.items():
             state = spec.load(tx, table, instance_id)
             for event in events:
                 state = spec.apply(state, event)
             spec.save(tx, table, instance_id, state)
+        # Each instance's manifest: the log its rows now reflect, and what rows they are.
+        update_manifests(tx, table, anchors)
 
     def follow(
         self,
@@ -297,38 +327,21 @@ class Projector:
     def verify(
         self, name: str, *, progress: Callable[[int, int], None] | None = None
     ) -> VerifyReport:
-        """Refold view ``name`` into a scratch table up to the live view's position and compare.
+        """Refold view ``name`` from the log, in memory, up to the live view's position and
+        compare. It writes nothing (no table, row or file) and so needs no lock. When the log
+        ends before the live view's position (events it folded were removed from the log's
+        end), the report says where (``log_end``) and compares with a refold of what is left.
         ``progress(events folded, global position reached)`` is called after each page."""
         spec = self._spec(name)
-        scratch = f"{spec.table}__verify"
-        with self.backend.lock(scratch, self.lock_wait) as held:
-            if not held:
-                raise self._busy("verify", name)
-            return self._verify(name, spec, scratch, progress)
-
-    def _verify(
-        self,
-        name: str,
-        spec: ViewSpec,
-        scratch: str,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> VerifyReport:
-        self.backend.drop(scratch)
-        self.backend.ensure(scratch)
-        try:
-            for _ in range(5):
-                position, live = self.backend.rows(spec.table)
-                self._catch_up(spec, scratch, position, progress)
-                rebuilt_position, rebuilt = self.backend.rows(scratch)
-                if rebuilt_position == position:
-                    break
-            else:  # pragma: no cover - the live view kept moving under us
-                raise ProjectionError(f"view {name!r} kept moving; verify could not catch it")
-        finally:
-            self.backend.drop(scratch)
+        position, live = self.backend.rows(spec.table)
+        scratch = MemoryViewBackend()
+        scratch.ensure(spec.table)
+        self._catch_up(spec, spec.table, position, progress, backend=scratch)
+        rebuilt_position, rebuilt = scratch.rows(spec.table)
         return VerifyReport(
             view=name,
             position=position,
+            log_end=rebuilt_position if rebuilt_position < position else None,
             only_live=sorted(live.keys() - rebuilt.keys()),
             only_rebuilt=sorted(rebuilt.keys() - live.keys()),
             different={
@@ -346,19 +359,25 @@ class Projector:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _doc(self, name: str, instance_id: str) -> Any:
-        return self.backend.get(self._spec(name).table, instance_id, DOC_KEY)
+    def _rows(self, name: str, instance_id: str) -> dict[str, Any]:
+        """Every row of ``instance_id`` in view ``name`` (one statement), checked against the
+        instance's manifest and the log (``projections._manifest``): refused with
+        ``LogIntegrityError`` when they no longer match."""
+        docs = self.backend.documents(self._spec(name).table, instance_id)
+        rows = checked_rows(name, instance_id, docs)
+        check_anchor(self.store, name, instance_id, docs.get(MANIFEST_KEY))
+        return rows
 
     def state(self, instance_id: str) -> dict[str, Any]:
-        """The committed state of ``instance_id`` in the ``state`` view (wire JSON trees)."""
-        doc = self._doc("state", instance_id)
+        """The committed state of ``instance_id`` in the ``state`` view (wire JSON trees),
+        checked against the log (``LogIntegrityError`` if the view no longer matches it)."""
+        doc = self._rows("state", instance_id).get(DOC_KEY)
         return {} if doc is None else dict(doc["values"])
 
     def history(self, instance_id: str) -> RunHistory:
         """The run history of ``instance_id`` in the ``history`` view (read in one statement),
-        with the forks of the instance (``forks()``)."""
-        docs = self.backend.documents(self._spec("history").table, instance_id)
-        return HistoryView.read(docs)
+        with the forks of the instance (``forks()``), checked against the log."""
+        return HistoryView.read(self._rows("history", instance_id))
 
     def forks(self, origin_instance: str) -> list[ForkRecord]:
         """The instances forked from ``origin_instance``, oldest first, from the ``history`` view
@@ -366,9 +385,9 @@ class Projector:
         return self.history(origin_instance).forks()
 
     def blame(self, instance_id: str) -> KeyBlame:
-        """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement)."""
-        docs = self.backend.documents(self._spec("blame").table, instance_id)
-        return BlameView.read(docs)
+        """The key provenance of ``instance_id`` in the ``blame`` view (read in one statement),
+        checked against the log."""
+        return BlameView.read(self._rows("blame", instance_id))
 
 
 def run_follower(

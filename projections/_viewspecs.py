@@ -25,6 +25,9 @@ history, so they keep rows, and a page loads and rewrites only the rows its even
     runs' ends and the fork that their verdicts depend on (``projections._keyindex``): what
     ``blame_keys`` reads to fold only those events. It holds positions, never verdicts.
 
+Every view table also holds, per instance, a manifest row ``#`` (``projections._manifest``),
+written by ``Projector`` with each page: the log its rows reflect, and their count and digest.
+
 The folds do no I/O: a page hands each one a row sink (``HistoryRows``, ``WriteRows``) that loads
 the rows the page touches through the page's transaction and writes them back at ``save``.
 

@@ -996,6 +996,7 @@ def _view_json(report: VerifyReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "position": report.position,
+        "log_end": report.log_end,
         "only_live": [list(row) for row in report.only_live],
         "only_rebuilt": [list(row) for row in report.only_rebuilt],
         "different": [list(row) for row in report.different],
@@ -1081,6 +1082,14 @@ def _print_views(
             console.print(f"{name}: the live view equals a rebuild from the log")
         else:
             console.print(f"[bold red]{name}: the live view differs from a rebuild[/]")
+            if report.log_end is not None:
+                console.print(
+                    f"{name}: the view has folded the log up to global position "
+                    f"{report.position}, but the log now ends at {report.log_end}: events were "
+                    "removed from the log's end (a truncated tail) after the view folded them",
+                    markup=False,
+                    soft_wrap=True,
+                )
             console.print(report, markup=False)
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from kernel import EventBase, LogIntegrityError, MessageStaged, RecoveredRun
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
+from projections._manifest import VIEW_MISMATCH
 from projections._runrecords import closer_label
 from projections.cli._json import json_text
 from projections.cli._safe import cell, json_safe
@@ -61,7 +62,10 @@ _COUNTED: frozenset[WriteStatus] = frozenset({"committed", "superseded"})
 def broken_chain_text(error: LogIntegrityError, *, also: str = "") -> str:
     """What a reader that met a broken chain says (the CLI's one line, the UI's error page): the
     first bad place (``'orders'#11 (edited)``), the error, where every problem is listed, and
-    ``also`` (another way on, when the reader has one)."""
+    ``also`` (another way on, when the reader has one). A view that no longer matches the log
+    is not a broken chain: its own error says so, and how to rebuild the view."""
+    if error.kind == VIEW_MISMATCH:
+        return str(error)
     where = (
         f"the hash chain is broken at {error.instance_id!r}#{error.position} "
         f"({error.kind or 'malformed'})"

@@ -66,6 +66,7 @@ from projections import (
     sensitive_keys_of,
     subworkflows_of,
 )
+from projections._manifest import MANIFEST_KEY, check_anchor, checked_rows
 from projections.cli._ids import RUN_WINDOW, pick
 from projections.cli._points import UsageError, parse_point
 
@@ -293,6 +294,10 @@ class Reader:
             docs = backend.documents(table, instance_id)
             if backend.position(table) != position:
                 return None
+            # Rows that no longer match their manifest or the log are refused, never shown.
+            manifest = docs.get(MANIFEST_KEY)
+            docs = checked_rows("history", instance_id, docs)
+            check_anchor(self.store, "history", instance_id, manifest)
             tracker = docs.get("t")
             if position <= 0 or not isinstance(tracker, dict):
                 return None

@@ -10,6 +10,7 @@ import pytest
 
 from projections.cli import EXIT_BAD_INPUT, EXIT_BROKEN_CHAIN, EXIT_PROBLEM, main
 from tests.store.test_tamper import (
+    CLEAN,
     INSTANCE,
     SECRET,
     Log,
@@ -309,3 +310,84 @@ def test_verify_says_a_log_before_the_chain_is_unchecked(name: str, tmp_path: Pa
     assert (chain["ok"], chain["verified"], chain["problems"]) == (True, False, [])
     assert chain["unchained_events"] == chain["events"] > 0
     assert path.read_bytes() == before  # reading never writes
+
+
+def test_rebuild_and_verify_leave_no_file_beside_the_store(log: Log, capsys) -> None:
+    # Issue 21: they left ten ``steplog.db.steplog_view_*.lock`` files in the working directory.
+    directory = Path(log.url.removeprefix("sqlite:///")).parent
+    assert cli(capsys, "--store", log.url, "project")[0] == 0
+    before = sorted(p.name for p in directory.iterdir())
+    assert cli(capsys, "--store", log.url, "rebuild")[0] == 0
+    assert sorted(p.name for p in directory.iterdir()) == before
+    assert cli(capsys, "--store", log.url, "verify")[0] == 0
+    assert sorted(p.name for p in directory.iterdir()) == before
+
+
+def test_verify_names_a_truncated_tail_and_reports_the_chain_and_the_views(
+    log: Log, capsys
+) -> None:
+    # Issue 21: after the log's tail was cut and its head rolled back, verify said only "view
+    # 'state' kept moving" (exit 2), with no chain report. Now both reports come out, and the
+    # views' says where the log ends before what the views folded.
+    assert cli(capsys, "--store", log.url, "project", "--views", "state,blame")[0] == 0
+    import sqlite3
+    from contextlib import closing
+
+    from kernel import open_store
+
+    with open_store(log.url, create=False) as store:  # CLEAN, written last, ends the log
+        rows = store._select_stream(CLEAN, 9, 15)  # the row holding #10..15
+        last, topic, state = rows[-1]
+        head = store._mapper.row_link(CLEAN, last, topic, state).head
+        end = store.last_position()
+    assert (last, head is not None) == (15, True)
+    with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
+        db.execute(
+            "DELETE FROM steplog_events WHERE originator_id = ? AND originator_version > 15",
+            (CLEAN,),
+        )
+        db.execute(
+            "UPDATE steplog_chain SET position = 15, head = ? WHERE instance_id = ?", (head, CLEAN)
+        )
+    code, out, err = cli(capsys, "--store", log.url, "verify")
+    assert err == ""
+    assert code == EXIT_PROBLEM, out
+    assert out.startswith("chain ok: 2 instances, 38 events")
+    assert "state: the live view differs from a rebuild" in out
+    assert "blame: the live view differs from a rebuild" in out
+    assert f"up to global position {end}, but the log now ends at" in out
+    assert "a truncated tail" in out
+    code, out, _ = cli(capsys, "--store", log.url, "verify", "--json")
+    document = json.loads(out)
+    assert code == EXIT_PROBLEM
+    assert document["chain"]["ok"] is True
+    assert document["views"]["state"]["ok"] is False
+    assert document["views"]["state"]["position"] == end
+    assert 0 < document["views"]["state"]["log_end"] < end
+
+
+def test_blame_refuses_a_key_index_that_lost_a_row_and_verify_names_it(log: Log, capsys) -> None:
+    # Issue 21: deleting the key index's row of a key made 'steplog blame' say the key was never
+    # written. It now refuses in one line saying to rebuild the view; verify names the row.
+    import sqlite3
+    from contextlib import closing
+
+    assert cli(capsys, "--store", log.url, "project", "--views", "keyindex")[0] == 0
+    with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
+        db.execute(
+            "DELETE FROM steplog_view_keyindex WHERE instance_id = ? AND key = 'k:secret'",
+            (INSTANCE,),
+        )
+    code, out, err = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
+    assert code == EXIT_BROKEN_CHAIN
+    assert "never written" not in out + err
+    line = _one_line(err)
+    assert f"the keyindex view of {INSTANCE!r} does not match the log" in line
+    assert "steplog rebuild keyindex" in line
+    code, out, _ = cli(capsys, "--store", log.url, "verify", "keyindex", "--json")
+    assert code == EXIT_PROBLEM
+    assert [INSTANCE, "k:secret"] in json.loads(out)["views"]["keyindex"]["only_rebuilt"]
+    assert cli(capsys, "--store", log.url, "rebuild", "keyindex")[0] == 0
+    code, out, _ = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
+    assert code == 0
+    assert "aborted" in out

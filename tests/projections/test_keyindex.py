@@ -368,14 +368,20 @@ def test_an_instance_the_index_has_not_seen_is_read_from_the_log(store):
 
 
 class CountingStore:
-    """Counts the events a store's ``read`` returns (what blame decodes)."""
+    """Counts the events a store's ``read`` and ``read_ranges`` return (what blame decodes)."""
 
     def __init__(self, store: EventStore) -> None:
         self._read = store.read
+        self._read_ranges = store.read_ranges
         self.events = 0
 
     def read(self, *args: Any, **kwargs: Any) -> list[EventBase]:
         found = self._read(*args, **kwargs)
+        self.events += len(found)
+        return found
+
+    def read_ranges(self, *args: Any, **kwargs: Any) -> list[EventBase]:
+        found = self._read_ranges(*args, **kwargs)
         self.events += len(found)
         return found
 
@@ -394,6 +400,7 @@ def test_blame_through_the_index_reads_the_keys_events_not_the_log(store, monkey
     keyindex(store, page_size=500)
     counting = CountingStore(store)
     monkeypatch.setattr(store, "read", counting.read)
+    monkeypatch.setattr(store, "read_ranges", counting.read_ranges)
     indexed = blame_keys(store, "long", ["rare"])
     read_through_index = counting.events
     counting.events = 0

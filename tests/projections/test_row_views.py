@@ -29,10 +29,10 @@ def test_history_and_blame_keep_one_row_per_run_superstep_and_write(store):
         history = projector.backend.documents(projector.views["history"].table, instance_id)
         runs = {f"r:{e.run_id}" for e in events if e.type == "run_started"}
         steps = {f"s:{e.superstep_id}" for e in events if isinstance(e, SuperstepStarted)}
-        assert set(history) == {"t"} | runs | steps
+        assert set(history) == {"t", "#"} | runs | steps  # "#": the instance's manifest
         blame = projector.backend.documents(projector.views["blame"].table, instance_id)
         writes = {BlameView.write_key(e.position) for e in events if isinstance(e, StateStaged)}
-        assert set(blame) == {"t"} | writes
+        assert set(blame) == {"t", "#"} | writes
         assert projector.history(instance_id) == fold_history(events)
         assert projector.blame(instance_id) == fold_blame(events)
 
@@ -87,8 +87,8 @@ def test_a_page_rewrites_only_the_rows_it_touched():
         projector.catch_up()
         history = backend.puts.get(projector.views["history"].table, 0)
         blame = backend.puts.get(projector.views["blame"].table, 0)
-        assert history <= 3, history  # the run, the superstep, the tracker
-        assert blame <= 3, blame  # the new write, the one it superseded, the tracker
+        assert history <= 4, history  # the run, the superstep, the tracker, the manifest
+        assert blame <= 4, blame  # the new write, the one it superseded, the tracker, manifest
     assert projector.history("long") == fold_history(events)
     assert projector.blame("long") == fold_blame(events)
 

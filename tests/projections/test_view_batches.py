@@ -66,11 +66,13 @@ def test_a_page_of_many_instances_costs_a_few_statements(durable_store_url, monk
         for instance_id in logs:
             assert projector.state(instance_id) == Projector(store, ["state"]).state(instance_id)
     # Per view, whatever the number of instances: the claim (2 statements), one read of the rows
-    # the page needs, the position, and the upserts (300 rows each; one by one, every row read
-    # and every row written would have been a statement of its own).
+    # the page needs (and their manifests), the position, and the upserts (300 rows each; one
+    # by one, every row read and every row written would have been a statement of its own).
     reads = [s for s in statements if s.startswith("SELECT v.instance_id, v.key, v.doc FROM")]
     upserts = [s for s in statements if s.startswith("INSERT INTO") and "(instance_id" in s]
-    assert len(reads) == len(VIEW_NAMES), reads
+    # The manifests (``projections._manifest``) need the former documents of the rows a page
+    # wrote without reading them first (new rows, mostly): at most one more read per upsert.
+    assert len(VIEW_NAMES) <= len(reads) <= len(VIEW_NAMES) + len(upserts), reads
     assert len(upserts) <= 2 * len(VIEW_NAMES), upserts
     assert len(statements) - len(reads) - len(upserts) == 3 * len(VIEW_NAMES), statements
 

@@ -324,7 +324,10 @@ def test_a_sealed_row_or_document_altered_or_moved_does_not_open(sqlite_url):
     with open_store(sqlite_url, keyring=ring(key), create=False) as store:
         with pytest.raises(LogIntegrityError, match="altered or moved"):
             Projector(store, ["state"]).state("orders-2")
-        assert Projector(store, ["state"]).state("orders-1")["card"] == SECRET
+        # The view's manifest names the event it was folded up to, in the altered row: checking
+        # it against the log meets the broken seal (issue 21: views never outvote the log).
+        with pytest.raises(LogIntegrityError, match="altered or moved"):
+            Projector(store, ["state"]).state("orders-1")
         with pytest.raises(LogIntegrityError, match="altered or moved") as caught:
             store.read("orders-1")
         assert caught.value.kind == "seal broken"

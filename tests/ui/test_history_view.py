@@ -1,15 +1,17 @@
 """A fresh server reads an instance's run history from the history view and folds only the log's
 tail after the view's position: its pages are the pages a full fold serves, whether the view is
-caught up, behind by some supersteps, missing, of another shape, or unreadable."""
+caught up, behind by some supersteps, missing, or of another shape; rows that no longer match
+their manifest are refused (issue 21)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
-from kernel import EventStore
+from kernel import EventStore, LogIntegrityError
 from projections import HistoryView, Projector, backend_for, forks_of
 from projections.ui import create_app
 from projections.ui._data import Reader
@@ -92,9 +94,11 @@ def test_a_view_of_another_shape_or_unreadable_rows_fall_back_to_the_full_fold(
     backend = backend_for(demo_store)
     with backend.transaction() as tx:
         tx.put(HistoryView().table, DEMO, "t", {"not": "a tracker"})
-    assert not uses_view(demo_store, DEMO)
+    # A row written around the projector no longer matches the instance's manifest: refused
+    # (issue 21), never shown and never silently replaced.
+    with pytest.raises(LogIntegrityError, match="history view of"):
+        Reader(demo_store).history(DEMO)
     assert uses_view(demo_store, RECOVERY)
-    assert pages(demo_store, instances) == full
 
 
 _USES_VIEW = """
