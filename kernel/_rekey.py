@@ -112,7 +112,7 @@ def rekey(
     marks = store._marks
     if store._read_meta(ENCRYPTION_MARK) is None:
         with store._translated("read the global log"):
-            last = store.last_row_id()
+            last = store._newest_row_id()
         store._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
         report.marked = True
         if marks.sealed_from is None:  # the rows so far were written without a key

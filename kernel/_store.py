@@ -317,7 +317,7 @@ class EventStore(ABC):
         log in row order up to its first chained row."""
         keyring = self._mapper.keyring
         with self._translated("read the global log"):
-            last = self.last_row_id()
+            last = self._newest_row_id()
             sealed_at = self._first_sealed_row() if keyring is not None or self._encrypted else None
             chained_at = None
             after = 0
@@ -616,6 +616,11 @@ class EventStore(ABC):
     def last_row_id(self) -> int:
         """The id of the newest row (0 for an empty store)."""
         return int(self._recorder.max_notification_id() or 0)
+
+    def _newest_row_id(self) -> int:
+        """The id of the newest committed row, settled or not (``last_row_id`` where every
+        committed row is settled): where the rows written before a key end (``IntegrityMark``)."""
+        return self.last_row_id()
 
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:

@@ -746,6 +746,16 @@ class PostgresStore(EventStore):
             row = conn.execute(statement, (MAGIC,)).fetchone()
         return None if row is None or row["found"] is None else int(row["found"])
 
+    def _newest_row_id(self) -> int:
+        # Not the settled prefix (``last_row_id``): a row committed while an older transaction
+        # elsewhere on the server is still open was written before the key all the same.
+        statement = sql.SQL("SELECT coalesce(max(notification_id), 0) AS last FROM {}").format(
+            sql.Identifier(self.schema, EVENTS_TABLE)
+        )
+        with self._ds.get_connection() as conn:
+            row = conn.execute(statement).fetchone()
+        return 0 if row is None else int(row["last"])
+
     def _row_id(self, instance_id: str, last_position: int) -> int | None:
         statement = sql.SQL(
             "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"

@@ -421,3 +421,23 @@ def test_a_downgraded_store_with_its_stamp_deleted_is_never_called_verified(
     assert code == EXIT_PROBLEM
     chain = orjson.loads(out)["chain"]
     assert (chain["ok"], chain["verified"], chain["unchained_events"]) == (True, False, 23)
+
+
+@pytest.mark.postgres
+def test_plain_rows_held_back_by_an_older_transaction_are_before_the_key(postgres_url: str) -> None:
+    """On PostgreSQL a committed row is read only once every older transaction on the server has
+    ended. Plain rows committed while such a transaction is open were written before the key all
+    the same: the first writer with a key must count them so (it took the settled prefix and
+    refused its own instance's plain rows as forged, in a busy server)."""
+    with open_store(postgres_url) as store:
+        run_a(store, "warm", 1)  # the tables exist
+    server = urlunsplit(urlsplit(postgres_url)._replace(query=""))
+    with psycopg.connect(server, autocommit=False) as older:
+        older.execute("SELECT txid_current()")  # an open transaction with an id, older than...
+        with open_store(postgres_url) as store:
+            run_a(store, INSTANCE, 1)  # ...these plain rows, committed but held back
+        with open_store(postgres_url, keyring=Keyring.from_text(KEY)) as store:
+            run_a(store, INSTANCE, 2)
+        older.rollback()
+    with open_store(postgres_url, keyring=Keyring.from_text(KEY), create=False) as store:
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
