@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from kernel import EventStore, LogIntegrityError
 from projections import RunRecord, SuperstepRecord
+from projections._manifest import VIEW_MISMATCH
 from projections._runrecords import closer_label
 from projections.cli._render import broken_chain_text, show_value
 from projections.ui._data import NotFound, Reader
@@ -287,7 +288,9 @@ class _Pages:
             request,
             "error.html",
             BROKEN_STATUS,
-            title="the log was altered",
+            title="a view does not match the log"
+            if error.kind == VIEW_MISMATCH
+            else "the log was altered",
             detail=broken_chain_text(error),
             integrity=error,
         )

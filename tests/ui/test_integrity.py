@@ -265,6 +265,36 @@ def test_every_integrity_error_is_shown_so_views_errors_too(
     )
 
 
+def test_a_view_that_lost_a_row_is_its_own_error_not_an_altered_log(
+    template: Path, tmp_path: Path
+) -> None:
+    """A key index row deleted around the projector: the blame page refuses (409), says the view
+    does not match the log and how to rebuild it, and does not call the log altered."""
+    import sqlite3
+    from contextlib import closing
+
+    path = tmp_path / "view.db"
+    url = written_log(f"sqlite:///{path}", template).url
+    assert main(["--store", url, "project", "--views", "keyindex"]) == 0
+    with closing(sqlite3.connect(path)) as db, db:
+        deleted = db.execute(
+            "DELETE FROM steplog_view_keyindex WHERE instance_id = ? AND key = 'k:token'",
+            (INSTANCE,),
+        ).rowcount
+    assert deleted == 1
+    with (
+        open_store(url, create=False) as store,
+        TestClient(create_app(store), base_url=LOCAL) as client,
+    ):
+        response = client.get(f"/i/{INSTANCE}/blame/token")
+    text = html.unescape(response.text)
+    assert response.status_code == 409
+    assert "a view does not match the log" in text
+    assert "steplog rebuild keyindex" in text
+    assert "the log was altered" not in text
+    assert "hash chain is broken" not in text
+
+
 def test_allow_broken_chain_reads_a_cut_log_anyway(template: Path, tmp_path: Path) -> None:
     url = altered(template, tmp_path, "truncated")
     with (
