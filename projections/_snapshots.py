@@ -134,6 +134,7 @@ class SnapshotView(ViewSpec):
     """Snapshots of committed state every ``every`` supersteps, and a superstep index."""
 
     name = "snapshots"
+    version = 2  # 2: rows carry a manifest (``projections._manifest``)
 
     def __init__(self, every: int = 50) -> None:
         if every < 1:

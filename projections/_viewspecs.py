@@ -130,6 +130,7 @@ class StateView(DocumentView):
 
     name = "state"
     event_types = CommittedState.EVENT_TYPES
+    version = 2  # 2: rows carry a manifest (``projections._manifest``)
 
     def new(self) -> CommittedState:
         return CommittedState()
@@ -301,11 +302,13 @@ class HistoryView(_RowsView):
     record is also kept under its origin (``k:<fork id>``), so the origin lists its forks.
 
     Version 2: runs gained lineage and requests, supersteps their requests, and forks their rows.
+    Version 3: rows carry a manifest (``projections._manifest``), and a run continued by another
+    says so (``continued_by``; no longer ``awaiting_input``).
     """
 
     name = "history"
     event_types = RunHistory.EVENT_TYPES
-    version = 2
+    version = 3
 
     def rows_read(self, instance_id: str, events: Sequence[EventBase]) -> Iterable[str]:
         keys = {TRACKER_KEY}
@@ -349,6 +352,7 @@ class BlameView(_RowsView):
 
     name = "blame"
     event_types = KeyBlame.EVENT_TYPES
+    version = 2  # 2: rows carry a manifest (``projections._manifest``)
     write_key = staticmethod(write_key)
 
     def rows_read(self, instance_id: str, events: Sequence[EventBase]) -> Iterable[str]:
@@ -371,6 +375,7 @@ class KeyIndexView(ViewSpec):
 
     name = "keyindex"
     event_types = KeyIndexFold.EVENT_TYPES
+    version = 2  # 2: rows carry a manifest (``projections._manifest``)
 
     def rows_read(self, instance_id: str, events: Sequence[EventBase]) -> Iterable[str]:
         return KeyIndexFold.rows_read(events)

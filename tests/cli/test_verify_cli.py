@@ -169,7 +169,7 @@ def test_verify_exits_1_when_only_a_view_differs(log: Log, capsys, tmp_path: Pat
 
     cli(capsys, "--store", log.url, "project", "--views", "state")
     with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
-        assert db.execute("DELETE FROM steplog_view_state").rowcount > 0
+        assert db.execute("DELETE FROM steplog_view_state_v2").rowcount > 0
     code, out, _ = cli(capsys, "--store", log.url, "verify")
     assert code == EXIT_PROBLEM
     assert "chain ok" in out
@@ -375,7 +375,7 @@ def test_blame_refuses_a_key_index_that_lost_a_row_and_verify_names_it(log: Log,
     assert cli(capsys, "--store", log.url, "project", "--views", "keyindex")[0] == 0
     with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
         db.execute(
-            "DELETE FROM steplog_view_keyindex WHERE instance_id = ? AND key = 'k:secret'",
+            "DELETE FROM steplog_view_keyindex_v2 WHERE instance_id = ? AND key = 'k:secret'",
             (INSTANCE,),
         )
     code, out, err = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")

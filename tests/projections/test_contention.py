@@ -28,14 +28,14 @@ import pytest
 
 from bench.load import LoadReport, _collect, _Writer, run_load
 from kernel import ProjectionError, StoreUnavailableError, open_store
-from projections import Projector
+from projections import Projector, StateView
 from tests.projections.helpers import populate
 from tests.projections.logs import fixed_plans
 from tests.projections.reference import Reference
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = "import sys; from projections.cli import main; sys.exit(main(sys.argv[1:]))"
-SHADOW = "steplog_view_state__shadow"
+SHADOW = f"{StateView().table}__shadow"  # the lock a rebuild of the state view takes
 
 
 @contextmanager

@@ -366,8 +366,8 @@ async def test_the_history_view_moved_to_a_new_table_folded_from_the_start(store
     wf = build_reviewer(store)
     await wf.run("v1")
     projector = Projector(store, ["history"])
-    assert HistoryView().table == "steplog_view_history_v2"
-    old = "steplog_view_history"
+    assert HistoryView().table == "steplog_view_history_v3"
+    old = "steplog_view_history_v2"
     projector.backend.ensure(old)
     with projector.backend.transaction() as tx:  # an old table, past the whole log
         assert tx.claim(old, 0)

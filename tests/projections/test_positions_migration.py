@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kernel import ROW_SHIFT, open_store
 from kernel.testing import LogBuilder
-from projections import Projector, history_of
+from projections import HistoryView, Projector, history_of
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -28,7 +28,7 @@ def test_positions_tracked_in_row_ids_are_carried_over_once(tmp_path: Path) -> N
         db.execute("DELETE FROM steplog_view_positions WHERE name = '#positions'")
         db.execute(f"UPDATE steplog_view_positions SET position = position >> {ROW_SHIFT}")
         (old,) = db.execute(
-            "SELECT position FROM steplog_view_positions WHERE name = 'steplog_view_history_v2'"
+            "SELECT position FROM steplog_view_positions WHERE name = ?", (HistoryView().table,)
         ).fetchone()
     assert old == tracked >> ROW_SHIFT
     with open_store(url) as store:

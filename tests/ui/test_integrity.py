@@ -278,7 +278,7 @@ def test_a_view_that_lost_a_row_is_its_own_error_not_an_altered_log(
     assert main(["--store", url, "project", "--views", "keyindex"]) == 0
     with closing(sqlite3.connect(path)) as db, db:
         deleted = db.execute(
-            "DELETE FROM steplog_view_keyindex WHERE instance_id = ? AND key = 'k:token'",
+            "DELETE FROM steplog_view_keyindex_v2 WHERE instance_id = ? AND key = 'k:token'",
             (INSTANCE,),
         ).rowcount
     assert deleted == 1
