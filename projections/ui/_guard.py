@@ -88,14 +88,27 @@ class HostGuard:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def guarded(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", ()), *_RAW_HEADERS]}
             await send(message)
 
         header = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
         if self.allows(header):
-            await self.app(scope, receive, guarded)
+            try:
+                await self.app(scope, receive, guarded)
+            except Exception:
+                # A bug: answered here, with the headers (Starlette's outermost error layer, which
+                # logs it once this re-raises, would answer without them); no detail is shown.
+                if not started:
+                    await PlainTextResponse("500: internal error", status_code=500)(
+                        scope, receive, guarded
+                    )
+                raise
             return
         names = ", ".join(f"[{h}]" if ":" in h else h for h in sorted(self.hosts))
         refused = PlainTextResponse(

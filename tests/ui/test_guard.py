@@ -163,3 +163,23 @@ def test_the_command_takes_allowed_hosts(
     capsys.readouterr()
     assert main(["--store", url, "ui", "--port", port, "--allowed-host", "a/b"]) == EXIT_BAD_INPUT
     assert "'a/b' is not a host name" in capsys.readouterr().err
+
+
+def test_an_unexpected_error_is_a_plain_500_with_the_protections_too(
+    demo_store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a page (any exception the pages do not handle) is answered 500 with the same
+    headers as every other answer, and without its text (which could hold stored values)."""
+    from projections.ui._data import Reader
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("secret-ish detail of a bug")
+
+    monkeypatch.setattr(Reader, "instances", broken)
+    with TestClient(
+        create_app(demo_store), base_url=LOCAL, raise_server_exceptions=False
+    ) as client:
+        response = client.get("/")
+    assert response.status_code == 500
+    assert "secret-ish" not in response.text
+    guarded(response)
