@@ -86,7 +86,7 @@ def run(args: str, capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
     text = captured.out + captured.err
     text = "\n".join(line.rstrip() for line in text.splitlines())
-    text = _HASH.sub("<sha256>", text)
+    text = _HASH.sub("<hash>", text)
     text = _NEW_KEY.sub('"key":"<a new random key>"', text)
     if code:
         text += f"\n(exit status {code})"
