@@ -40,6 +40,8 @@ _KEY_ID = 8
 _NONCE = 12
 _HEADER = len(MAGIC) + _KEY_ID + _NONCE
 _TAG = 16
+_MAKE_ONE = "'steplog keygen' (or, in Python, Keyring.generate())"
+"""How an error about a key's text says to make one: for users of the CLI and of the API."""
 
 
 def is_sealed(data: bytes) -> bool:
@@ -66,7 +68,13 @@ class Keyring:
     b'secret'
     """
 
-    def __init__(self, keys: Sequence[bytes], *, nonces: Callable[[int], bytes] = os.urandom):
+    def __init__(
+        self,
+        keys: Sequence[bytes],
+        *,
+        nonces: Callable[[int], bytes] = os.urandom,
+        source: str = "the keyring",
+    ):
         if not keys:
             raise StoreConfigError("a keyring needs at least one key")
         self._ciphers: dict[bytes, AESGCM] = {}
@@ -77,8 +85,7 @@ class Keyring:
             if not isinstance(key, bytes) or len(key) != 32:
                 size = len(key) if isinstance(key, bytes) else type(key).__name__
                 raise StoreConfigError(
-                    f"key {n} of the keyring is not 32 bytes ({size}); make one with "
-                    "Keyring.generate()"
+                    f"key {n} of {source} is not 32 bytes ({size}); make one with {_MAKE_ONE}"
                 )
             self._ciphers.setdefault(key_id(key), AESGCM(key))
             self._tags.setdefault(
@@ -93,34 +100,41 @@ class Keyring:
         """A new random key, as the URL-safe base64 text that ``from_text`` reads."""
         return base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
 
+    @staticmethod
+    def fingerprint_of(sealed: bytes) -> str:
+        """The fingerprint (hex) of the key that ``sealed`` (a value ``seal`` made) names: which
+        key opens it, told without any key."""
+        return sealed[len(MAGIC) : len(MAGIC) + _KEY_ID].hex()
+
     @classmethod
-    def from_text(cls, text: str) -> Keyring:
+    def from_text(cls, text: str, *, source: str = "the keyring") -> Keyring:
         """The keyring of ``text``: base64 keys separated by commas, whitespace or line breaks
         (one key per line is fine), the first one sealing. Each key must be whole base64 text
         (``generate``'s 44 characters): a part that is not, one with anything after its padding,
         or an empty part between two commas is a ``StoreConfigError`` that names the key's place
-        (its number), never its text; no key is ever dropped."""
+        (its number, in ``source``: where the text came from), never its text; no key is ever
+        dropped."""
         keys = []
         parts = text.split(",")
         for n, part in enumerate(_key_texts(parts), start=1):
             if not part:
                 raise StoreConfigError(
-                    f"key {n} of the keyring is empty (two commas in a row, or a comma at an "
+                    f"key {n} of {source} is empty (two commas in a row, or a comma at an "
                     "end); separate keys by one comma, a space or a line break"
                 )
             try:
                 keys.append(base64.b64decode(part.encode("ascii"), altchars=b"-_", validate=True))
             except (binascii.Error, ValueError, UnicodeEncodeError):
                 raise StoreConfigError(
-                    f"key {n} of the keyring is not base64 text; make one with Keyring.generate()"
+                    f"key {n} of {source} is not base64 text; make one with {_MAKE_ONE}"
                 ) from None
-        return cls(keys)
+        return cls(keys, source=source)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Keyring | None:
         """The keyring in ``environ[KEYS_ENV]``, None when it is unset or empty."""
         text = environ.get(KEYS_ENV, "").strip()
-        return cls.from_text(text) if text else None
+        return cls.from_text(text, source=f"${KEYS_ENV}") if text else None
 
     @property
     def fingerprints(self) -> list[str]:
@@ -145,7 +159,10 @@ class Keyring:
             raise MissingKeyError(
                 f"{where} is encrypted with key {found.hex()}, which is not in the keyring "
                 f"({', '.join(self.fingerprints)}): give that key (in {KEYS_ENV} or "
-                "open_store(keyring=...))"
+                "open_store(keyring=...))",
+                where=where,
+                key=found.hex(),
+                given=tuple(self.fingerprints),
             )
         try:
             return cipher.decrypt(sealed[4 + _KEY_ID : _HEADER], sealed[_HEADER:], place)
@@ -206,8 +223,10 @@ def _key_texts(parts: Sequence[str]) -> list[str]:
 
 def sealed_without_key(where: str, sealed: bytes) -> MissingKeyError:
     """The error for an encrypted value read by a store opened without keys."""
-    found = sealed[4 : 4 + _KEY_ID].hex()
+    found = Keyring.fingerprint_of(sealed)
     return MissingKeyError(
         f"{where} is encrypted (key {found}); open the store with its key: {KEYS_ENV}=... or "
-        "open_store(url, keyring=Keyring.from_text(...))"
+        "open_store(url, keyring=Keyring.from_text(...))",
+        where=where,
+        key=found,
     )

@@ -348,7 +348,36 @@ class DecodeError(StoreError):
 
 class MissingKeyError(DecodeError):
     """A row or view document is encrypted with a key that is not in the store's keyring (or the
-    store was opened without keys). The message names where and the key's fingerprint."""
+    store was opened without keys). The message names where and the key's fingerprint.
+
+    ``where`` names the value (``"row 'orders'#1..2"``), ``key`` the fingerprint (hex) of the
+    key it needs (None when not known), ``given`` the fingerprints of the keys the store was
+    given (empty: none): enough for a tool to say it in its own words (the CLI names its
+    ``--keys-file``), never a key itself.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        key: str | None = None,
+        given: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.where = where
+        self.key = key
+        self.given = given
+
+    def __reduce__(self) -> Any:
+        return (_missing_key, (str(self), self.where, self.key, self.given))
+
+
+def _missing_key(
+    message: str, where: str | None, key: str | None, given: tuple[str, ...]
+) -> MissingKeyError:
+    """Rebuild a pickled ``MissingKeyError`` with its attributes."""
+    return MissingKeyError(message, where=where, key=key, given=given)
 
 
 class SchemaVersionError(StoreError):

@@ -51,6 +51,7 @@ from kernel._errors import (
     DecodeError,
     InvalidBatchError,
     LogIntegrityError,
+    MissingKeyError,
     StepLogError,
     StoreConfigError,
     StoreError,
@@ -252,9 +253,9 @@ class EventStore(ABC):
         self._encrypted = marked
         if marked and keyring is None and create:
             raise StoreConfigError(
-                f"{self._where()} is encrypted: open it with its keys ({KEYS_ENV}=... or "
-                "open_store(url, keyring=Keyring.from_text(...))), or with create=False to "
-                "only read what is not sealed"
+                f"{self._where()} is encrypted: open it with its keys to write to it ({KEYS_ENV}, "
+                "or steplog's --keys-file FILE; in Python, open_store(url, "
+                "keyring=Keyring.from_text(...)), or create=False to only read what is not sealed)"
             )
         self._settle_marks(writes=create and not getattr(self, "read_only", False))
 
@@ -421,6 +422,12 @@ class EventStore(ABC):
         """The keys this store seals and opens rows with (None: rows are plain JSON). Views
         that keep copies of values in the same database seal them with it too."""
         return self._mapper.keyring
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the store is marked encrypted (its first writer with a key marked it): its
+        rows are sealed, and reading them needs its keys. Known when the store is opened."""
+        return self._encrypted
 
     def holds_plain_rows(self) -> bool:
         """Whether this store holds rows in plain text, told cheaply, by its first row (no
@@ -907,8 +914,10 @@ class EventStore(ABC):
         head, and each of ``heads`` (exported earlier) against the event at its position.
 
         Returns a ``ChainReport`` listing every problem with its position and kind; raises only
-        when the store cannot be read. ``progress`` is called with the number of events checked
-        after each batch of rows."""
+        when the store cannot be read: a ``StoreError``, or ``MissingKeyError`` for a sealed row
+        whose key this store was not given (no keys, or wrong ones), since what cannot be opened
+        cannot be checked, and is not evidence of tampering either. ``progress`` is called with
+        the number of events checked after each batch of rows."""
         report = ChainReport()
         if self._mark_problem is not None:
             report.problems.append(self._mark_problem)
@@ -954,6 +963,8 @@ class EventStore(ABC):
                         on_broken=problems.append,
                         check_all=True,
                     )
+                except MissingKeyError:
+                    raise  # a row this keyring cannot open cannot be checked: not a broken chain
                 except (LogIntegrityError, DecodeError) as error:
                     where = before.last + 1 if before is not None else 1
                     if isinstance(error, LogIntegrityError):

@@ -94,7 +94,9 @@ def open_doc(
     if keyring is None:
         raise MissingKeyError(
             f"{where} is encrypted; open the store with its keys ({KEYS_ENV}=... or "
-            "open_store(url, keyring=Keyring.from_text(...)))"
+            "open_store(url, keyring=Keyring.from_text(...)))",
+            where=where,
+            key=Keyring.fingerprint_of(sealed),
         )
     return keyring.open(sealed, doc_place(table, instance_id, key), where)
 

@@ -75,7 +75,6 @@ from kernel import (
     EventBase,
     EventStore,
     LogIntegrityError,
-    MissingKeyError,
     SchemaVersionError,
     StepLogError,
     StoreUnavailableError,
@@ -136,6 +135,7 @@ from projections.cli._render import (
     history_title,
     log_table,
     print_paged,
+    read_error_text,
     recovered_json,
     recovered_table,
     show_time,
@@ -420,16 +420,8 @@ def _failed(error: StepLogError) -> int:
     if isinstance(error, SchemaVersionError):
         _complain(error)  # (its message says to upgrade steplog)
         return EXIT_NEWER_SCHEMA
-    if isinstance(error, MissingKeyError):
-        _complain(error)  # (its message says which key to give, and how)
-        return EXIT_BAD_INPUT
-    if isinstance(error, DecodeError):
-        _complain(
-            DecodeError(
-                f"{error}; the row is damaged or was written by another program: nothing was "
-                "changed; 'steplog verify' lists every unreadable row, and a backup restores it"
-            )
-        )
+    if isinstance(error, DecodeError):  # (a missing key's says which key to give, and how)
+        _complain(DecodeError(read_error_text(error)))
         return EXIT_BAD_INPUT
     _complain(error)  # bad input
     return EXIT_BAD_INPUT

@@ -86,7 +86,7 @@ def keyring_of(args: argparse.Namespace) -> Keyring | Literal["env"]:
         ) from None
     if not text.strip():
         raise StoreConfigError("the keys file given with --keys-file holds no key")
-    return Keyring.from_text(text)
+    return Keyring.from_text(text, source="the keys file given with --keys-file")
 
 
 def warn_if_plain(store: EventStore) -> None:

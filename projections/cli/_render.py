@@ -18,7 +18,15 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from kernel import EventBase, LogIntegrityError, MessageStaged, RecoveredRun
+from kernel import (
+    KEYS_ENV,
+    DecodeError,
+    EventBase,
+    LogIntegrityError,
+    MessageStaged,
+    MissingKeyError,
+    RecoveredRun,
+)
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 from projections._manifest import VIEW_MISMATCH
 from projections._runrecords import closer_label
@@ -40,6 +48,7 @@ __all__ = [
     "history_title",
     "log_table",
     "print_paged",
+    "read_error_text",
     "recovered_json",
     "recovered_table",
     "run_document",
@@ -73,6 +82,33 @@ def broken_chain_text(error: LogIntegrityError, *, also: str = "") -> str:
         else "the log was altered"
     )
     return f"{where}: {error}; 'steplog verify' lists every problem" + (f", {also}" if also else "")
+
+
+def read_error_text(error: DecodeError) -> str:
+    """What a reader that met a row it cannot read says (the CLI's one line, the UI's error
+    page). A sealed row whose key was not given (``MissingKeyError``): where, which key it needs
+    and which were given (fingerprints, never keys), and how to give it: ``$STEPLOG_KEYS`` or
+    ``--keys-file``. Neither is evidence that the log was altered, and the text never says so.
+    Any other ``DecodeError``: a row that is damaged or written by another program."""
+    if isinstance(error, MissingKeyError):
+        if error.where is None:
+            return str(error)
+        needs = f" with key {error.key}" if error.key else ""
+        if error.given:
+            why = (
+                f"which is not among the keys given ({', '.join(error.given)}): wrong or "
+                "missing key"
+            )
+        else:
+            why = "and no key was given"
+        return (
+            f"{error.where} is encrypted{needs}, {why}; give its key ({KEYS_ENV}=... or "
+            "--keys-file FILE)"
+        )
+    return (
+        f"{error}; the row is damaged or was written by another program: nothing was "
+        "changed; 'steplog verify' lists every unreadable row, and a backup restores it"
+    )
 
 
 def counts(status: WriteStatus) -> bool | None:

@@ -2,7 +2,9 @@
 
 It needs the ``ui`` extra (``pip install 'steplog[ui]'``); without it, the command says so (bad
 input, status 2). It has no JSON output: it prints the address to open and serves until Ctrl-C.
-An address it cannot bind (a port in use) is bad input too: one line, and nothing is served.
+An address it cannot bind (a port in use) is bad input too: one line, and nothing is served; so
+is a store marked encrypted when no keys were given (``MissingKeyError``), since no page of it
+could be read.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from kernel import EventStore
+from kernel import EventStore, MissingKeyError
 from projections.cli._points import UsageError
 
 __all__ = ["add_ui_command", "ui_command"]
@@ -64,6 +66,8 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
         ) from error
     from projections import SensitiveKeys
 
+    if store.encrypted and store.keyring is None:  # no page could be read: say so, serve none
+        raise MissingKeyError(f"the store {store.url} is encrypted", where=f"the store {store.url}")
     SensitiveKeys(args.sensitive)  # a bad pattern is bad input before anything is served
     allowed_names(tuple(args.allowed_host))  # and so is a host that is not a name
     serve(

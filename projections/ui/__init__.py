@@ -5,7 +5,13 @@
 Needs the ``ui`` extra (``pip install 'steplog[ui]'``).
 """
 
-from projections.ui._app import BROKEN_STATUS, PAGE_SIZE, TOKEN_COOKIE, create_app
+from projections.ui._app import (
+    BROKEN_STATUS,
+    PAGE_SIZE,
+    TOKEN_COOKIE,
+    UNREADABLE_STATUS,
+    create_app,
+)
 from projections.ui._guard import LOOPBACK_HOSTS, SECURITY_HEADERS
 from projections.ui._serve import DEFAULT_HOST, DEFAULT_PORT, allowed_names, needs_token, serve
 
@@ -17,6 +23,7 @@ __all__ = [
     "PAGE_SIZE",
     "SECURITY_HEADERS",
     "TOKEN_COOKIE",
+    "UNREADABLE_STATUS",
     "allowed_names",
     "create_app",
     "needs_token",

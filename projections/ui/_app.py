@@ -26,16 +26,16 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from kernel import EventStore, LogIntegrityError
+from kernel import DecodeError, EventStore, LogIntegrityError, MissingKeyError
 from projections import RunRecord, SuperstepRecord
 from projections._manifest import VIEW_MISMATCH
 from projections._runrecords import closer_label
-from projections.cli._render import broken_chain_text, show_value
+from projections.cli._render import broken_chain_text, read_error_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
 from projections.ui._guard import LOOPBACK_HOSTS, HostGuard
 
-__all__ = ["BROKEN_STATUS", "PAGE_SIZE", "TOKEN_COOKIE", "create_app"]
+__all__ = ["BROKEN_STATUS", "PAGE_SIZE", "TOKEN_COOKIE", "UNREADABLE_STATUS", "create_app"]
 
 PAGE_SIZE = 50
 """Rows per page of the run list and of a timeline."""
@@ -43,6 +43,10 @@ TOKEN_COOKIE = "steplog_ui_token"
 BROKEN_STATUS = 409
 """The status of a page that met a broken chain (``LogIntegrityError``): the log conflicts with
 its own hash chain, so no page is served from it; the error page names where."""
+UNREADABLE_STATUS = 403
+"""The status of a page that met a row it cannot read (``DecodeError``): above all a sealed row
+whose key the server was not given (``MissingKeyError``). The error page says so in the CLI's
+words (``read_error_text``): which key, and how to give it."""
 POLL_SECONDS = 0.5
 """How often a live page's event stream asks the store for the instance's version."""
 _HERE = Path(__file__).parent
@@ -249,7 +253,8 @@ class _Pages:
     ) -> Response:
         """Server-sent events: the ``version`` each time it changes, once ``check`` (what the
         page reads) passed; a broken chain found meanwhile is sent as a ``broken`` event with the
-        error's text, and ends the stream."""
+        error's text, and ends the stream; a row it cannot read (a sealed one without its key),
+        as an ``unreadable`` event the same way."""
 
         async def events() -> AsyncIterator[bytes]:
             last = -1
@@ -259,9 +264,10 @@ class _Pages:
                 if now != last:
                     try:
                         await asyncio.to_thread(check)
-                    except LogIntegrityError as error:
-                        text = " ".join(broken_chain_text(error).split())
-                        yield f"event: broken\ndata: {text}\n\n".encode()
+                    except (LogIntegrityError, DecodeError) as error:
+                        text = " ".join(_error_text(error).split())
+                        kind = "broken" if isinstance(error, LogIntegrityError) else "unreadable"
+                        yield f"event: {kind}\ndata: {text}\n\n".encode()
                         return
                     last = now
                     quiet = 0.0
@@ -295,6 +301,21 @@ class _Pages:
             integrity=error,
         )
 
+    async def unreadable(self, request: Request, error: Exception) -> Response:
+        """A page that met a row it cannot read (``DecodeError``; above all ``MissingKeyError``,
+        a sealed row whose key was not given): ``UNREADABLE_STATUS``, and the CLI's words
+        (``read_error_text``). Never a claim that the log was altered."""
+        assert isinstance(error, DecodeError)
+        return self.render(
+            request,
+            "error.html",
+            UNREADABLE_STATUS,
+            title="encrypted: its key was not given"
+            if isinstance(error, MissingKeyError)
+            else "a row cannot be read",
+            detail=read_error_text(error),
+        )
+
     async def not_found(self, request: Request, error: Exception) -> Response:
         detail = str(error) if isinstance(error, NotFound) else "no such page"
         if isinstance(error, HTTPException) and error.status_code != 404:
@@ -302,6 +323,13 @@ class _Pages:
                 request, "error.html", error.status_code, title="error", detail=error.detail
             )
         return self.render(request, "error.html", 404, title="not found", detail=detail)
+
+
+def _error_text(error: LogIntegrityError | DecodeError) -> str:
+    """The CLI's one line for an error a page met reading the log."""
+    if isinstance(error, LogIntegrityError):
+        return broken_chain_text(error)
+    return read_error_text(error)
 
 
 def _int(text: str | None, default: int) -> int:
@@ -401,6 +429,7 @@ def create_app(
             NotFound: pages.not_found,
             404: pages.not_found,
             LogIntegrityError: pages.broken,
+            DecodeError: pages.unreadable,
         },
     )
 

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from kernel import (
+    DecodeError,
     EventBase,
     EventStore,
     ExecutorInvoked,
@@ -496,8 +497,8 @@ class Reader:
     def _state(self, instance_id: str, point: Point) -> StateAt:
         try:
             return self._time_travel().state(instance_id, point)
-        except LogIntegrityError:
-            raise  # an altered log is shown as such, not as a point that names nothing
+        except (LogIntegrityError, DecodeError):
+            raise  # an altered or unreadable log is shown as such, not as a point naming nothing
         except StepLogError as error:  # a point naming nothing: the projections' own error
             raise NotFound(f"no such point: {error}") from error
 

@@ -159,7 +159,7 @@ def test_demo_and_rekey_json_match_their_schemas(
     assert document["rows"]["sealed"] > 0
     code, out, err = cli(capsys, "--store", sqlite_url, "state", "d")  # no key given
     assert (code, out) == (EXIT_BAD_INPUT, "")
-    assert "open the store with its key" in err
+    assert "give its key (STEPLOG_KEYS=... or --keys-file FILE)" in err
     assert "damaged" not in err  # a missing key is not a damaged row
 
 

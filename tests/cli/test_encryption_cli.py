@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kernel import KEYS_ENV, Keyring, open_store
+from kernel import KEYS_ENV, Keyring, MissingKeyError, open_store
 from projections.cli import EXIT_BAD_INPUT, main
 from tests.store.test_encryption import SECRET, fp, leaks, ring, run_workflows
 
@@ -111,7 +111,8 @@ def test_a_malformed_keys_file_is_refused_without_showing_it(sqlite_url, tmp_pat
     keys.write_text("not-a-key-at-all\n")
     assert main(["--store", sqlite_url, "--keys-file", str(keys), "instances"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert "key 1 of the keyring" in err
+    assert "key 1 of the keys file given with --keys-file is not 32 bytes" in err
+    assert "'steplog keygen'" in err
     assert "not-a-key-at-all" not in err
 
 
@@ -174,12 +175,12 @@ def test_every_key_of_steplog_keys_is_kept_whatever_separates_them(
 @pytest.mark.parametrize(
     ("text", "place"),
     [
-        ("{key}garbage", "key 1 of the keyring is not base64"),
-        ("{key}=", "key 1 of the keyring is not base64"),
-        ("{key},{key}xyz", "key 2 of the keyring is not base64"),
-        ("{key},,{key}", "key 2 of the keyring is empty"),
-        ("{key},", "key 2 of the keyring is empty"),
-        ("{key}\n{key}#comment", "key 2 of the keyring is not base64"),
+        ("{key}garbage", "key 1 of $STEPLOG_KEYS is not base64"),
+        ("{key}=", "key 1 of $STEPLOG_KEYS is not base64"),
+        ("{key},{key}xyz", "key 2 of $STEPLOG_KEYS is not base64"),
+        ("{key},,{key}", "key 2 of $STEPLOG_KEYS is empty"),
+        ("{key},", "key 2 of $STEPLOG_KEYS is empty"),
+        ("{key}\n{key}#comment", "key 2 of $STEPLOG_KEYS is not base64"),
     ],
 )
 def test_steplog_keys_with_anything_unparseable_is_refused_naming_its_place(
@@ -248,3 +249,107 @@ def test_a_store_that_got_its_key_late_is_warned_about_until_rekeyed(
     capsys.readouterr()
     assert main(["--store", sqlite_url, "instances"]) == 0
     assert PLAIN_WARNING not in capsys.readouterr().err
+
+
+# -- a missing or wrong key is not tampering, and is said in the CLI's words (issue 21) ---------
+
+TAMPER_WORDS = ("removed", "truncated", "broken", "altered", "edited", "--allow-broken-chain")
+
+
+def _keys_case(sqlite_url: str, monkeypatch: pytest.MonkeyPatch, case: str) -> tuple[str, str]:
+    """An encrypted store; ``$STEPLOG_KEYS`` unset (``"none"``) or holding another key."""
+    key = Keyring.generate()
+    with open_store(sqlite_url, keyring=ring(key)) as store:
+        run_workflows(store)
+    wrong = Keyring.generate()
+    if case == "wrong":
+        monkeypatch.setenv(KEYS_ENV, wrong)
+    return key, wrong
+
+
+@pytest.mark.parametrize("case", ["none", "wrong"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["verify"],
+        ["verify", "--json"],
+        ["verify", "--instance", "orders-1"],
+        ["--allow-broken-chain", "verify"],
+        ["head", "orders-1"],
+        ["--allow-broken-chain", "runs"],
+        ["state", "orders-1"],
+    ],
+    ids=" ".join,
+)
+def test_verify_and_head_without_the_right_key_say_encrypted_never_tampered(
+    sqlite_url, no_keys, monkeypatch, capsys, case, command
+):
+    """``verify`` used to list every row as malformed at position 1 and claim that events 1..N
+    were removed (exit 4), and ``head`` to call the chain broken and suggest
+    --allow-broken-chain: a missing key is not evidence of tampering."""
+    key, wrong = _keys_case(sqlite_url, monkeypatch, case)
+    assert main(["--store", sqlite_url, *command]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    line = lines[0]
+    assert line.startswith("steplog: row 'orders-1'#1..")
+    assert f"is encrypted with key {fp(key)}" in line
+    assert f"give its key ({KEYS_ENV}=... or --keys-file FILE)" in line
+    if case == "wrong":
+        assert f"not among the keys given ({fp(wrong)}): wrong or missing key" in line
+    else:
+        assert "no key was given" in line
+    assert not [word for word in TAMPER_WORDS if word in line]
+    assert key not in line
+    assert wrong not in line
+
+
+@pytest.mark.parametrize("case", ["none", "wrong"])
+def test_verify_chain_raises_missing_key_instead_of_reporting_problems(
+    sqlite_url, no_keys, monkeypatch, case
+):
+    key, wrong = _keys_case(sqlite_url, monkeypatch, case)
+    keyring = ring(wrong) if case == "wrong" else None
+    with open_store(sqlite_url, keyring=keyring, create=False) as store:
+        with pytest.raises(MissingKeyError) as raised:
+            store.verify_chain()
+        assert raised.value.key == fp(key)
+        assert raised.value.given == ((fp(wrong),) if case == "wrong" else ())
+        assert raised.value.where is not None
+        assert raised.value.where.startswith("row 'orders-1'#1..")
+
+
+API_WORDS = ("Keyring.from_text", "open_store", "create=False", "keyring=")
+
+
+@pytest.mark.parametrize(
+    ("case", "command", "says"),
+    [
+        ("none", ["log", "orders-1"], "--keys-file FILE"),
+        ("wrong", ["history", "orders-1"], "--keys-file FILE"),
+        ("none", ["blame", "orders-1", "card"], "--keys-file FILE"),
+        ("malformed", ["instances"], "'steplog keygen'"),
+        ("short", ["instances"], "'steplog keygen'"),
+        ("none", ["project"], "--keys-file FILE"),
+    ],
+)
+def test_key_errors_tell_a_cli_user_what_to_do_in_the_cli(
+    sqlite_url, tmp_path, no_keys, monkeypatch, capsys, case, command, says
+):
+    """The CLI's key errors pointed to the Python API only ("make one with Keyring.generate()",
+    "open_store(url, keyring=...)", "or with create=False")."""
+    key, _ = _keys_case(sqlite_url, monkeypatch, "wrong" if case == "wrong" else "none")
+    if case == "malformed":
+        monkeypatch.setenv(KEYS_ENV, f"{key} not-a-key")
+    if case == "short":
+        monkeypatch.setenv(KEYS_ENV, "c2hvcnQ=")
+    assert main(["--store", sqlite_url, *command]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert says in err
+    assert KEYS_ENV in err
+    if command != ["project"] and case not in ("malformed", "short"):
+        assert not [word for word in API_WORDS if word in err], err
+    assert key not in err
+    assert "not-a-key" not in err

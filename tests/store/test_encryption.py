@@ -416,6 +416,6 @@ def test_a_keyring_that_is_neither_keys_nor_from_env_nor_none_is_refused(choice)
 def test_malformed_steplog_keys_make_open_store_refuse_naming_the_place(sqlite_url, monkeypatch):
     key = Keyring.generate()
     monkeypatch.setenv(KEYS_ENV, f"{key}\n{key}trailing")
-    with pytest.raises(StoreConfigError, match="key 2 of the keyring is not base64") as caught:
+    with pytest.raises(StoreConfigError, match="key 2 of \\$STEPLOG_KEYS is not base64") as caught:
         open_store(sqlite_url)
     assert key not in str(caught.value)

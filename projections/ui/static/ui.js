@@ -71,5 +71,10 @@
     if (status) { status.textContent = "live · the log was altered"; status.title = e.data; }
     refresh(null, "live · the log was altered");
   });
+  source.addEventListener("unreadable", function (e) {
+    source.close();  // a row it cannot read (a sealed one without its key): its error replaces it
+    if (status) { status.textContent = "live · a row cannot be read"; status.title = e.data; }
+    refresh(null, "live · a row cannot be read");
+  });
   source.onerror = function () { if (status) { status.textContent = "live · reconnecting"; } };
 }());
