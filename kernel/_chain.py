@@ -203,8 +203,7 @@ class IntegrityMark:
         if not (chained is None or (type(chained) is int and chained >= 0)):
             return None
         if plain is not None and not (
-            isinstance(plain, dict)
-            and all(type(v) is int and v >= 0 for v in plain.values())
+            isinstance(plain, dict) and all(type(v) is int and v >= 0 for v in plain.values())
         ):
             return None
         if not isinstance(tag, str):

@@ -18,11 +18,11 @@ A store that gets its first key this way is marked encrypted before any row is s
 from then on a writer without keys is refused (``open_store``), and its integrity mark
 (``kernel._chain.IntegrityMark``, tagged with the key) records which rows were written plain:
 each instance's last position so far; every other row must be sealed. Other plain rows are
-refused, by rekey as by every reader: whoever has no key cannot have them sealed for him. A
-store whose mark cannot be believed (opened with ``allow_broken_chain``) is rekeyed as one whose
-every row must be sealed: every plain row is refused, and the mark it gets is that strict one. (Processes that opened the
-store without keys before it was marked must be stopped first: their later rows are refused
-too.) Once every row is sealed, the mark moves: from then on every row must be.
+refused, by rekey as by every reader: whoever has no key cannot have them sealed for him.
+(Processes that opened the store without keys before it was marked must be stopped first: their
+later rows are refused too.) A store whose mark cannot be believed (opened with
+``allow_broken_chain``) is rekeyed as one whose every row must be sealed: every plain row is
+refused. Once every row is sealed, the mark lists no plain row: from then on every row must be.
 
 ``compact_store(store)`` then drops what the rewritten rows leave behind in the files: on SQLite
 a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint that empties the WAL

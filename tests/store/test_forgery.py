@@ -421,9 +421,11 @@ def test_rows_renumbered_or_put_at_id_0_are_not_before_the_key(
     assert_refused(encrypted, "below", 1, "unsealed", capsys, keys_file)
     db.run("DELETE FROM {meta} WHERE key = 'integrity'")  # no bound left to compare with
     assert_mark_refused(encrypted, capsys, keys_file)
-    with open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
-        with pytest.raises(LogIntegrityError, match="not encrypted"):
-            rekey(store)  # what the CLI's warning would lead to: it never seals the forgery
+    with (
+        open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store,
+        pytest.raises(LogIntegrityError, match="not encrypted"),
+    ):
+        rekey(store)  # what the CLI's warning would lead to: it never seals the forgery
     assert not Database(encrypted).rows("forged")[-1][2].startswith(b"\x00SL1")
 
 
@@ -442,9 +444,7 @@ def test_a_plain_row_below_the_keys_first_row_is_refused(
     mark = orjson.loads(Database(url).meta()["integrity"])
     assert mark["plain"] == {CLEAN: Database(url).rows(CLEAN)[-1][0]}, mark
     position = keyless_append(url, row_id=-5)
-    assert_refused(
-        url, INSTANCE, position, "unsealed", capsys, keys_file, seen_by_read_all=False
-    )
+    assert_refused(url, INSTANCE, position, "unsealed", capsys, keys_file, seen_by_read_all=False)
     with open_store(url, keyring=Keyring.from_text(KEY), create=False) as store:
         rekey(store)  # seals the rows the mark lists, never the forged one
         assert fold_committed(store.read(CLEAN)).values == {"a": 7}
