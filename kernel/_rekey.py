@@ -112,7 +112,10 @@ def rekey(
         raise StoreConfigError(f"rows_per_transaction must be >= 1, got {rows_per_transaction}")
     report = RekeyReport(key=keyring.current.hex())
     marks = store._marks
-    if marks.plain is None:  # a plain store gets its first key: its rows so far were plain
+    if store._mark_problem is not None:  # a mark not believed: every row must be sealed
+        with store._translated("read the global log"):
+            marks = IntegrityMark(store._computed_marks().chained_from, {})
+    elif marks.plain is None:  # a plain store gets its first key: its rows so far were plain
         with store._translated("read the global log"):
             marks = IntegrityMark(marks.chained_from, store._plain_positions())
     if store._read_meta(ENCRYPTION_MARK) is None:

@@ -311,6 +311,25 @@ def test_deleting_the_stores_marks_does_not_let_a_plain_row_in(
         assert (INSTANCE, position, "unsealed") in found
 
 
+def test_a_store_without_its_mark_gets_it_back_from_rekey_as_the_error_says(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the refusal advises for a store encrypted by an older steplog (no mark): ``steplog
+    --allow-broken-chain rekey`` with its keys records the strictest mark, after which the
+    store opens as before."""
+    Database(encrypted).run("DELETE FROM {meta} WHERE key = 'integrity'")
+    with pytest.raises(LogIntegrityError, match="allow-broken-chain rekey"):
+        open_store(encrypted, keyring=Keyring.from_text(KEY), create=False)
+    store_args = ("--store", encrypted, "--keys-file", str(keys_file))
+    code, out, err = cli(capsys, *store_args, "--allow-broken-chain", "rekey")
+    assert code == 0, (out, err)
+    mark = orjson.loads(Database(encrypted).meta()["integrity"])
+    assert (mark["chained_from"], mark["plain"]) == (0, {})
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), create=False) as store:
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
+        assert store.verify_chain().verified
+
+
 def assert_mark_refused(url: str, capsys: Any, keys: Path) -> None:
     """Readers and writers with the key refuse the store (``mark altered``), no writer records
     a mark, and the CLI's writers and readers exit with the broken-chain status."""
