@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kernel._errors import LogIntegrityError, StoreConfigError
@@ -157,43 +158,57 @@ class ChainHead:
 
 @dataclass(frozen=True, slots=True)
 class IntegrityMark:
-    """What a store's rows must be, from where: every row with an id (its place in the order of
-    appends) above ``chained_from`` carries hashes, and, in an encrypted store, every row above
-    ``sealed_from`` is sealed. None: no such rule. Rows at or below a bound were written before
-    the chain (or the key) and are read as they are.
+    """What a store's rows must be: every row with an id (its place in the order of appends)
+    above ``chained_from`` carries hashes; and, in an encrypted store (``plain`` is not None),
+    every row is sealed except those written before the store's first key, which ``plain``
+    names per instance: the last position of the instance written in plain text. None: no such
+    rule.
 
-    Kept in the store's meta table, as ``to_text`` writes it; in an encrypted store with a tag
-    (``Keyring.tag``), so that someone without the key can neither move a bound nor make a plain
-    store of an encrypted one (``docs/security.md``)."""
+    The rows that may be plain are named by instance and position, never by row id: row ids are
+    in the attacker's hands (renumbered, or a row inserted at id 0), positions are covered by
+    the chain. Kept in the store's meta table, as ``to_text`` writes it; in an encrypted store
+    with a tag (``Keyring.tag``), so that someone without the key can neither add a plain row
+    to ``plain`` nor make a plain store of an encrypted one (``docs/security.md``)."""
 
     chained_from: int | None = None
-    sealed_from: int | None = None
+    plain: Mapping[str, int] | None = None
+
+    def may_be_plain(self, instance_id: str, last: int) -> bool:
+        """Whether the row of ``instance_id`` ending at position ``last`` may be plain."""
+        return self.plain is None or last <= self.plain.get(instance_id, 0)
 
     def message(self) -> bytes:
         """The bytes the tag authenticates."""
-        return f"steplog-integrity-1\x00{self.chained_from}\x00{self.sealed_from}".encode()
+        plain = None if self.plain is None else sorted(self.plain.items())
+        body = json.dumps([self.chained_from, plain], ensure_ascii=True)
+        return f"steplog-integrity-2\x00{body}".encode()
 
     def to_text(self, tag: str = "") -> str:
+        plain = None if self.plain is None else dict(sorted(self.plain.items()))
         return json.dumps(
-            {"chained_from": self.chained_from, "sealed_from": self.sealed_from, "tag": tag},
-            sort_keys=True,
+            {"chained_from": self.chained_from, "plain": plain, "tag": tag}, sort_keys=True
         )
 
     @classmethod
     def from_text(cls, text: str) -> tuple[IntegrityMark, str] | None:
-        """The mark in ``text`` and its tag ("" when untagged); None when it is malformed."""
+        """The mark in ``text`` and its tag ("" when untagged); None when it is malformed: a
+        bound or position that is not a whole number >= 0 (``true`` and ``1e9`` are not)."""
         try:
             data = json.loads(text)
         except ValueError:
             return None
-        if not isinstance(data, dict) or data.keys() != {"chained_from", "sealed_from", "tag"}:
+        if not isinstance(data, dict) or data.keys() != {"chained_from", "plain", "tag"}:
             return None
-        chained, sealed, tag = data["chained_from"], data["sealed_from"], data["tag"]
-        if not all(v is None or (type(v) is int and v >= 0) for v in (chained, sealed)):
+        chained, plain, tag = data["chained_from"], data["plain"], data["tag"]
+        if not (chained is None or (type(chained) is int and chained >= 0)):
+            return None
+        if plain is not None and not (
+            isinstance(plain, dict) and all(type(v) is int and v >= 0 for v in plain.values())
+        ):
             return None
         if not isinstance(tag, str):
             return None
-        return cls(chained, sealed), tag
+        return cls(chained, plain), tag
 
 
 def form_problem(
@@ -207,8 +222,9 @@ def form_problem(
             instance_id,
             row.first,
             "unsealed",
-            f"{where} is not encrypted, though every row of this store after the ones written "
-            "before its key must be: it was written or rewritten by someone without the key",
+            f"{where} is not encrypted, though every row of this store must be, except the "
+            "ones its integrity mark lists as written before its key: it was written or "
+            "rewritten by someone without the key",
         )
     if not chained:
         return ChainProblem(

@@ -16,11 +16,13 @@ one event (batch format 1: no hashes, as before) and sealed.
 
 A store that gets its first key this way is marked encrypted before any row is sealed, so that
 from then on a writer without keys is refused (``open_store``), and its integrity mark
-(``kernel._chain.IntegrityMark``, tagged with the key) records that the rows written so far may
-be plain and every later one must be sealed. Plain rows after that point are refused, by rekey as
-by every reader: whoever has no key cannot have them sealed for him. (Processes that opened the
-store without keys before it was marked must be stopped first: their later rows are refused
-too.) Once every row is sealed, the mark moves: from then on every row must be.
+(``kernel._chain.IntegrityMark``, tagged with the key) records which rows were written plain:
+each instance's last position so far; every other row must be sealed. Other plain rows are
+refused, by rekey as by every reader: whoever has no key cannot have them sealed for him.
+(Processes that opened the store without keys before it was marked must be stopped first: their
+later rows are refused too.) A store whose mark cannot be believed (opened with
+``allow_broken_chain``) is rekeyed as one whose every row must be sealed: every plain row is
+refused. Once every row is sealed, the mark lists no plain row: from then on every row must be.
 
 ``compact_store(store)`` then drops what the rewritten rows leave behind in the files: on SQLite
 a ``VACUUM`` (deleted content goes with the free pages) and a WAL checkpoint that empties the WAL
@@ -110,17 +112,18 @@ def rekey(
         raise StoreConfigError(f"rows_per_transaction must be >= 1, got {rows_per_transaction}")
     report = RekeyReport(key=keyring.current.hex())
     marks = store._marks
-    if store._read_meta(ENCRYPTION_MARK) is None:
+    if store._mark_problem is not None:  # a mark not believed: every row must be sealed
         with store._translated("read the global log"):
-            last = store._newest_row_id()
-        store._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+            marks = IntegrityMark(store._computed_marks().chained_from, {})
+    elif marks.plain is None:  # a plain store gets its first key: its rows so far were plain
+        with store._translated("read the global log"):
+            marks = IntegrityMark(marks.chained_from, store._plain_positions())
+    if store._read_meta(ENCRYPTION_MARK) is None:
         report.marked = True
-        if marks.sealed_from is None:  # the rows so far were written without a key
-            marks = IntegrityMark(marks.chained_from, last)
-    store._encrypted = True
-    if marks.sealed_from is None:  # sealed rows, no mark: they are where sealing began
-        marks = IntegrityMark(marks.chained_from, store._computed_marks().sealed_from)
+    # The mark first (tagged with the current key), then the encryption mark.
     store._record_marks(marks)
+    store._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+    store._encrypted = True
     writer = _writer_for(store)
     after = 0
     while True:
@@ -145,8 +148,8 @@ def rekey(
         if progress is not None:
             progress(report)
         if len(rows) < rows_per_transaction:
-            if marks.sealed_from:  # every row is sealed now: from now on, every row must be
-                store._record_marks(IntegrityMark(marks.chained_from, 0))
+            # Every row is sealed now: from now on, every row must be.
+            store._record_marks(IntegrityMark(marks.chained_from, {}))
             return report
         after = rows[-1][0]
 
@@ -156,13 +159,14 @@ def _change(
 ) -> tuple[Change | None, str]:
     """The rewrite of one row and its kind; None when it is already sealed with the current
     key. A plain row past the point from which rows must be sealed is refused, never sealed."""
-    row_id, instance_id, last, topic, state = row
+    _, instance_id, last, topic, state = row
     count = row_count(instance_id, last, topic)
-    if not is_sealed(state) and row_id > (marks.sealed_from or 0):
+    if not is_sealed(state) and not marks.may_be_plain(instance_id, last):
         raise LogIntegrityError(
             f"the row holding {instance_id!r}#{last - count + 1}..{last} is not encrypted, "
-            "though it was written after the store got its key: it was written by someone "
-            "without the key (or by a process that opened the store before it had one); rekey "
+            "though the store's integrity mark does not list it as written before the store got "
+            "its key: it was written by someone without the key (or by a process that opened "
+            "the store before it had one); rekey "
             "stopped there, leaving it as it is",
             instance_id=instance_id,
             position=last - count + 1,

@@ -242,68 +242,113 @@ class EventStore(ABC):
         """Apply ``open_store``'s trust options: the keyring that seals and opens rows, whether
         a broken chain is read (and noted in ``chain_problems``) rather than refused, and the
         store's encryption mark (set by the first writer with a key; a writer without one is
-        refused, so that no plain row follows sealed ones)."""
+        refused, so that no plain row follows sealed ones), and its ``IntegrityMark``
+        (``_settle_marks``)."""
         self._mapper.keyring = keyring
         if allow_broken_chain:
             self._mapper.on_broken = self._note_broken
+        text = self._read_meta(INTEGRITY_MARK)
+        parsed = None if text is None else IntegrityMark.from_text(text)
+        mark = None if parsed is None else parsed[0]
         marked = self._read_meta(ENCRYPTION_MARK) is not None
-        if keyring is not None and create and not marked:
-            self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
-            marked = True
-        self._encrypted = marked
-        if marked and keyring is None and create:
+        # A mark that says sealed (tagged or not), or a sealed newest row, says encrypted too:
+        # deleting the meta row ``encryption`` must not turn encryption off.
+        marked = marked or (mark is not None and mark.plain is not None)
+        if keyring is None and create and (marked or self._newest_row_sealed()):
             raise StoreConfigError(
                 f"{self._where()} is encrypted: open it with its keys to write to it ({KEYS_ENV}, "
                 "or steplog's --keys-file FILE; in Python, open_store(url, "
                 "keyring=Keyring.from_text(...)), or create=False to only read what is not sealed)"
             )
-        self._settle_marks(writes=create and not getattr(self, "read_only", False))
+        self._encrypted = marked
+        self._settle_marks(text, parsed, writes=create and not getattr(self, "read_only", False))
 
-    def _settle_marks(self, *, writes: bool) -> None:
-        """Decide what this store's rows must be (its ``IntegrityMark``), and record it when
-        this store may write and it is not recorded yet.
+    def _settle_marks(
+        self, text: str | None, parsed: tuple[IntegrityMark, str] | None, *, writes: bool
+    ) -> None:
+        """Decide what this store's rows must be (its ``IntegrityMark``, ``text`` as read from
+        the meta table), and record it when this store may write and it is not recorded yet.
 
-        With keys, only a mark tagged with one of them is believed; one whose tag does not
-        match (or an encrypted store's mark stripped of its tag) raises ``LogIntegrityError``
-        (``mark altered``; with ``allow_broken_chain``, noted, and every row must then be
-        chained and sealed). Without a believed mark, the rows say: those after the first
-        chained row must be chained, and those after the first sealed row (or, in a store marked
-        encrypted with none sealed yet, every later row) sealed. A writer records that, tagged
-        when it has keys. Without keys, a recorded mark is used as it is (it cannot be
-        checked)."""
+        With keys, only a mark tagged with one of them is believed. A store that holds sealed
+        rows (or is marked encrypted) without such a mark, a mark that is malformed, or one
+        whose tag does not match or names a key not in the keyring raises
+        ``LogIntegrityError`` (``mark altered``; with ``allow_broken_chain``, noted, and every
+        row must then be chained and sealed). A mark is never computed from the rows of such a
+        store (they would vouch for a forged one). A store without sealed rows read with keys
+        is plain; its first writer with keys records which rows were written plain (the last
+        position of each instance), tags the mark, then marks the store encrypted. Without
+        keys, a recorded mark is used as it is (it cannot be checked); without one, the rows
+        say from which row on they are chained, and a writer records that."""
         keyring = self._mapper.keyring
-        text = self._read_meta(INTEGRITY_MARK)
-        parsed = None if text is None else IntegrityMark.from_text(text)
         mark, tag = parsed if parsed is not None else (None, "")
-        altered = text is not None and parsed is None
+        malformed = text is not None and parsed is None
         if keyring is not None:
-            if mark is not None and tag:
-                matches = keyring.tag_matches(tag, mark.message())
-                if matches:
-                    self._marks = mark
-                    return
-                altered = altered or matches is False
-            elif mark is not None and mark.sealed_from is not None:
-                altered = True
-            if altered:
-                self._marks = IntegrityMark(0, 0)
-                self._mark_problem = ChainProblem(
-                    "",
-                    0,
-                    "mark altered",
-                    f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) "
-                    "is not one its keys wrote: someone without the key altered it, to "
-                    "have plain or unchained rows read as if written before the key or "
-                    "the chain",
-                )
-                self._refuse(self._mark_problem)
+            if mark is not None and tag and keyring.tag_matches(tag, mark.message()) is True:
+                self._marks = mark
+                if writes and mark.plain is not None:  # put back a deleted encryption mark
+                    self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+                    self._encrypted = True
                 return
+            encrypted = self._encrypted or self._first_sealed_row() is not None
+            if mark is not None and tag and keyring.tag_matches(tag, mark.message()) is None:
+                # Tagged with a key not in the keyring: wrong keys, or a forged tag. Reading
+                # goes on with every row having to be sealed (rows sealed with that key say
+                # which key they need); nothing is written with keys that may be the wrong ones.
+                self._encrypted = True
+                self._mark_refused(
+                    f"it is tagged with key {tag.partition(':')[0][:16]!r}, which is not in the "
+                    "keyring (wrong keys, or a tag forged by someone without the key)",
+                    now=writes,
+                )
+                return
+            if malformed or tag or encrypted:
+                self._encrypted = self._encrypted or encrypted
+                self._mark_refused(
+                    "its keys wrote none"
+                    if text is None
+                    else "it is not one its keys wrote (malformed, untagged, or tagged with a "
+                    "key not in the keyring)"
+                )
+                return
+            chained = self._computed_marks().chained_from if mark is None else mark.chained_from
+            if not writes:
+                self._marks = IntegrityMark(chained, None)
+                return
+            with self._translated("read the global log"):
+                plain = self._plain_positions()
+            # The mark first: a store marked encrypted without its mark would be refused.
+            self._record_marks(IntegrityMark(chained, plain))
+            self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+            self._encrypted = True
+            return
+        if malformed:
+            self._mark_refused("it is malformed")
         elif mark is not None:
             self._marks = mark
-            return
-        self._marks = self._computed_marks()
-        if writes and (keyring is not None or not self._encrypted):
-            self._record_marks(self._marks)
+        elif self._encrypted:  # an encrypted store whose mark was removed: every row sealed
+            self._marks = IntegrityMark(None, {})
+        else:
+            self._marks = self._computed_marks()
+            if writes:
+                self._record_marks(self._marks)
+
+    def _mark_refused(self, why: str, *, now: bool = True) -> None:
+        """Refuse (or note, reading every row as having to be chained and sealed) a store whose
+        integrity mark cannot be believed, for ``why``. Not ``now``: only noted (``verify``
+        names it), every row read as having to be sealed."""
+        self._marks = IntegrityMark(0, {} if self._encrypted else None)
+        self._mark_problem = ChainProblem(
+            "",
+            0,
+            "mark altered",
+            f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) cannot be "
+            f"believed: {why}. Someone without the key may have altered or removed it, to have "
+            "plain or unchained rows read as if written before the key or the chain. A store "
+            "encrypted by a steplog older than this mark gets it from 'steplog "
+            "--allow-broken-chain rekey' with its keys (which refuses every plain row)",
+        )
+        if now:
+            self._refuse(self._mark_problem)
 
     def _record_marks(self, mark: IntegrityMark) -> None:
         """Write ``mark`` to the meta table (tagged with the current key, if any)."""
@@ -313,13 +358,11 @@ class EventStore(ABC):
         self._marks = mark
 
     def _computed_marks(self) -> IntegrityMark:
-        """The ``IntegrityMark`` the rows themselves give (``_settle_marks``): the store's first
-        sealed row (looked for with keys, or in a store marked encrypted), and one look at the
-        log in row order up to its first chained row."""
+        """The ``IntegrityMark`` the rows of a plain store give (``_settle_marks``): one look
+        at the log in row order up to its first chained row."""
         keyring = self._mapper.keyring
         with self._translated("read the global log"):
             last = self._newest_row_id()
-            sealed_at = self._first_sealed_row() if keyring is not None or self._encrypted else None
             chained_at = None
             after = 0
             while chained_at is None:
@@ -338,12 +381,24 @@ class EventStore(ABC):
                 if len(rows) < ROWS_PER_READ:
                     break
                 after = rows[-1][0]
-        sealed_from = None
-        if sealed_at is not None:
-            sealed_from = sealed_at - 1
-        elif self._encrypted:  # marked encrypted, nothing sealed yet: every later row must be
-            sealed_from = last
-        return IntegrityMark(last if chained_at is None else chained_at - 1, sealed_from)
+        return IntegrityMark(last if chained_at is None else chained_at - 1, None)
+
+    def _plain_positions(self) -> dict[str, int]:
+        """Each instance's last position (what a plain store's rows hold when it gets its first
+        key); adapters ask the database in one grouped query."""
+        found: dict[str, int] = {}
+        for instance_id in self.instances():
+            version = self._version_or_none(instance_id)
+            if version:
+                found[instance_id] = version
+        return found
+
+    def _newest_row_sealed(self) -> bool:
+        """Whether the store's newest row is sealed (one row read)."""
+        with self._translated("read the newest row"):
+            last = self._newest_row_id()
+            rows = self._select_rows(last - 1, 1, None) if last > 0 else []
+        return bool(rows) and is_sealed(bytes(rows[0][4]))
 
     def _first_sealed_row(self) -> int | None:
         """The id of the store's first sealed row (None: none); adapters ask the database."""
@@ -367,20 +422,18 @@ class EventStore(ABC):
         self, instance_id: str, link: RowLink, state: bytes, row_id: int | None = None
     ) -> ChainProblem | None:
         """What is wrong with a row that is not what the store's ``IntegrityMark`` says rows
-        after a point must be (chained, sealed), or None. ``row_id``: the row's id, looked up
-        only when a bound is not 0 and the row breaks it."""
+        must be (chained after a point, sealed unless listed as written before the key), or
+        None. ``row_id``: the row's id, looked up only when the chained bound is not 0 and the
+        row breaks it."""
         mark = self._marks
-        unsealed = mark.sealed_from is not None and not is_sealed(bytes(state))
+        unsealed = not is_sealed(bytes(state)) and not mark.may_be_plain(instance_id, link.last)
         unchained = mark.chained_from is not None and link.head is None
         if not (unsealed or unchained):
             return None
-        if row_id is None and (
-            (unsealed and mark.sealed_from) or (unchained and mark.chained_from)
-        ):
+        if row_id is None and unchained and mark.chained_from:
             with self._translated(f"read the row of {instance_id!r}#{link.last}"):
                 row_id = self._row_id(instance_id, link.last)
         found = row_id if row_id is not None else 1 << 62
-        unsealed = unsealed and found > (mark.sealed_from or 0)
         unchained = unchained and found > (mark.chained_from or 0)
         return form_problem(instance_id, link, chained=not unchained, sealed=not unsealed)
 
@@ -430,10 +483,12 @@ class EventStore(ABC):
         return self._encrypted
 
     def holds_plain_rows(self) -> bool:
-        """Whether this store holds rows in plain text, told cheaply, by its first row (no
-        scan): a store never written with a key holds only plain rows, and one that got its
-        first key late holds its plain rows first (``rekey`` seals them). An empty store holds
-        none."""
+        """Whether this store holds rows in plain text, told cheaply (no scan): an encrypted
+        store holds those its integrity mark lists as written before its first key (``rekey``
+        seals them, and only them); a store never written with a key holds only plain rows (by
+        its first row: an empty store holds none)."""
+        if self._marks.plain is not None:  # encrypted: the rows its mark lists as plain
+            return bool(self._marks.plain)
         with self._translated("read the first row"):
             first = self._select_rows(0, 1, None)
         return bool(first) and not is_sealed(bytes(first[0][4]))

@@ -756,6 +756,14 @@ class PostgresStore(EventStore):
             row = conn.execute(statement).fetchone()
         return 0 if row is None else int(row["last"])
 
+    def _plain_positions(self) -> dict[str, int]:
+        statement = sql.SQL(
+            "SELECT originator_id, max(originator_version) AS last FROM {} GROUP BY originator_id"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE))
+        with self._ds.get_connection() as conn:
+            rows = conn.execute(statement).fetchall()
+        return {str(row["originator_id"]): int(row["last"]) for row in rows}
+
     def _row_id(self, instance_id: str, last_position: int) -> int | None:
         statement = sql.SQL(
             "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"

@@ -396,6 +396,14 @@ class SQLiteStore(EventStore):
             row = cursor.fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    def _plain_positions(self) -> dict[str, int]:
+        with self._ds.transaction(commit=False) as cursor:
+            cursor.execute(
+                f"SELECT originator_id, max(originator_version) FROM {EVENTS_TABLE} "
+                "GROUP BY originator_id"
+            )
+            return {str(row[0]): int(row[1]) for row in cursor.fetchall()}
+
     def _row_id(self, instance_id: str, last_position: int) -> int | None:
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(

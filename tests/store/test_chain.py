@@ -262,8 +262,10 @@ def test_an_encrypted_store_holds_no_plain_value_and_refuses_keyless_writers(
     ):
         reader.read("e")
     other = Keyring.from_text(Keyring.generate())
+    with pytest.raises(LogIntegrityError, match="not in the keyring"):
+        open_store(durable_store_url, keyring=other)  # a writer with the wrong keys
     with (
-        open_store(durable_store_url, keyring=other) as wrong,
+        open_store(durable_store_url, keyring=other, create=False) as wrong,
         pytest.raises(DecodeError, match="not in the keyring"),
     ):
         wrong.read("e")

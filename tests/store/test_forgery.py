@@ -32,6 +32,7 @@ from kernel import (
     Keyring,
     LogIntegrityError,
     StateStaged,
+    StoreConfigError,
     SuperstepCommitted,
     WorkflowBuilder,
     WorkflowContext,
@@ -145,15 +146,43 @@ class Database:
                 (instance, position, digest),
             )
 
-    def append_plain(self, instance: str, events: list[EventBase], previous: bytes | None) -> None:
-        """Append ``events`` as one plain row chained to ``previous``, and move the head."""
+    def append_plain(
+        self,
+        instance: str,
+        events: list[EventBase],
+        previous: bytes | None,
+        row_id: int | None = None,
+    ) -> None:
+        """Append ``events`` as one plain row chained to ``previous`` (with ``row_id``: at that
+        row id), and move the head."""
         row = EventMapper().to_row(events, previous=previous)
-        self.run(
-            "INSERT INTO {events} (originator_id, originator_version, topic, state) "
-            "VALUES (?, ?, ?, ?)",
-            (instance, row.originator_version, row.topic, bytes(row.state)),
-        )
+        values = (instance, row.originator_version, row.topic, bytes(row.state))
+        if row_id is None:
+            self.run(
+                "INSERT INTO {events} (originator_id, originator_version, topic, state) "
+                "VALUES (?, ?, ?, ?)",
+                values,
+            )
+        elif self.sqlite:
+            self.run(
+                "INSERT INTO {events} (rowid, originator_id, originator_version, topic, state) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (row_id, *values),
+            )
+        else:
+            self.run(
+                "INSERT INTO {events} (originator_id, originator_version, topic, state, "
+                "notification_id, tx_id) VALUES (?, ?, ?, ?, ?, pg_current_xact_id())",
+                (*values, row_id),
+            )
         self.set_head(instance, row.originator_version, row.head)
+
+    def renumber(self, shift: int) -> None:
+        """Move every row's id by ``shift`` (SQLite's rowid, PostgreSQL's notification id)."""
+        if self.sqlite:
+            self.run("UPDATE {events} SET rowid = rowid + ?", (shift,))
+        else:
+            self.run("UPDATE {events} SET notification_id = notification_id + ?", (shift,))
 
     def rows(self, instance: str) -> list[tuple[int, str, bytes]]:
         found = self.run(
@@ -196,7 +225,7 @@ def encrypted(durable_store_url: str) -> Iterator[str]:
     return durable_store_url
 
 
-def keyless_append(url: str, instance: str = INSTANCE) -> int:
+def keyless_append(url: str, instance: str = INSTANCE, row_id: int | None = None) -> int:
     """Attack 1: a plain forged run appended to ``instance``, chained to its recorded head (a
     new instance: to its genesis), the head moved forward. Returns the forged run's first
     position."""
@@ -205,15 +234,24 @@ def keyless_append(url: str, instance: str = INSTANCE) -> int:
         position, digest = db.head(instance)
     except ValueError:  # no head: a new instance
         position, digest = 0, None
-    db.append_plain(instance, forged_run(instance, position), digest)
+    db.append_plain(instance, forged_run(instance, position), digest, row_id)
     return position + 1
 
 
 def assert_refused(
-    url: str, instance: str, position: int, kind: str, capsys: Any, keys: Path
+    url: str,
+    instance: str,
+    position: int,
+    kind: str,
+    capsys: Any,
+    keys: Path,
+    *,
+    seen_by_read_all: bool = True,
+    mark_refused: bool = False,
 ) -> None:
     """Every reader with the key refuses ``instance`` at ``position`` as ``kind``, and
-    ``verify`` names it there."""
+    ``verify`` names it there. (``seen_by_read_all``: False for a row put at a row id below 1,
+    which the global log, read from row id 1 on, does not show.)"""
     with open_store(url, keyring=Keyring.from_text(KEY), create=False) as store:
         with pytest.raises(LogIntegrityError) as caught:
             store.read(instance)
@@ -222,14 +260,18 @@ def assert_refused(
             position,
             kind,
         )
-        with pytest.raises(LogIntegrityError):
-            store.read_all(limit=10_000)
+        if seen_by_read_all:
+            with pytest.raises(LogIntegrityError):
+                store.read_all(limit=10_000)
+        else:
+            assert 666 not in [getattr(e, "value", None) for e in store.read_all(limit=10_000)]
         with pytest.raises(LogIntegrityError):
             history_of(store, instance)
         report = store.verify_chain()
         found = [(p.instance_id, p.position, p.kind) for p in report.problems]
         assert (instance, position, kind) in found, found
-        assert store.verify_chain(CLEAN).ok
+        clean = [p.kind for p in store.verify_chain(CLEAN).problems]
+        assert clean == (["mark altered"] if mark_refused else []), clean
     with open_store(url, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
         assert fold_committed(store.read(instance)).values["a"] == 666  # shown, and labelled
         assert (instance, position, kind) in [
@@ -258,10 +300,52 @@ def test_a_keyless_plain_row_appended_to_an_encrypted_store_is_refused(
 def test_deleting_the_stores_marks_does_not_let_a_plain_row_in(
     encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Without its tagged mark, a store holding sealed rows is refused by every reader with the
+    key (``mark altered``); read anyway, every row must be sealed."""
     db = Database(encrypted)
     db.run("DELETE FROM {meta} WHERE key IN ('encryption', 'integrity')")
     position = keyless_append(encrypted)
-    assert_refused(encrypted, INSTANCE, position, "unsealed", capsys, keys_file)
+    assert_mark_refused(encrypted, capsys, keys_file)
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
+        found = [(p.instance_id, p.position, p.kind) for p in store.verify_chain().problems]
+        assert (INSTANCE, position, "unsealed") in found
+
+
+def test_a_store_without_its_mark_gets_it_back_from_rekey_as_the_error_says(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the refusal advises for a store encrypted by an older steplog (no mark): ``steplog
+    --allow-broken-chain rekey`` with its keys records the strictest mark, after which the
+    store opens as before."""
+    Database(encrypted).run("DELETE FROM {meta} WHERE key = 'integrity'")
+    with pytest.raises(LogIntegrityError, match="allow-broken-chain rekey"):
+        open_store(encrypted, keyring=Keyring.from_text(KEY), create=False)
+    store_args = ("--store", encrypted, "--keys-file", str(keys_file))
+    code, out, err = cli(capsys, *store_args, "--allow-broken-chain", "rekey")
+    assert code == 0, (out, err)
+    mark = orjson.loads(Database(encrypted).meta()["integrity"])
+    assert (mark["chained_from"], mark["plain"]) == (0, {})
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), create=False) as store:
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
+        assert store.verify_chain().verified
+
+
+def assert_mark_refused(url: str, capsys: Any, keys: Path) -> None:
+    """Readers and writers with the key refuse the store (``mark altered``), no writer records
+    a mark, and the CLI's writers and readers exit with the broken-chain status."""
+    before = Database(url).meta().get("integrity")
+    for create in (False, True):
+        with pytest.raises(LogIntegrityError, match="integrity mark") as caught:
+            open_store(url, keyring=Keyring.from_text(KEY), create=create)
+        assert caught.value.kind == "mark altered"
+        assert "rekey" in str(caught.value)
+    store_args = ("--store", url, "--keys-file", str(keys))
+    for command in (["project"], ["state", INSTANCE], ["verify"]):
+        code, out, err = cli(capsys, *store_args, *command)
+        assert code == EXIT_BROKEN_CHAIN, (command, out, err)
+        assert "666" not in out
+        assert "integrity mark" in err, err
+    assert Database(url).meta().get("integrity") == before  # nothing recorded from the rows
 
 
 def test_a_forged_instance_of_plain_rows_is_refused(
@@ -278,11 +362,11 @@ def test_an_edited_integrity_mark_is_refused_by_every_reader_with_the_key(
     kept, or dropped), it no longer matches its tag."""
     db = Database(encrypted)
     mark = orjson.loads(db.meta()["integrity"])
-    assert mark["sealed_from"] == 0
+    assert mark["plain"] == {}
     assert mark["tag"]
     keyless_append(encrypted)
     for tag in (mark["tag"], ""):
-        edited = {**mark, "sealed_from": 10**9, "tag": tag}
+        edited = {**mark, "plain": {INSTANCE: 10**9}, "tag": tag}
         db.run(
             "UPDATE {meta} SET value = ? WHERE key = 'integrity'", (orjson.dumps(edited).decode(),)
         )
@@ -330,7 +414,7 @@ def test_rotation_and_rekey_keep_the_mark_and_move_it(durable_store_url: str) ->
         assert report.sealed >= 1
         assert report.resealed >= 1
         assert store.verify_chain().verified
-    assert orjson.loads(db.meta()["integrity"])["sealed_from"] == 0
+    assert orjson.loads(db.meta()["integrity"])["plain"] == {}
     with open_store(url, keyring=Keyring.from_text(OTHER), create=False) as store:
         assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
         assert store.verify_chain().verified
@@ -339,6 +423,112 @@ def test_rotation_and_rekey_keep_the_mark_and_move_it(durable_store_url: str) ->
         with pytest.raises(LogIntegrityError) as caught:
             store.read(INSTANCE)
         assert (caught.value.position, caught.value.kind) == (position, "unsealed")
+
+
+def test_rows_renumbered_or_put_at_id_0_are_not_before_the_key(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Row ids are the attacker's: every row renumbered (``rowid + 1000``), a plain forged
+    instance put at row id 1, below the first sealed row; another at row id 0 (or below), which
+    no scan of the global log starting after 0 sees. The mark names the rows written before
+    the key by instance and position, never by row id: both are refused."""
+    db = Database(encrypted)
+    db.renumber(1000)
+    assert keyless_append(encrypted, "forged", row_id=1) == 1
+    assert_refused(encrypted, "forged", 1, "unsealed", capsys, keys_file)
+    assert keyless_append(encrypted, "below", row_id=0) == 1
+    assert_refused(encrypted, "below", 1, "unsealed", capsys, keys_file)
+    db.run("DELETE FROM {meta} WHERE key = 'integrity'")  # no bound left to compare with
+    assert_mark_refused(encrypted, capsys, keys_file)
+    with (
+        open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store,
+        pytest.raises(LogIntegrityError, match="not encrypted"),
+    ):
+        rekey(store)  # what the CLI's warning would lead to: it never seals the forgery
+    assert not Database(encrypted).rows("forged")[-1][2].startswith(b"\x00SL1")
+
+
+def test_a_plain_row_below_the_keys_first_row_is_refused(
+    durable_store_url: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store written plain, then with a key, its mark intact: a plain forged row put at row
+    id -5 (below every row written before the key) in an instance written wholly with the key
+    is refused; rekey seals the plain rows the mark lists, never it."""
+    url = durable_store_url
+    with open_store(url) as store:
+        run_a(store, CLEAN, 7)
+    with open_store(url, keyring=Keyring.from_text(KEY)) as store:
+        run_a(store, INSTANCE, 1)
+        run_a(store, INSTANCE, 2)
+    mark = orjson.loads(Database(url).meta()["integrity"])
+    assert mark["plain"] == {CLEAN: Database(url).rows(CLEAN)[-1][0]}, mark
+    position = keyless_append(url, row_id=-5)
+    assert_refused(url, INSTANCE, position, "unsealed", capsys, keys_file, seen_by_read_all=False)
+    with open_store(url, keyring=Keyring.from_text(KEY), create=False) as store:
+        rekey(store)  # seals the rows the mark lists, never the forged one
+        assert fold_committed(store.read(CLEAN)).values == {"a": 7}
+        with pytest.raises(LogIntegrityError, match="not encrypted"):
+            store.read(INSTANCE)
+    assert orjson.loads(Database(url).meta()["integrity"])["plain"] == {}
+    assert not Database(url).rows(INSTANCE)[-1][2].startswith(b"\x00SL1")
+
+
+def test_a_mark_tagged_with_a_key_not_in_the_keyring_is_refused(
+    encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tag naming a fingerprint that no key of the keyring has cannot be checked: the mark is
+    not believed (``mark altered``, named by verify; a writer is refused), never silently
+    passed over for one computed from rows: every row must then be sealed."""
+    db = Database(encrypted)
+    forged = {"chained_from": 0, "plain": {"forged": 10**9}, "tag": "0000000000000000:00"}
+    db.run("UPDATE {meta} SET value = ? WHERE key = 'integrity'", (orjson.dumps(forged).decode(),))
+    db.renumber(1000)
+    keyless_append(encrypted, "forged", row_id=1)
+    with pytest.raises(LogIntegrityError, match="integrity mark") as caught:
+        open_store(encrypted, keyring=Keyring.from_text(KEY))  # a writer never adopts it
+    assert caught.value.kind == "mark altered"
+    assert_refused(encrypted, "forged", 1, "unsealed", capsys, keys_file, mark_refused=True)
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), create=False) as store:
+        assert "mark altered" in [p.kind for p in store.verify_chain().problems]
+    assert orjson.loads(db.meta()["integrity"]) == forged
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"chained_from": True},
+        {"chained_from": 1e9},
+        {"chained_from": -1},
+        {"plain": {INSTANCE: True}},
+        {"plain": {INSTANCE: 2.0}},
+        {"plain": [INSTANCE]},
+    ],
+)
+def test_a_mark_with_a_bound_that_is_not_a_whole_number_is_malformed(
+    edit: dict[str, Any], encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``true`` and ``1e9`` are not row ids or positions: the mark is refused as altered."""
+    from kernel._chain import IntegrityMark
+
+    db = Database(encrypted)
+    mark = {**orjson.loads(db.meta()["integrity"]), **edit}
+    assert IntegrityMark.from_text(orjson.dumps(mark).decode()) is None
+    db.run("UPDATE {meta} SET value = ? WHERE key = 'integrity'", (orjson.dumps(mark).decode(),))
+    assert_mark_refused(encrypted, capsys, keys_file)
+
+
+def test_deleting_the_encryption_mark_does_not_let_a_keyless_writer_in(encrypted: str) -> None:
+    """With the meta row ``encryption`` deleted, a writer without keys is still refused: the
+    integrity mark says sealed (tagged or not), and so does the store's newest row."""
+    db = Database(encrypted)
+    db.run("DELETE FROM {meta} WHERE key = 'encryption'")
+    with pytest.raises(StoreConfigError, match="is encrypted"):
+        open_store(encrypted)
+    db.run("DELETE FROM {meta} WHERE key = 'integrity'")
+    with pytest.raises(StoreConfigError, match="is encrypted"):
+        open_store(encrypted)
+    with open_store(encrypted, keyring=Keyring.from_text(KEY), allow_broken_chain=True) as store:
+        assert fold_committed(store.read(INSTANCE)).values == {"a": 2}
 
 
 # -- 2. a plain store downgraded to the format before the chain ----------------------------------
@@ -396,7 +586,7 @@ def test_a_downgraded_store_is_refused_while_its_stamp_is_there(
     assert "tok-EVIL" not in out
     assert "unchained" in err
     mark = orjson.loads(Database(plain).meta()["integrity"])  # the stamp: every row chained
-    assert (mark["chained_from"], mark["sealed_from"], mark["tag"]) == (0, None, "")
+    assert (mark["chained_from"], mark["plain"], mark["tag"]) == (0, None, "")
 
 
 def test_a_downgraded_store_with_its_stamp_deleted_is_never_called_verified(
