@@ -344,8 +344,14 @@ def test_a_superstep_never_decided_is_refused_as_the_cli_refuses_it(tmp_path: Pa
             assert client.get("/i/o/state", params={"at": "inside:step-open"}).is_success
             diff = client.get("/i/o/diff", params={"a": "pos:0", "b": "step:step-open"})
             assert diff.status_code == 404
+            # The pages link an open superstep's inside, never a state after it.
+            timeline = client.get("/i/o").text
+            assert "state?at=inside:step-open" in timeline
+            assert "step:step-open" not in timeline
             late = client.get("/i/o/state", params={"at": "step:step-late"})
             assert late.status_code == 200
+            assert "state?at=inside:step-open" in late.text  # its next superstep's inside
+            assert "step:step-open" not in late.text
             assert main(["--store", url, "state", "o", "step:step-late"]) == 0
 
 
