@@ -122,7 +122,7 @@ from projections.cli._keys import (
     warn_if_plain,
 )
 from projections.cli._logstream import stream_log
-from projections.cli._points import UsageError, point_in
+from projections.cli._points import UsageError, point_in, points_of
 from projections.cli._render import (
     bisect_document,
     blame_table,
@@ -622,7 +622,9 @@ def _log(store: EventStore, args: argparse.Namespace, console: Console) -> int:
 
 def _state(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    point = point_in(args.point, events) if args.point else AtPosition(events[-1].position)
+    point = (
+        point_in(args.point, points_of(events)) if args.point else AtPosition(events[-1].position)
+    )
     at = _redactor(store, args, events).state(state_at(events, point))
     values = at.values
     if args.key:
@@ -688,7 +690,8 @@ def _blame(store: EventStore, args: argparse.Namespace, console: Console) -> int
 
 def _diff(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = _require_events(store, args.instance)
-    before, after = point_in(args.before, events), point_in(args.after, events)
+    log = points_of(events)
+    before, after = point_in(args.before, log), point_in(args.after, log)
     changes = _redactor(store, args, events).diff(diff_points(events, before, after))
     if args.json:
         emit(

@@ -36,7 +36,7 @@ from kernel import (
 from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
 from projections.cli._json import emit, emit_line, json_text
-from projections.cli._points import UsageError, point_in
+from projections.cli._points import UsageError, point_in, points_of
 from projections.cli._render import print_paged, run_document, show_time, show_value
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli._safe import cell, visible
@@ -405,7 +405,7 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
 
 def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     events = list(events_of(store, args.instance))
-    point = point_in(args.point, events)
+    point = point_in(args.point, points_of(events))
     forked = fork_at(store, args.instance, point, args.to)
     if args.json:
         emit(

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kernel import (
+    SUPERSTEP_MARKER_TYPES,
     DecodeError,
     EventBase,
     EventStore,
@@ -43,6 +45,7 @@ from kernel import (
     OutputYielded,
     ResponseReceived,
     StepLogError,
+    SuperstepEvent,
     SuperstepStarted,
 )
 from projections import (
@@ -69,7 +72,7 @@ from projections import (
 )
 from projections._manifest import MANIFEST_KEY, check_anchor, checked_rows
 from projections.cli._ids import RUN_WINDOW, pick
-from projections.cli._points import UsageError, parse_point
+from projections.cli._points import UsageError, point_in
 
 __all__ = ["NotFound", "Reader", "StepDetail"]
 
@@ -109,6 +112,7 @@ class _Instance:
     redactor: SensitiveKeys
     ids: list[str] = field(default_factory=list)  # every superstep id, in start order
     order: dict[str, int] = field(default_factory=dict)  # superstep id -> its place in ids
+    runs: set[str] = field(default_factory=set)  # every run id
     found_version: int = 0  # the position ``declared`` and the marks are caught up to
     declared: list[EventBase] = field(default_factory=list)  # run starts, the fork event
     answered: set[str] = field(default_factory=set)
@@ -248,6 +252,7 @@ class Reader:
             # instance runs one run at a time, so the lists follow one another in the log).
             loaded.ids = [s for run in runs for s in run.superstep_ids]
             loaded.order = {s: n for n, s in enumerate(loaded.ids)}
+            loaded.runs = {run.run_id for run in runs}
             self._cache[instance_id] = loaded
             self._cache.move_to_end(instance_id)
             while len(self._cache) > _CACHED:
@@ -467,30 +472,11 @@ class Reader:
 
     # -- time travel, diff, blame ---------------------------------------------------------------
 
-    def _parse(self, loaded: _Instance, text: str) -> Point:
-        kind, _, rest = text.partition(":")
-        # An exact superstep id (what the pages link to) needs only its own start to be named;
-        # a prefix or a run is looked for among them all (starts made of the history's records).
-        if kind in ("step", "inside") and rest in loaded.order:
-            named = [rest]
-        elif kind in ("step", "inside", "run"):
-            named = loaded.ids
-        else:
-            named = []
-        starts: list[EventBase] = []
-        for superstep_id in named:
-            step = loaded.history.superstep(superstep_id)
-            if step is not None:
-                starts.append(
-                    SuperstepStarted.model_construct(
-                        instance_id="",
-                        run_id=step.run_id,
-                        superstep_id=step.superstep_id,
-                        index=step.index,
-                    )
-                )
+    def _parse(self, instance_id: str, loaded: _Instance, text: str) -> Point:
+        """The point ``text`` names, checked by the CLI's rule (``point_in``) against what the
+        kept history and the store say of the log; ``NotFound`` when it names nothing there."""
         try:
-            return parse_point(text, starts)
+            return point_in(text, _HistoryPoints(self.store, instance_id, loaded))
         except UsageError as error:
             raise NotFound(str(error)) from error
 
@@ -507,14 +493,14 @@ class Reader:
         ``time:ISO``; None: now) and the state there (``TimeTravel``), redacted."""
         loaded = self._load(instance_id)
         text = text or f"pos:{loaded.version}"
-        at = self._state(instance_id, self._parse(loaded, text))
+        at = self._state(instance_id, self._parse(instance_id, loaded, text))
         return text, loaded.redactor.state(at)
 
     def diff(self, instance_id: str, before: str, after: str) -> StateDiff:
         """Keys added, removed and changed between two points (``diff`` of the two states),
         redacted."""
         loaded = self._load(instance_id)
-        a, b = self._parse(loaded, before), self._parse(loaded, after)
+        a, b = (self._parse(instance_id, loaded, text) for text in (before, after))
         changes = diff(self._state(instance_id, a).values, self._state(instance_id, b).values)
         return loaded.redactor.diff(changes)
 
@@ -526,3 +512,55 @@ class Reader:
         if not blame.writes(key):
             raise NotFound(f"key {key!r} was never written in {instance_id!r}")
         return blame
+
+
+class _HistoryPoints:
+    """``LogPoints`` of an instance a ``Reader`` keeps (what ``point_in`` checks a point
+    against), from its kept history and version: no page scans the log to check a point. Only
+    a superstep the history holds open is looked for a marker in the log (one the history did
+    not count, after its run ended), by ``store.find_events`` from the superstep's start."""
+
+    def __init__(self, store: EventStore, instance_id: str, loaded: _Instance) -> None:
+        self._store = store
+        self._instance_id = instance_id
+        self._loaded = loaded
+
+    @property
+    def last(self) -> int:
+        return self._loaded.version
+
+    @property
+    def supersteps(self) -> Collection[str]:
+        return self._loaded.order.keys()
+
+    @property
+    def runs(self) -> Collection[str]:
+        return self._loaded.runs
+
+    def _started(self, run_id: str) -> list[SuperstepRecord]:
+        history = self._loaded.history
+        run = history.run(run_id)
+        found = (history.superstep(s) for s in (run.superstep_ids if run else ()))
+        return [s for s in found if s is not None]
+
+    def superstep_at(self, run_id: str, index: int) -> str | None:
+        return next((s.superstep_id for s in self._started(run_id) if s.index == index), None)
+
+    def last_index(self, run_id: str) -> int | None:
+        return max((s.index for s in self._started(run_id)), default=None)
+
+    def marked(self, superstep_id: str) -> bool:
+        step = self._loaded.history.superstep(superstep_id)
+        if step is None:
+            return False
+        if step.position is not None:
+            return True
+        return any(
+            isinstance(event, SuperstepEvent) and event.superstep_id == superstep_id
+            for event in self._store.find_events(
+                self._instance_id,
+                SUPERSTEP_MARKER_TYPES,
+                after=step.start_position,
+                upto=self._loaded.version,
+            )
+        )

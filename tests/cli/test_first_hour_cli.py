@@ -155,3 +155,29 @@ def test_a_request_prefix_is_refused_as_every_id_is(
     )
     with open_store(waiting) as store:
         assert store.version(INSTANCE) == 8  # nothing was recorded
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "pos:abc",
+        "pos:",
+        "pos:1.5",
+        f"run:{RUN1}:x",
+        f"run:{RUN1}",
+        "time:yesterday",
+        "time:2026-11-30T14:55:00",
+        "position:3",
+    ],
+)
+def test_a_malformed_point_says_what_a_point_is_never_pythons_words(
+    open_superstep: tuple[str, int], capsys: pytest.CaptureFixture[str], point: str
+) -> None:
+    url, _ = open_superstep
+    for command in (("state", INSTANCE, point), ("diff", INSTANCE, "pos:0", point)):
+        err = refused(capsys, "--store", url, *command)
+        assert f"bad point {point!r}" in err
+        for form in ("pos:N", "step:SUPERSTEP", "run:RUN:INDEX", "inside:SUPERSTEP", "time:"):
+            assert form in err, (form, err)
+        for python in ("invalid literal", "int()", "base 10", "isoformat string"):
+            assert python not in err, err

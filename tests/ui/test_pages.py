@@ -14,7 +14,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from kernel import EventStore, ExecutorInvoked, MessageStaged, fold_committed
+from kernel import EventStore, ExecutorInvoked, MessageStaged, fold_committed, open_store
+from kernel.testing import LogBuilder, ticking_clock
 from projections import (
     HistoryView,
     KeyIndexView,
@@ -249,6 +250,109 @@ def test_unknown_things_give_a_clear_404_page(client: TestClient, path: str, say
     assert response.status_code == 404
     assert '<h1 class="error-title">not found</h1>' in response.text
     assert says in html.unescape(response.text)
+
+
+def error_detail(page: str) -> str:
+    """The error page's detail, as text on one line."""
+    found = re.search(r'<p class="error-detail">(.*?)</p>', page, re.S)
+    assert found is not None, page
+    return " ".join(html.unescape(found.group(1)).split())
+
+
+def test_a_point_the_log_does_not_have_is_refused_never_moved(
+    client: TestClient, demo_store: EventStore
+) -> None:
+    """``pos:999`` was the state at the last position, ``pos:-1`` the empty state, with 200."""
+    last = demo_store.version(RECOVERY)
+    run = fold_history(demo_store.read(RECOVERY)).runs()[0]
+    refused = [
+        ("state", {"at": f"pos:{last + 1}"}, f"the instance's positions are 1 to {last}"),
+        ("state", {"at": "pos:999"}, f"the instance's positions are 1 to {last}"),
+        ("state", {"at": "pos:-1"}, f"the instance's positions are 1 to {last}"),
+        ("diff", {"a": "pos:1", "b": "pos:500"}, f"the instance's positions are 1 to {last}"),
+        ("diff", {"a": "pos:-1"}, f"the instance's positions are 1 to {last}"),
+        ("state", {"at": f"run:{run.run_id}:99"}, f"run {run.run_id} has no superstep 99"),
+        ("diff", {"a": f"run:{run.run_id}:0"}, f"run {run.run_id} has no superstep 0"),
+    ]
+    for page, query, says in refused:
+        response = client.get(f"/i/{RECOVERY}/{page}", params=query)
+        assert response.status_code == 404, (page, query)
+        assert says in error_detail(response.text), (page, query)
+        assert "committed state at position" not in response.text
+    for page, query in (("state", {"at": f"pos:{last}"}), ("state", {"at": "pos:0"})):
+        assert client.get(f"/i/{RECOVERY}/{page}", params=query).status_code == 200
+    assert client.get(f"/i/{RECOVERY}/diff", params={"a": "pos:0", "b": f"pos:{last}"}).is_success
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "pos:abc",
+        "pos:",
+        "pos:999",
+        "pos:-1",
+        "run:x:y",
+        "time:yesterday",
+        "time:2026-11-30T14:55:00",
+        "bogus",
+        "step:zzz",
+    ],
+)
+def test_a_bad_point_is_refused_in_the_clis_words_never_pythons(
+    client: TestClient,
+    store_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    point: str,
+) -> None:
+    """One rule for a point in the UI and the command line (``point_in``): the same words."""
+    page = client.get(f"/i/{RECOVERY}/state", params={"at": point})
+    assert page.status_code == 404
+    detail = error_detail(page.text)
+    capsys.readouterr()
+    assert main(["--store", f"sqlite:///{store_path}", "state", RECOVERY, point]) == EXIT_BAD_INPUT
+    assert " ".join(capsys.readouterr().err.split()) == f"steplog: {detail}"
+    for python in ("invalid literal", "int()", "base 10", "isoformat string", "no such point"):
+        assert python not in detail
+    if not point.startswith("step:") and not point[4:].lstrip("-").isdigit():
+        assert "a point is pos:N" in detail, detail  # a malformed point: the forms are named
+
+
+def test_a_superstep_never_decided_is_refused_as_the_cli_refuses_it(tmp_path: Path) -> None:
+    """``step:`` of an open superstep named the Python class ("use InsideSuperstep"); a marker
+    written after its run ended (one the history does not count) names a point all the same."""
+    url = f"sqlite:///{tmp_path / 'open.db'}"
+    log = LogBuilder("o", clock=ticking_clock())
+    log.start_run(1, run_id="run-one")
+    log.start_superstep(superstep_id="step-late")
+    log.invoke("writer")
+    log.write("a", 1)
+    log.fail_run(RuntimeError("died"))
+    log.commit(superstep="step-late", run="run-one")
+    log.start_run(2, run_id="run-two")
+    log.start_superstep(superstep_id="step-open")
+    log.invoke("writer")
+    log.write("a", 2)
+    with open_store(url) as store:
+        log.append_to(store)
+        with TestClient(create_app(store), base_url=LOCAL) as client:
+            for point in ("step:step-open", "run:run-two:1", "step:step-o"):
+                page = client.get("/i/o/state", params={"at": point})
+                assert page.status_code == 404, point
+                detail = error_detail(page.text)
+                assert "inside:step-open shows the state inside it" in detail
+                assert "InsideSuperstep" not in detail
+            assert client.get("/i/o/state", params={"at": "inside:step-open"}).is_success
+            diff = client.get("/i/o/diff", params={"a": "pos:0", "b": "step:step-open"})
+            assert diff.status_code == 404
+            # The pages link an open superstep's inside, never a state after it.
+            timeline = client.get("/i/o").text
+            assert "state?at=inside:step-open" in timeline
+            assert "step:step-open" not in timeline
+            late = client.get("/i/o/state", params={"at": "step:step-late"})
+            assert late.status_code == 200
+            assert "state?at=inside:step-open" in late.text  # its next superstep's inside
+            assert "step:step-open" not in late.text
+            assert main(["--store", url, "state", "o", "step:step-late"]) == 0
 
 
 def test_every_value_from_the_log_is_escaped(client: TestClient, demo_store: EventStore) -> None:
