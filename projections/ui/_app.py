@@ -102,8 +102,7 @@ class _Pages:
             for run in self.reader.history(instance).runs():
                 if not query or _matches(query, instance, run):
                     rows.append((instance, run))
-        pages = max(1, math.ceil(len(rows) / PAGE_SIZE))
-        page = min(page, pages)
+        pages = _page_in(page, max(1, math.ceil(len(rows) / PAGE_SIZE)))
         shown = rows[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         return self.render(
             request,
@@ -127,10 +126,7 @@ class _Pages:
             raise NotFound(f"no run {run_id!r} in instance {instance!r}")
         page = _int(request.query_params.get("page"), 1)
         shown, total = self.reader.page(instance, run_id, page, PAGE_SIZE)
-        pages = max(1, math.ceil(total / PAGE_SIZE))
-        if page > pages:
-            page = pages
-            shown, total = self.reader.page(instance, run_id, page, PAGE_SIZE)
+        pages = _page_in(page, max(1, math.ceil(total / PAGE_SIZE)))
         selected_id = request.query_params.get("step")
         selected = history.superstep(selected_id) if selected_id else None
         if selected_id and selected is None:
@@ -333,10 +329,20 @@ def _error_text(error: LogIntegrityError | DecodeError) -> str:
 
 
 def _int(text: str | None, default: int) -> int:
-    try:
-        return max(1, int(text)) if text is not None else default
-    except ValueError:
+    """A page number: ``default`` when none is given; ``NotFound`` for anything but a whole
+    number from 1 (never read as another page)."""
+    if text is None:
         return default
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise NotFound(f"no page {text!r}: a page is a whole number from 1")
+    return int(text)
+
+
+def _page_in(page: int, pages: int) -> int:
+    """``pages`` when ``page`` is one of them; ``NotFound`` otherwise (never moved to the last)."""
+    if page > pages:
+        raise NotFound(f"no page {page}: there {'is' if pages == 1 else 'are'} {pages}")
+    return pages
 
 
 def _matches(query: str, instance: str, run: RunRecord) -> bool:

@@ -614,3 +614,17 @@ def test_a_busy_port_is_one_clear_line_and_nothing_served(
         f"steplog: cannot serve at http://127.0.0.1:{port}/: the port is in use (by another "
         "program, or another steplog ui): stop it, or choose another port"
     ]
+
+
+@pytest.mark.parametrize("path", ["/", f"/i/{DEMO}"])
+@pytest.mark.parametrize("page", ["999", "0", "-1", "two", "1.5", "\u0663"])
+def test_a_page_that_does_not_exist_is_refused_never_moved(
+    demo_store: EventStore, path: str, page: str
+) -> None:
+    """A page number past the last one, or anything but a whole number from 1, is a 404 saying
+    so; it used to show the last (or the first) page as if it had been asked for."""
+    with TestClient(create_app(demo_store), base_url=LOCAL) as client:
+        assert client.get(path, params={"page": "1"}).status_code == 200
+        response = client.get(path, params={"page": page})
+    assert response.status_code == 404
+    assert "no page" in html.unescape(response.text)
