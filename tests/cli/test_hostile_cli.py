@@ -421,7 +421,8 @@ from tests.cli.test_hostile_cli import Writer
 
 async def main():
     store = open_store({url!r})
-    await WorkflowBuilder(start_executor=Writer("w"), store=store, instance_id={instance!r}).build().run(2)
+    builder = WorkflowBuilder(start_executor=Writer("w"), store=store, instance_id={instance!r})
+    await builder.build().run(2)
     os.kill(os.getpid(), signal.SIGKILL)
 
 asyncio.run(main())
@@ -458,7 +459,8 @@ def test_a_reading_command_reads_a_killed_writers_wal_and_leaves_it_and_the_file
     assert instances[0] == 0, instances[2]
     listed = [row["instance_id"] for row in orjson.loads(instances[1])["instances"]]
     assert listed == [INSTANCE, "orders-2"]
-    assert state[0] == 0 and orjson.loads(state[1])["n"] == 2, state
+    assert state[0] == 0, state
+    assert orjson.loads(state[1])["n"] == 2
     assert verify[0] == 0, verify
     after = {name: data for name, data in files_of(directory).items() if name != "s.db-shm"}
     assert after == before
