@@ -411,6 +411,30 @@ def test_every_reading_command_opens_sqlite_read_only_and_leaves_the_directory_a
         assert opened[-1] == "cleaner", command  # after every connection closed
 
 
+def test_steplog_ui_serves_a_store_opened_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``steplog ui`` (not in ``READING_COMMANDS``: it serves until stopped) reads its store
+    through the same read-only path as the reading commands."""
+    pytest.importorskip("starlette")
+    import projections.ui
+
+    url = logged(tmp_path / "s.db")
+    served: list[Any] = []
+
+    def serve(store: Any, **options: Any) -> None:
+        served.append((store.read_only, store.instances()))
+
+    monkeypatch.setattr(projections.ui, "serve", serve)
+    opened = sqlite_opens(monkeypatch)
+    assert main(["--store", url, "ui"]) == 0
+    assert served == [(True, [INSTANCE])]
+    reads = [uri for uri in opened if uri != "cleaner"]
+    assert reads
+    assert all(uri.endswith("?mode=ro") for uri in reads), reads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
 def killed_writer(url: str, instance: str) -> None:
     """Commit a run of ``Writer`` on ``instance`` in a child process that is then killed before
     it closes the store: its commits are in the ``-wal`` file only (not folded into the file)."""
