@@ -1520,6 +1520,7 @@ def open_store(
     url: str | None = None,
     *,
     create: bool = True,
+    read_only: bool = False,
     keyring: KeyringChoice = FROM_ENV,
     allow_broken_chain: bool = False,
     **options: Any,
@@ -1541,6 +1542,14 @@ def open_store(
     its tables and switches the file to WAL mode). ``sqlite:///path.db?mode=ro`` opens a store
     read-only (never creating it); so does ``create=False`` when this user cannot write the file
     or its directory.
+
+    ``read_only=True`` opens the store only to read, and implies ``create=False``: a SQLite file
+    is opened as with ``?mode=ro`` (SQLite's ``mode=ro``; ``immutable=1`` where the directory
+    or mount is read-only), so it is never written, its write-ahead log is read but never folded
+    into it (no checkpoint), and no file is removed; the empty ``-wal`` and the ``-shm`` that
+    SQLite makes to read a WAL-mode file are removed on ``close`` if they were not there before
+    and no other connection uses them (docs/cli.md, "Reading never writes"). Elsewhere it is
+    ``create=False``. The CLI's reading commands and ``steplog ui`` open their store so.
 
     A password in the URL is never shown: ``store.url``, ``repr(store)`` and every error message
     show it as ``***`` (the user name is kept).
@@ -1566,6 +1575,7 @@ def open_store(
         shown = mask_url(url) if isinstance(url, str) else url
         raise StoreConfigError(f"a store URL must be a non-empty string, got {shown!r}")
     keys = keyring_from(keyring, os.environ)
+    create = create and not read_only
     scheme = split_url(url).scheme.lower()
     store: EventStore
     if scheme == "memory":
@@ -1575,7 +1585,7 @@ def open_store(
     elif scheme == "sqlite":
         from kernel._store_sqlite import SQLiteStore
 
-        store = SQLiteStore(url, create=create, **options)
+        store = SQLiteStore(url, create=create, read_only=read_only, **options)
     elif scheme in ("postgresql", "postgres"):
         from kernel._store_postgres import PostgresStore
 

@@ -233,6 +233,7 @@ class SQLiteStore(EventStore):
         url: str,
         *,
         create: bool = True,
+        read_only: bool = False,
         lock_timeout: int = 30,
         adopt: bool = False,
         **options: Any,
@@ -244,10 +245,14 @@ class SQLiteStore(EventStore):
             raise StoreConfigError(
                 f"SQLite URL {mask_url(url)!r} takes no query parameter but mode=ro (read only)"
             )
-        if query:
+        read_only = read_only or bool(query)
+        if read_only:
             create = False  # a store opened read-only is never created
         path = Path(sqlite_path(url))
         self.path = path
+        self._reader_files = not any(f.exists() for f in _wal_files(path))
+        """Whether the ``-wal`` and ``-shm`` files were both absent before this store looked at
+        the file: then a read-only store removes those its reading made (``close``)."""
         directory = path.parent.resolve()
         if not directory.is_dir():
             missing = StoreUnavailableError if create else StoreNotFoundError
@@ -259,10 +264,10 @@ class SQLiteStore(EventStore):
             self._check_exists(path)
         elif not adopt:
             _refuse_foreign(path)
-        self.read_only: bool = bool(query) or (not create and not _writable(path))
-        """Whether the store was opened read-only: asked with ``?mode=ro``, or opened with
-        ``create=False`` while the file (or, for its WAL files, its directory) is not writable by
-        this user. Reading works; writing raises ``StoreUnavailableError``."""
+        self.read_only: bool = read_only or (not create and not _writable(path))
+        """Whether the store was opened read-only: asked with ``read_only=True`` or ``?mode=ro``,
+        or opened with ``create=False`` while the file (or, for its WAL files, its directory) is
+        not writable by this user. Reading works; writing raises ``StoreUnavailableError``."""
         # A URI, so that SQLite never creates the file when create is false (mode=rw), and a path
         # holding "?" or "#" is a file name, not URI syntax.
         if self.read_only:
@@ -298,7 +303,15 @@ class SQLiteStore(EventStore):
                     self._restamp()
         except BaseException:
             self._ds.close()
+            self._remove_reader_files()
             raise
+
+    def _remove_reader_files(self) -> None:
+        """After a read-only store's last connection closed: remove the empty ``-wal`` and the
+        ``-shm`` that SQLite made to read the file, if neither was there before
+        (``_remove_reader_files``)."""
+        if self.read_only and self._reader_files:
+            _remove_reader_files(self.path)
 
     def _check_exists(self, path: Path) -> None:
         """Raise ``StoreNotFoundError`` unless ``path`` is a database with steplog's tables; look
@@ -579,6 +592,7 @@ class SQLiteStore(EventStore):
         if not self._closed:
             self._stop_committer()
             self._ds.close()
+            self._remove_reader_files()
         super().close()
 
     def _where(self) -> str:
@@ -744,13 +758,56 @@ def _open_read_only(path: Path) -> tuple[sqlite3.Connection, str]:
     return db, uri
 
 
+def _wal_files(path: Path) -> tuple[Path, Path]:
+    """The ``-wal`` and ``-shm`` files SQLite keeps beside a WAL-mode database at ``path``."""
+    return path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")
+
+
 def _writable(path: Path) -> bool:
     """Whether this user can write the store at ``path``: the file, and its directory unless the
     WAL files already exist beside it (SQLite creates them there)."""
     if not os.access(path, os.W_OK):
         return False
-    wal_files = (path.with_name(f"{path.name}{suffix}") for suffix in ("-wal", "-shm"))
-    return os.access(path.parent, os.W_OK) or all(f.exists() for f in wal_files)
+    return os.access(path.parent, os.W_OK) or all(f.exists() for f in _wal_files(path))
+
+
+def _remove_reader_files(path: Path) -> None:
+    """Remove the ``-wal`` and ``-shm`` files a read-only reader of ``path`` made, when no other
+    connection has the file open; change nothing else.
+
+    To read a WAL-mode file, a ``mode=ro`` connection needs the ``-shm`` file (its
+    shared-memory index) and an open ``-wal``: SQLite creates both, empty, where the directory
+    is writable, and leaves them when it closes (a read-only connection never checkpoints, so
+    never removes them). A writer's last connection would remove them, after folding the
+    ``-wal`` into the file. Here nothing is folded: the reader's files go only if the ``-wal``
+    is still empty (no writer committed since) and an exclusive lock on the file, taken the way
+    SQLite takes it (``locking_mode=EXCLUSIVE``, ``BEGIN IMMEDIATE``: another connection, in any
+    process, makes it fail at once), shows that nobody else uses them. The transaction writes
+    nothing and is rolled back; closing the connection then deletes the empty ``-wal`` (its
+    checkpoint has nothing to copy) and the ``-shm`` is unlinked while the lock is held (in
+    exclusive mode SQLite never opens it). Otherwise, or where this user cannot open the file
+    for writing, the files are left as SQLite leaves them."""
+    path = path.resolve()
+    wal, shm = _wal_files(path)
+    try:
+        if wal.stat().st_size != 0:
+            return  # a writer has committed since: its -wal is its own to fold and remove
+        db = sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True, timeout=0)
+    except (OSError, sqlite3.Error):
+        return
+    try:
+        db.isolation_level = None
+        db.execute("PRAGMA locking_mode = EXCLUSIVE")
+        db.execute("BEGIN IMMEDIATE")  # the file's exclusive lock, or "locked" at once
+        try:
+            if wal.stat().st_size == 0:
+                shm.unlink(missing_ok=True)
+        finally:
+            db.execute("ROLLBACK")
+    except (OSError, sqlite3.Error):
+        pass  # another connection has the file open: the files are in use, and stay
+    finally:
+        db.close()
 
 
 _OURS = ("steplog_", "sqlite_")

@@ -393,6 +393,7 @@ def _run(args: argparse.Namespace) -> int:
         with open_store(
             url,
             create=args.command in WRITING_COMMANDS,
+            read_only=args.command not in _WRITERS,  # the reading commands, and ui
             allow_broken_chain=args.allow_broken_chain,
             keyring=keyring_of(args),
         ) as store:

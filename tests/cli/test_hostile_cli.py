@@ -28,8 +28,8 @@ from unittest.mock import patch
 import orjson
 import pytest
 
-from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
-from projections.cli import EXIT_BAD_INPUT, EXIT_NEWER_SCHEMA, EXIT_STORE, main
+from kernel import Executor, WorkflowBuilder, WorkflowContext, _store_sqlite, handler, open_store
+from projections.cli import EXIT_BAD_INPUT, EXIT_NEWER_SCHEMA, EXIT_STORE, READING_COMMANDS, main
 from tests.store.test_hostile_store import (
     REFUSED_URLS,
     SECRET,
@@ -347,6 +347,148 @@ def test_a_read_only_mount_with_commits_in_its_wal_is_refused_not_read_without_t
     assert status == EXIT_STORE
     assert out == ""
     assert "write-ahead log s.db-wal holds commits" in one_line_complaint(err)
+
+
+# -- reading never writes ----------------------------------------------------------------------
+
+
+def sqlite_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URIs (or paths) ``sqlite3.connect`` is called with from now on, in this process, but
+    for those of the lock-only connection that removes a reader's files (recorded as
+    ``"cleaner"``: it reads nothing, and writes nothing to the file)."""
+    opened: list[str] = []
+    connect = sqlite3.connect
+    remove = getattr(_store_sqlite, "_remove_reader_files", None)
+
+    def recording(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        opened.append(str(database))
+        return connect(database, *args, **kwargs)
+
+    def cleaner(path: Path) -> None:
+        opened.append("cleaner")
+        with patch.object(sqlite3, "connect", connect):
+            assert remove is not None
+            remove(path)
+
+    monkeypatch.setattr(sqlite3, "connect", recording)
+    monkeypatch.setattr(_store_sqlite, "_remove_reader_files", cleaner, raising=False)
+    return opened
+
+
+def files_of(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Each file in ``directory``: its bytes and modification time."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
+
+
+def test_every_reading_command_opens_sqlite_read_only_and_leaves_the_directory_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reading command opened ``steplog.db`` read-write (``mode=rw``): SQLite made its
+    ``-wal`` and ``-shm``, and the last connection's close folded the log into the file and
+    deleted them. A reader now reads through ``mode=ro`` connections only; the empty ``-wal``
+    and ``-shm`` SQLite makes for them are removed at the end by one lock-only connection, and
+    the file's bytes and modification time never change."""
+    directory = tmp_path / "store"
+    directory.mkdir()
+    url = logged(directory / "s.db")
+    with open_store(url) as store:
+        run = store.read(INSTANCE, upto=1)[0].run_id
+    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    others = [["verify"], ["verify", "--json"], ["head", INSTANCE]]
+    commands = [["--store", url, *command] for command in [*READING, *by_run, *others]]
+    assert {c[2] for c in commands} == set(READING_COMMANDS)
+    before = files_of(directory)
+    assert list(before) == ["s.db"]
+    path = str((directory / "s.db").resolve())
+    for command in commands:
+        opened = sqlite_opens(monkeypatch)
+        ((status, _, err),) = run_all([command], child=False)
+        assert status == 0, (command, err)
+        assert files_of(directory) == before, command
+        reads = [uri for uri in opened if path in uri]
+        assert reads, command
+        assert all(uri.endswith("?mode=ro") for uri in reads), (command, reads)
+        assert opened[-1] == "cleaner", command  # after every connection closed
+
+
+def test_steplog_ui_serves_a_store_opened_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``steplog ui`` (not in ``READING_COMMANDS``: it serves until stopped) reads its store
+    through the same read-only path as the reading commands."""
+    pytest.importorskip("starlette")
+    import projections.ui
+
+    url = logged(tmp_path / "s.db")
+    served: list[Any] = []
+
+    def serve(store: Any, **options: Any) -> None:
+        served.append((store.read_only, store.instances()))
+
+    monkeypatch.setattr(projections.ui, "serve", serve)
+    opened = sqlite_opens(monkeypatch)
+    assert main(["--store", url, "ui"]) == 0
+    assert served == [(True, [INSTANCE])]
+    reads = [uri for uri in opened if uri != "cleaner"]
+    assert reads
+    assert all(uri.endswith("?mode=ro") for uri in reads), reads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
+def killed_writer(url: str, instance: str) -> None:
+    """Commit a run of ``Writer`` on ``instance`` in a child process that is then killed before
+    it closes the store: its commits are in the ``-wal`` file only (not folded into the file)."""
+    code = f"""
+import asyncio, os, signal
+from kernel import WorkflowBuilder, open_store
+from tests.cli.test_hostile_cli import Writer
+
+async def main():
+    store = open_store({url!r})
+    builder = WorkflowBuilder(start_executor=Writer("w"), store=store, instance_id={instance!r})
+    await builder.build().run(2)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+
+
+def test_a_reading_command_reads_a_killed_writers_wal_and_leaves_it_and_the_file_unchanged(
+    tmp_path: Path,
+) -> None:
+    """With a ``-wal`` left by a killed writer, ``steplog instances`` checkpointed it into the
+    database file (its bytes changed) and deleted the ``-wal`` and ``-shm``. A reader shows the
+    commits in the ``-wal`` and changes neither file (only SQLite's ``-shm`` index may be
+    rebuilt)."""
+    directory = tmp_path / "store"
+    directory.mkdir()
+    url = logged(directory / "s.db")
+    killed_writer(url, "orders-2")
+    wal = directory / "s.db-wal"
+    assert wal.stat().st_size > 0
+    alone = f"{(directory / 's.db').as_uri()}?mode=ro&immutable=1"  # the file without its -wal
+    with closing(sqlite3.connect(alone, uri=True)) as db:
+        folded = {row[0] for row in db.execute("SELECT originator_id FROM steplog_events")}
+    assert "orders-2" not in folded  # the run is in the -wal only
+    before = {name: data for name, data in files_of(directory).items() if name != "s.db-shm"}
+    assert list(before) == ["s.db", "s.db-wal"]
+    commands = [
+        ["--store", url, "instances", "--json"],
+        ["--store", url, "state", "orders-2", "--json"],
+        ["--store", url, "verify"],
+    ]
+    (instances, state, verify) = run_all(commands, child=False)
+    assert instances[0] == 0, instances[2]
+    listed = [row["instance_id"] for row in orjson.loads(instances[1])["instances"]]
+    assert listed == [INSTANCE, "orders-2"]
+    assert state[0] == 0, state
+    assert orjson.loads(state[1])["n"] == 2
+    assert verify[0] == 0, verify
+    after = {name: data for name, data in files_of(directory).items() if name != "s.db-shm"}
+    assert after == before
+    assert (directory / "s.db-shm").exists()
 
 
 # -- a damaged file -----------------------------------------------------------------------------

@@ -419,6 +419,47 @@ async def test_a_store_opened_with_mode_ro_reads_and_refuses_writes(sqlite_url: 
     assert path.read_bytes() == before  # noqa: ASYNC240
 
 
+async def test_read_only_opens_sqlite_with_mode_ro_and_leaves_no_file_behind(
+    sqlite_url: str,
+) -> None:
+    """``open_store(url, read_only=True)`` reads through ``mode=ro`` connections: writes are
+    refused, the file's bytes and time never change, and the empty ``-wal`` and ``-shm`` SQLite
+    makes to read a WAL-mode file are gone after ``close``."""
+    await make_store(sqlite_url)
+    path = Path(sqlite_path(sqlite_url))
+    before = (path.read_bytes(), path.stat().st_mtime_ns)  # noqa: ASYNC240
+    with open_store(sqlite_url, read_only=True) as store:
+        assert store.read_only
+        assert store.instances() == ["hostile"]
+        with pytest.raises(StoreUnavailableError, match="opened read-only"):
+            one_event("other").append_to(store)
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before  # noqa: ASYNC240
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+async def test_a_reader_leaves_its_wal_files_to_a_connection_that_opened_after_it(
+    sqlite_url: str,
+) -> None:
+    """The ``-wal`` and ``-shm`` a reader made are used by a connection opened after it (here
+    in the same process, where POSIX locks do not conflict): the reader's close leaves them to
+    it, and that connection's writes and close work as usual."""
+    await make_store(sqlite_url)
+    path = Path(sqlite_path(sqlite_url))
+    shm = path.with_name(f"{path.name}-shm")
+    reader = open_store(sqlite_url, read_only=True)
+    assert reader.instances() == ["hostile"]
+    assert shm.exists()  # made by SQLite for the mode=ro reader
+    with closing(sqlite3.connect(path, isolation_level=None)) as other:
+        assert other.execute("SELECT count(*) FROM steplog_events").fetchone()[0] > 0
+        reader.close()
+        assert shm.exists()  # in use by the other connection: left
+        other.execute("CREATE TABLE steplog_later (x)")
+        other.execute("INSERT INTO steplog_later VALUES (1)")
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT x FROM steplog_later").fetchall() == [(1,)]
+
+
 def test_a_missing_store_opened_with_mode_ro_is_not_created(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         open_store(f"sqlite:///{tmp_path}/none.db?mode=ro")
