@@ -110,7 +110,9 @@ async def test_runs_that_are_ready_together_share_one_commit(sqlite_store: Event
     results = await asyncio.gather(*runs)
     assert [r.status for r in results] == ["completed"] * 8
     assert gate.rounds[0] == 1
-    assert gate.rounds[1] == 7  # the batches queued behind the first: one transaction
+    # The 7 batches queued behind the first go in one transaction; the first run's next batch
+    # joins them when it is ready before the committer takes the queue (a loaded machine).
+    assert gate.rounds[1] in (7, 8)
     assert sum(gate.rounds) == 8 * 3
     assert len(gate.rounds) < 8 * 3
     committer = store.group_committer()
