@@ -9,6 +9,7 @@ import pytest
 
 from kernel import (
     Executor,
+    PendingRequestsError,
     ResponseError,
     ResumeError,
     WorkflowBuilder,
@@ -87,6 +88,47 @@ async def test_two_requests_answered_one_at_a_time_then_resumed(store_url: str) 
     result = await wf.resume()
     assert sorted(result.get_outputs()) == ["x-a=yes", "x-b=7"]
     assert wf.committed_state() == {"x-a": "yes", "x-b": 7}
+
+
+async def test_a_new_message_after_a_recorded_response_is_refused_until_resumed(
+    store_url: str,
+) -> None:
+    """A response recorded for the next ``resume()`` waits as a request does: a run with a new
+    message would continue nothing and drop it (issue 21: ``run("O-2")`` was accepted and the
+    approval never delivered). It is refused, naming the response and ``resume()``; nothing is
+    appended; ``resume()`` then delivers it, after which a new message runs."""
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    recorded = record_response(store, request.run_id, request.request_id, "approve")
+    version = store.version("q")
+    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    with pytest.raises(PendingRequestsError) as refused:
+        await wf.run("O-2")
+    message = str(refused.value)
+    assert request.request_id in message
+    assert recorded.run_id in message
+    assert "resume()" in message
+    assert "supersede_requests=True" in message
+    assert refused.value.responded_ids == (request.request_id,)
+    assert refused.value.request_ids == ()
+    assert store.version("q") == version
+    assert (await wf.resume()).get_outputs() == ["v1"]
+    assert wf.committed_state() == {"draft": "v1", "approved": "v1"}
+    assert (await wf.run("O-2")).status == "awaiting_input"
+
+
+async def test_a_recorded_response_given_up_on_purpose(store_url: str) -> None:
+    """``supersede_requests=True`` starts the new run anyway: the recorded response is given up
+    (it stays in the log) and the new run asks afresh."""
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    record_response(store, request.run_id, request.request_id, "approve")
+    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    second = await wf.run("O-2", supersede_requests=True)
+    assert second.status == "awaiting_input"
+    assert "approved" not in wf.committed_state()
 
 
 async def test_refusals_append_nothing(store_url: str) -> None:
