@@ -12,7 +12,7 @@ import asyncio
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from rich.console import Console
@@ -25,6 +25,7 @@ from kernel import (
     EventStore,
     MessageStaged,
     RecordedError,
+    ResponseReceived,
     RunStarted,
     ValueCodec,
     WorkflowEvent,
@@ -34,10 +35,17 @@ from kernel import (
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
+from projections._runrecords import status_text
 from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
 from projections.cli._json import emit, emit_line, json_text
 from projections.cli._points import UsageError, point_in
-from projections.cli._render import print_paged, run_document, show_time, show_value
+from projections.cli._render import (
+    continues_text,
+    print_paged,
+    run_document,
+    show_time,
+    show_value,
+)
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli._safe import cell, visible
 
@@ -80,12 +88,23 @@ _LATER = ("run_started", "response_received", *RUN_END_TYPES)
 requests, and whether a later run continues it."""
 
 
-def run_window(store: EventStore, instance: str, run_id: str) -> tuple[RunHistory, Counter[str]]:
+class RunWindow(NamedTuple):
+    """What ``run_window`` read of one run: the run ``history``, the messages each superstep of
+    the run staged (``sent``), and the ``ResponseReceived`` events of the responses it recorded
+    (those its record lists in ``responses``), in order."""
+
+    history: RunHistory
+    sent: Counter[str]
+    responses: list[ResponseReceived]
+
+
+def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
     """The run history of ``instance`` folded from what concerns run ``run_id``: the fork
     event (if any), every event from the run's start to the next run's, and the starts, responses
     and ends of the later runs (the run starts are found by their rows' bytes). Its record of the
     run, and of its supersteps, are those of the whole instance's history. With it, the number
-    of messages each superstep of the run staged (delivered only if the superstep committed)."""
+    of messages each superstep of the run staged (delivered only if the superstep committed),
+    and the responses the run recorded."""
     starts = [e for e in store.find_events(instance, ("run_started",)) if isinstance(e, RunStarted)]
     at = next(n for n, e in enumerate(starts) if e.run_id == run_id)
     begin = starts[at].position - 1
@@ -99,12 +118,22 @@ def run_window(store: EventStore, instance: str, run_id: str) -> tuple[RunHistor
             for event in store.read(instance, after=after, upto=min(after + RUN_WINDOW, end)):
                 if isinstance(event, MessageStaged) and event.run_id == run_id:
                     sent[event.superstep_id] += 1
+                elif isinstance(event, ResponseReceived) and event.run_id == run_id:
+                    received.append(event)
                 yield event
             after += RUN_WINDOW
         yield from store.find_events(instance, _LATER, after=end)
 
     sent: Counter[str] = Counter()
-    return fold_history(events(), RunHistory(forks=forks_of(store, instance))), sent
+    received: list[ResponseReceived] = []
+    past = fold_history(events(), RunHistory(forks=forks_of(store, instance)))
+    run = past.run(run_id)
+    counted = set() if run is None else set(run.responses)
+    first: dict[str, ResponseReceived] = {}
+    for response in received:  # as the fold counts them: the first of each, while running
+        if response.request_id in counted:
+            first.setdefault(response.request_id, response)
+    return RunWindow(past, sent, list(first.values()))
 
 
 def _instances(store: EventStore, named: str | None) -> list[str]:
@@ -137,7 +166,7 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     table.add_column("error", overflow="fold", ratio=1)
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
-        status = cell("waiting for input" if run.status == "awaiting_input" else run.status)
+        status = cell(status_text(run.status))
         if run.continued_by:  # the line break is the table's own, the ids are stored text
             status += "\ncontinued by " + cell(", ".join(r[:8] for r in run.continued_by))
         table.add_row(
@@ -156,7 +185,7 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
 
 def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     instance, run_id = find_run(store, args.run)
-    past, sent = run_window(store, instance, run_id)
+    past, sent, responses = run_window(store, instance, run_id)
     run = past.run(run_id)
     assert run is not None
     steps = past.supersteps(run_id)
@@ -167,10 +196,20 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
                 "run": run_document(run, instance),
                 "supersteps": [step.to_row() for step in steps],
                 "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+                "responses": [
+                    {
+                        "request_id": r.request_id,
+                        "value": r.value,
+                        "timestamp": r.timestamp.isoformat(),
+                        "run_id": r.run_id,
+                        "position": r.position,
+                    }
+                    for r in responses
+                ],
             }
         )
         return 0
-    status = "waiting for input" if run.status == "awaiting_input" else run.status
+    status = status_text(run.status)
     console.print(
         visible(
             f"run {run_id} of {instance} ({run.workflow_name}): {status}, started "
@@ -181,13 +220,20 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         soft_wrap=True,
     )
     if run.continues is not None:
-        console.print(
-            visible(f"continues run {run.continues} after {run.checkpoint}"), markup=False
-        )
+        console.print(visible(continues_text(run)), markup=False)
     if run.continued_by:
         console.print(visible(f"continued by run {', '.join(run.continued_by)}"), markup=False)
     if run.error is not None:
         console.print(visible(f"error: {run.error.type}: {run.error.message}"), markup=False)
+    if responses:
+        _print_responses(console, run, responses)
+    if not steps:
+        console.print("no superstep: nothing executed in this run", markup=False)
+        if run.outputs:
+            console.print(
+                visible(f"outputs: {show_value(run.outputs)}"), markup=False, soft_wrap=True
+            )
+        return 0
     table = Table(title="supersteps", expand=True)
     for column in ("#", "superstep", "status", "executors", "keys written", "messages"):
         table.add_column(column, overflow="fold")
@@ -210,7 +256,27 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-_STATUS_TEXT = {"awaiting_input": "waiting for input"}
+def _print_responses(console: Console, run: RunRecord, responses: list[ResponseReceived]) -> None:
+    """The responses ``run`` recorded: each request id, value, time and recording run; and
+    whether a later run has delivered them yet."""
+    table = Table(title="responses recorded", expand=True)
+    for column in ("request", "value", "recorded at", "by run", "position"):
+        table.add_column(column, overflow="fold")
+    for response in responses:
+        table.add_row(
+            cell(response.request_id),
+            cell(show_value(response.value)),
+            response.timestamp.isoformat(),
+            cell(response.run_id),
+            str(response.position),
+        )
+    console.print(table)
+    if run.status == "answered":
+        console.print(
+            "not delivered yet: the workflow's next resume() delivers them (a run with a new "
+            "message is refused until then)",
+            markup=False,
+        )
 
 
 def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
@@ -265,7 +331,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             str(mark["position"]),
             mark["timestamp"] or "",
             "yes" if mark["latest"] else "",
-            cell(_STATUS_TEXT.get(mark["status"], mark["status"] or "-")),
+            cell(status_text(mark["status"] or "-")),
         )
     if not marks:
         console.print("no checkpoints: no superstep committed", markup=False)

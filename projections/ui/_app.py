@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from kernel import EventStore, LogIntegrityError
 from projections import RunRecord, SuperstepRecord
 from projections._manifest import VIEW_MISMATCH
-from projections._runrecords import closer_label
+from projections._runrecords import STATUS_TEXT, closer_label, status_text
 from projections.cli._render import broken_chain_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
@@ -46,7 +46,6 @@ its own hash chain, so no page is served from it; the error page names where."""
 POLL_SECONDS = 0.5
 """How often a live page's event stream asks the store for the instance's version."""
 _HERE = Path(__file__).parent
-_STATUS = {"awaiting_input": "waiting for input"}
 
 
 def _json(value: Any, limit: int = 400) -> str:
@@ -68,7 +67,7 @@ def _environment() -> Environment:
     )
     env.filters["json"] = _json
     env.filters["time"] = _time
-    env.filters["status"] = lambda status: _STATUS.get(status, status)
+    env.filters["status"] = status_text
     env.filters["utc_local"] = _utc_local
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
     env.filters["closer"] = lambda text: closer_label(text, 10)
@@ -314,7 +313,7 @@ def _int(text: str | None, default: int) -> int:
 def _matches(query: str, instance: str, run: RunRecord) -> bool:
     error = f"{run.error.type} {run.error.message}" if run.error else ""
     hay = " ".join(
-        (instance, run.run_id, run.workflow_name, run.status, _STATUS.get(run.status, ""), error)
+        (instance, run.run_id, run.workflow_name, run.status, STATUS_TEXT.get(run.status, ""), error)
     )
     return query.lower() in hay.lower()
 
