@@ -488,9 +488,7 @@ class Run:
                 for r in responses[:5]
             )
             more = f" and {len(responses) - 5} more" if len(responses) > 5 else ""
-            parts.append(
-                f"{len(responses)} recorded response(s) not yet delivered: {shown}{more}"
-            )
+            parts.append(f"{len(responses)} recorded response(s) not yet delivered: {shown}{more}")
             ways.append("deliver the recorded response(s) with resume()")
         how = "; ".join(ways)
         raise PendingRequestsError(

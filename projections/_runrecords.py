@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from kernel import ErrorInfo, ProjectionError
 
 __all__ = [
+    "STATUS_TEXT",
     "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
@@ -25,7 +26,6 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "StepStatus",
-    "STATUS_TEXT",
     "SuperstepRecord",
     "closer_label",
     "continued",

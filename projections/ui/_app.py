@@ -313,7 +313,14 @@ def _int(text: str | None, default: int) -> int:
 def _matches(query: str, instance: str, run: RunRecord) -> bool:
     error = f"{run.error.type} {run.error.message}" if run.error else ""
     hay = " ".join(
-        (instance, run.run_id, run.workflow_name, run.status, STATUS_TEXT.get(run.status, ""), error)
+        (
+            instance,
+            run.run_id,
+            run.workflow_name,
+            run.status,
+            STATUS_TEXT.get(run.status, ""),
+            error,
+        )
     )
     return query.lower() in hay.lower()
 
