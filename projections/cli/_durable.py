@@ -23,6 +23,7 @@ from kernel import (
     DecodeError,
     EventBase,
     EventStore,
+    InstanceForked,
     MessageStaged,
     RecordedError,
     ResponseReceived,
@@ -36,7 +37,15 @@ from kernel import (
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections._runrecords import status_text
-from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
+from projections.cli._ids import (
+    RUN_WINDOW,
+    events_of,
+    find_run,
+    instance_id,
+    pick,
+    request_id,
+    runs_of,
+)
 from projections.cli._json import emit, emit_line, json_text
 from projections.cli._points import UsageError, point_in
 from projections.cli._render import (
@@ -70,6 +79,12 @@ def add_durable_commands(commands: Any) -> None:
         "request_id", metavar="REQUEST_ID", help="the request answered (id or unique prefix)"
     )
     answer.add_argument("value", metavar="JSON", help="the response, as JSON")
+    answer.add_argument(
+        "--instance",
+        metavar="INSTANCE",
+        help="answer this instance's copy of the request: a fork's inherited request is "
+        "listed with its origin's run (default: the instance the run is in)",
+    )
     again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
     again.add_argument("run", help="a run id, or a unique prefix of one")
     branch = commands.add_parser("fork", help="start a new instance from a point of another")
@@ -357,8 +372,18 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
         owner = {r.request_id: run.run_id for run in past.runs() for r in run.pending_requests}
         forked = past.forked_from
         for request in past.pending_requests():
-            run_id = owner.get(request.request_id, forked.origin_run if forked else None)
-            found.append({"instance_id": name, "run_id": run_id, **request.to_row()})
+            run_id = owner.get(request.request_id)
+            inherited = None
+            if run_id is None and forked is not None:  # the fork's copy of its origin's request
+                run_id, inherited = forked.origin_run, forked.origin_instance
+            found.append(
+                {
+                    "instance_id": name,
+                    "run_id": run_id,
+                    **request.to_row(),
+                    "inherited_from": inherited,
+                }
+            )
     if args.json:
         emit({"requests": found})
         return 0
@@ -370,9 +395,11 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
         table.add_column(column, no_wrap=True)
     table.add_column("data (JSON)", overflow="fold", ratio=1)
     for row in found:
+        origin = row["inherited_from"]
         table.add_row(
             cell(row["instance_id"]),
-            cell((row["run_id"] or "")[:8]),
+            cell((row["run_id"] or "")[:8])
+            + ("" if origin is None else f"\n(inherited from {cell(origin)})"),
             cell(row["request_id"]),
             cell(row["executor_id"]),
             cell(row["response_type"]),
@@ -380,6 +407,12 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
         )
     console.print(table)
     console.print("answer one with: steplog respond RUN REQUEST_ID JSON", markup=False)
+    if any(row["inherited_from"] is not None for row in found):
+        console.print(
+            "a fork's inherited request: its run is the origin's; answer the fork's copy with "
+            "steplog respond RUN REQUEST_ID JSON --instance FORK",
+            markup=False,
+        )
     return 0
 
 
@@ -439,7 +472,7 @@ def _error_document(error: BaseException | None) -> dict[str, str] | None:
 
 
 def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    instance, run_id = find_run(store, args.run)
+    instance, run_id = _waiting_run(store, args.run, args.instance)
     try:
         value = ValueCodec().decode(orjson.loads(args.value), what="the response")
     except (orjson.JSONDecodeError, DecodeError) as error:
@@ -467,6 +500,30 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         soft_wrap=True,
     )
     return 0
+
+
+def _waiting_run(store: EventStore, run: str, instance: str | None) -> tuple[str, str]:
+    """``(instance, run id)`` for ``respond``: the run ``run`` names in any instance, or, with
+    ``instance``, among that instance's runs and the origin's run a fork goes on with (its
+    inherited requests are that run's). A ``run`` that names no run but an instance is told to
+    use ``--instance``."""
+    if instance is None:
+        try:
+            return find_run(store, run)
+        except UsageError:
+            if store.version(run) > 0:
+                raise UsageError(
+                    f"{run!r} is an instance, not a run: give the run that waits ('steplog "
+                    f"requests {run}' lists it) and --instance {run} to answer that instance's "
+                    "copy of the request"
+                ) from None
+            raise
+    name = instance_id(store, instance)
+    ids = [started.run_id for started in runs_of(store, name)]
+    forked = next(iter(store.read(name, upto=1, types=("instance_forked",))), None)
+    if isinstance(forked, InstanceForked) and forked.origin_run is not None:
+        ids.append(forked.origin_run)
+    return name, pick(run, ids, "run", f"instance {name!r}")
 
 
 def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:

@@ -396,3 +396,55 @@ async def test_show_of_a_run_resumed_after_respond_names_what_it_continues(
     code, out = cli(capsys, "--store", sqlite_url, "history", "r")
     assert "None" not in out
     assert f"continues run {answering[:8]} from its start" in out
+
+
+async def test_a_forks_inherited_request_is_marked_and_answered_with_instance(
+    sqlite_url, capsys, wide
+):
+    """Issue 21: after ``steplog fork``, ``requests`` lists the fork's copy of the origin's
+    waiting request marked as inherited (``inherited_from`` in JSON); ``respond RUN REQ JSON
+    --instance FORK`` answers the fork's copy (RUN being the origin's run, as listed), the
+    origin still waits, and the fork's ``resume()`` goes on with the response. ``respond FORK``
+    says to use ``--instance``."""
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1"
+        ).build()
+        (request,) = (await wf.run("v1")).pending_requests
+        checkpoint = wf.checkpoints()[-1].checkpoint_id
+    code, out = cli(
+        capsys, "--store", sqlite_url, "fork", "fan-1", f"step:{checkpoint}", "--to", "fan-1b"
+    )
+    assert code == 0, out
+
+    code, out = cli(capsys, "--store", sqlite_url, "requests", "--json")
+    rows = {row["instance_id"]: row for row in json.loads(out)["requests"]}
+    assert rows["fan-1"]["inherited_from"] is None
+    assert rows["fan-1b"]["inherited_from"] == "fan-1"
+    assert rows["fan-1b"]["run_id"] == request.run_id
+    code, out = cli(capsys, "--store", sqlite_url, "requests")
+    assert "(inherited from fan-1)" in out
+    assert out.count("inherited from") == 1
+    assert "--instance FORK" in out
+
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", "fan-1b", request.request_id, '"approve"'
+    )
+    assert code == 2
+    assert "--instance fan-1b" in out
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", request.run_id[:6], request.request_id[:6],
+        '"approve"', "--instance", "fan-1b",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "of fan-1b in run" in out
+
+    code, out = cli(capsys, "--store", sqlite_url, "requests", "--json")
+    (row,) = json.loads(out)["requests"]
+    assert (row["instance_id"], row["inherited_from"]) == ("fan-1", None)  # the origin waits
+    with open_store(sqlite_url) as store:
+        fork = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1b"
+        ).build()
+        assert (await fork.resume()).get_outputs() == ["v1"]
+        assert fork.committed_state() == {"draft": "v1", "approved": "v1"}

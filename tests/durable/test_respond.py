@@ -166,3 +166,29 @@ async def test_fork_at_appends_what_workflow_fork_appends(store_url: str) -> Non
     assert resumed.get_outputs() == [1, 2, 3, 4, 5]
     with pytest.raises(Exception, match="already has events"):
         fork_at(store, "count", 3, "log-1")
+
+
+async def test_a_forks_inherited_request_is_answered_on_the_fork(store_url: str) -> None:
+    """Issue 21: a fork that has not run holds copies of its origin's waiting requests; with
+    ``instance_id`` the fork, ``record_response`` answers the fork's copy (the origin's run goes
+    on there, as ``run(responses=...)`` on the fork's workflow does), and the origin still waits.
+    """
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    fork_at(store, "q", store.version("q"), "q-b")
+    recorded = record_response(
+        store, request.run_id, request.request_id, "approve", instance_id="q-b"
+    )
+    assert recorded.instance_id == "q-b"
+    started = store.read("q-b", after=recorded.first_position - 1)[0]
+    assert started.continues == request.run_id
+    origin = build(store, Reviewer("reviewer"))
+    assert [r.request_id for r in origin.pending_requests()] == [request.request_id]
+    fork = build(reopen(store_url, store), Reviewer("reviewer"), "q-b")
+    assert fork.pending_requests() == []
+    assert (await fork.resume()).get_outputs() == ["v1"]
+    assert fork.committed_state() == {"draft": "v1", "approved": "v1"}
+    assert "approved" not in origin.committed_state()
+    with pytest.raises(ResumeError, match="has no run 'nope'"):
+        record_response(store, "nope", request.request_id, "x", instance_id="q-b")
