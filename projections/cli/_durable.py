@@ -367,8 +367,10 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
 
 def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     found: list[dict[str, Any]] = []
+    answered: list[tuple[str, str]] = []  # runs whose recorded responses wait for resume()
     for name in _instances(store, args.instance):
         past = history(store, name)
+        answered += [(name, run.run_id) for run in past.runs() if run.status == "answered"]
         owner = {r.request_id: run.run_id for run in past.runs() for r in run.pending_requests}
         forked = past.forked_from
         for request in past.pending_requests():
@@ -387,6 +389,15 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
     if args.json:
         emit({"requests": found})
         return 0
+    for name, run_id in answered:
+        console.print(
+            visible(
+                f"run {run_id} of {name} recorded a response that waits for the workflow's "
+                f"resume() (steplog show {run_id})"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
     if not found:
         console.print("no request is waiting for a response", markup=False)
         return 0

@@ -335,6 +335,7 @@ async def test_a_run_that_recorded_a_response_is_answered_not_waiting(sqlite_url
         assert "answered: resume() continues" in out, command
     code, out = cli(capsys, "--store", sqlite_url, "requests")
     assert "no request is waiting for a response" in out
+    assert f"run {answering} of r recorded a response that waits for the workflow's resume()" in out
 
     code, out = cli(capsys, "--store", sqlite_url, "show", answering)
     assert "responses recorded" in out
