@@ -49,11 +49,12 @@ __all__ = [
     "Ledger",
     "RunLine",
     "Standing",
+    "Waiting",
     "answer",
     "check_responses",
     "continued_run",
     "pending_wire",
-    "waiting_requests",
+    "waiting",
 ]
 
 CheckpointStatus = Literal[
@@ -387,17 +388,38 @@ def pending_wire(
     return pending
 
 
-def waiting_requests(ledger: Ledger) -> dict[str, dict[str, Any]]:
-    """The requests of the instance's last run (of its lineage, a fork's inherited ones too)
-    that count and still wait for a response, where it stands now: what a run started with a new
-    message would leave unanswerable (it continues nothing). Wire data, by request id."""
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What waits on an instance's last run, where it stands now: what a run started with a new
+    message would leave behind (it continues nothing). ``requests`` still wait for a response
+    (wire data, by request id); ``responses`` were recorded (``record_response``, or a
+    continuation that committed nothing) and are delivered only by the next ``resume()``."""
+
+    requests: dict[str, dict[str, Any]]
+    responses: list[ResponseReceived]
+
+    def __bool__(self) -> bool:
+        return bool(self.requests or self.responses)
+
+
+def waiting(ledger: Ledger) -> Waiting:
+    """The one rule for whether something waits on the instance (see ``Waiting``): the requests
+    of the last run's lineage (a fork's inherited ones too) that count and have no response, and
+    the responses the runs at the end of that lineage recorded without committing a superstep
+    after them (so not delivered yet: a continuation delivers them again)."""
     forked = ledger.forked
     inherited = list(forked.requests) if forked is not None else []
     line = ledger.last_run()
     if line is None:
-        return {r["request_id"]: dict(r) for r in inherited}
+        return Waiting({r["request_id"]: dict(r) for r in inherited}, [])
     checkpoint = line.steps[-1].superstep_id if line.steps else None
-    return pending_wire(ledger, line.run_id, checkpoint, forked_requests=inherited)
+    requests = pending_wire(ledger, line.run_id, checkpoint, forked_requests=inherited)
+    responses: list[ResponseReceived] = []
+    run: RunLine | None = line
+    while run is not None and not run.steps and run.started.continues is not None:
+        responses[:0] = run.responses
+        run = ledger.runs.get(run.started.continues)
+    return Waiting(requests, responses)
 
 
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:

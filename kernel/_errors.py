@@ -16,7 +16,7 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   ├── RoutingError             a message that no edge can deliver
     │   ├── ResumeError              a checkpoint or run that cannot be continued (names why)
     │   ├── ResponseError            a response to a request that is unknown, answered or mistyped
-    │   └── PendingRequestsError     a new message while requests still wait for a response
+    │   └── PendingRequestsError     a new message while requests or responses still wait
     ├── RecordedError                an exception as the log recorded it, in a replayed stream
     │                                (kernel._replay: it carries the recorded ErrorInfo)
     ├── EncodingError                a value or message that cannot be stored as JSON
@@ -253,21 +253,32 @@ class ResponseError(ExecutionError):
 
 
 class PendingRequestsError(ExecutionError):
-    """A run with a new message was refused: requests of the instance's last run still wait for
-    a response, and a run that continues nothing would leave them unanswerable. ``request_ids``
-    names them; the message says how to answer them (``run(responses=...)``) or to start the run
-    anyway (``run(message, supersede_requests=True)``). Nothing was appended."""
+    """A run with a new message was refused: something still waits on the instance's last run,
+    and a run that continues nothing would drop it. ``request_ids`` names the requests waiting
+    for a response; ``responded_ids`` the requests whose responses were recorded (``steplog
+    respond``, ``record_response``) and wait for ``resume()`` to deliver them. The message says
+    how to go on with them (``run(responses=...)``, ``resume()``) or to start the run anyway
+    (``run(message, supersede_requests=True)``). Nothing was appended."""
 
-    def __init__(self, message: str, *, request_ids: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_ids: tuple[str, ...] = (),
+        responded_ids: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.request_ids = request_ids
+        self.responded_ids = responded_ids
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_pending_requests, (str(self), self.request_ids))
+        return (_pending_requests, (str(self), self.request_ids, self.responded_ids))
 
 
-def _pending_requests(message: str, request_ids: tuple[str, ...]) -> PendingRequestsError:
-    return PendingRequestsError(message, request_ids=request_ids)
+def _pending_requests(
+    message: str, request_ids: tuple[str, ...], responded_ids: tuple[str, ...] = ()
+) -> PendingRequestsError:
+    return PendingRequestsError(message, request_ids=request_ids, responded_ids=responded_ids)
 
 
 class EncodingError(StepLogError, TypeError):

@@ -84,6 +84,9 @@ def record_response(
 ) -> RecordedResponse:
     """Record ``value`` as the response to request ``request_id`` of run ``run_id`` (the
     instance's last run, ended), for the workflow to continue with at its next ``resume()``.
+    A fork that has not run yet holds copies of the requests its origin's run left waiting: to
+    answer the fork's copy, pass ``instance_id`` (the fork) and the origin's run as ``run_id``,
+    as ``run(responses=...)`` on the fork's workflow would; the origin is untouched.
 
     Checked before anything is appended: ``ResumeError`` when the run is not the instance's last
     or is still open; ``ResponseError`` for a request that is not pending (unknown, or answered
@@ -97,21 +100,36 @@ def record_response(
     events = store.read(instance)
     ledger = _ledger(events, instance)
     line = ledger.last_run()
-    if line is None or line.run_id != run_id:
+    forked = ledger.forked
+    if line is None and forked is not None and forked.origin_run == run_id:
+        # a fork that has not run goes on with its origin's run, as run(responses=...) on the
+        # fork's workflow does: its copies of the origin's requests are answered here
+        start = _origin_start(store, forked)
+        supersteps = 0
+    elif line is None or line.run_id != run_id:
         if ledger.runs.get(run_id) is None:
-            raise ResumeError(f"instance {instance!r} has no run {run_id!r}")
+            origin = (
+                f" (it is a fork that has not run: answer the requests it inherited with the "
+                f"origin's run {forked.origin_run})"
+                if line is None and forked is not None and forked.origin_run is not None
+                else ""
+            )
+            raise ResumeError(f"instance {instance!r} has no run {run_id!r}{origin}")
         assert line is not None
         raise ResumeError(
             f"run {run_id} of {instance!r} cannot be answered: run {line.run_id} started after "
             "it, and only an instance's last run goes on"
         )
-    if line.end is None:
+    elif line.end is None:
         raise ResumeError(
             f"run {run_id} of {instance!r} is still open: answer it once it has stopped "
             "(if its process died, 'steplog recover' closes it)"
         )
-    continued, checkpoint = continued_run(ledger, Continuation(), line.started.workflow_name)
-    forked_requests = ledger.forked.requests if ledger.forked is not None else []
+    else:
+        start = line.started
+        supersteps = getattr(line.end, "supersteps", 0)
+    continued, checkpoint = continued_run(ledger, Continuation(), start.workflow_name)
+    forked_requests = forked.requests if forked is not None else []
     pending = pending_wire(ledger, continued, checkpoint, forked_requests=forked_requests)
     request = pending.get(request_id)
     if request is None:
@@ -144,9 +162,7 @@ def record_response(
     new_run = id_factory()
     version = events[-1].position
     now = clock()
-    start = line.started
     remaining = [rid for rid in pending if rid != request_id]
-    supersteps = getattr(line.end, "supersteps", 0)
     batch: list[EventBase] = [
         RunStarted(
             position=version + 1,
@@ -186,6 +202,21 @@ def record_response(
             "appended: try again"
         ) from None
     return RecordedResponse(instance, new_run, request_id, version + 1, version + 3)
+
+
+def _origin_start(store: EventStore, forked: InstanceForked) -> RunStarted:
+    """The ``RunStarted`` of the origin's run a fork goes on with (its workflow, arguments and
+    settings, which a continuation inherits). Raises ``ResumeError`` if the origin's log does
+    not hold it."""
+    for event in store.read(
+        forked.origin_instance, upto=forked.origin_position, types=("run_started",)
+    ):
+        if isinstance(event, RunStarted) and event.run_id == forked.origin_run:
+            return event
+    raise ResumeError(
+        f"instance {forked.instance_id!r} was forked from run {forked.origin_run} of "
+        f"{forked.origin_instance!r}, whose log does not hold that run's start"
+    )
 
 
 def fork_at(

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._algo import Position
-from kernel._checkpoints import Ledger, answer, check_responses, continued_run, waiting_requests
+from kernel._checkpoints import Ledger, answer, check_responses, continued_run, waiting
 from kernel._context import WorkflowContext
 from kernel._emit import (
     Emit,
@@ -459,26 +459,45 @@ class Run:
         return Position.start(start.id, self.message)
 
     def _refuse_if_waiting(self, ledger: Ledger) -> None:
-        """Refuse a run with a new message while requests of the instance's last run wait for a
-        response: it continues nothing, so they could no longer be answered. Nothing silent:
-        ``PendingRequestsError`` names them and says how to answer them or go on anyway."""
-        waiting = waiting_requests(ledger)
-        if not waiting:
+        """Refuse a run with a new message while something waits on the instance's last run
+        (``waiting``: requests without a response, or responses recorded that only ``resume()``
+        delivers): it continues nothing, so they would be dropped. Nothing silent:
+        ``PendingRequestsError`` names them and says how to go on with them or anyway."""
+        found = waiting(ledger)
+        if not found:
             return
         where = f"instance {self.instance.instance_id!r}"
-        shown = ", ".join(
-            f"{rid} (from {r.get('executor_id')!r}, run {r.get('run_id')})"
-            for rid, r in list(waiting.items())[:5]
-        )
-        more = f" and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+        parts: list[str] = []
+        ways: list[str] = []
+        requests = found.requests
+        if requests:
+            shown = ", ".join(
+                f"{rid} (from {r.get('executor_id')!r}, run {r.get('run_id')})"
+                for rid, r in list(requests.items())[:5]
+            )
+            more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
+            parts.append(f"{len(requests)} request(s) waiting for a response: {shown}{more}")
+            ways.append(
+                "answer them with run(responses={request_id: value}) (or 'steplog respond RUN "
+                "REQUEST_ID JSON' and resume())"
+            )
+        responses = found.responses
+        if responses:
+            shown = ", ".join(
+                f"to {r.request_id} (recorded by run {r.run_id} at position {r.position})"
+                for r in responses[:5]
+            )
+            more = f" and {len(responses) - 5} more" if len(responses) > 5 else ""
+            parts.append(f"{len(responses)} recorded response(s) not yet delivered: {shown}{more}")
+            ways.append("deliver the recorded response(s) with resume()")
+        how = "; ".join(ways)
         raise PendingRequestsError(
-            f"{where} has {len(waiting)} request(s) waiting for a response: {shown}{more}. A run "
-            "with a new message would leave them unanswerable, so none was started. Answer them "
-            "with run(responses={request_id: value}) (or 'steplog respond RUN REQUEST_ID JSON' "
-            "and resume()); or start the new run anyway, giving them up, with "
-            "run(message, supersede_requests=True) (a fork of the latest checkpoint can still "
-            "answer them)",
-            request_ids=tuple(waiting),
+            f"{where} has {' and '.join(parts)}. A run with a new message continues nothing and "
+            f"would drop them, so none was started. {how[0].upper()}{how[1:]}; or start the "
+            "new run anyway, giving them up, with run(message, supersede_requests=True) (a fork "
+            "of the latest checkpoint can still go on with them)",
+            request_ids=tuple(requests),
+            responded_ids=tuple(r.request_id for r in responses),
         )
 
     def _log_start(self, head: OpenRun, **fields: Any) -> None:

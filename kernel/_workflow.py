@@ -153,9 +153,11 @@ class Workflow(DefinitionView):
         ``checkpoint_id``). A continuation first closes a run left open by a dead process.
 
         A run with a message continues nothing, so the requests the instance's last run left
-        waiting could no longer be answered: it is refused (``PendingRequestsError``, naming
-        them; nothing appended) while any wait, unless ``supersede_requests=True`` gives them up
-        (they stay in the log, and a fork of the checkpoint that holds them can answer them).
+        waiting could no longer be answered, and responses recorded for it (``record_response``,
+        ``steplog respond``) that only ``resume()`` delivers would be dropped: it is refused
+        (``PendingRequestsError``, naming them; nothing appended) while any wait, unless
+        ``supersede_requests=True`` gives them up (they stay in the log, and a fork of the
+        checkpoint that holds them can go on with them).
 
         Raises ``RunInProgressError`` if this workflow object is still running another run.
         """

@@ -69,6 +69,7 @@ from projections._runrecords import (
     continued,
     given_up,
     in_memory,
+    waiting_status,
 )
 from projections._tracker import SuperstepTracker
 
@@ -392,7 +393,8 @@ class RunHistory(Fold):
             run.closed_by = event.closed_by or "recover"
             run.error = _abandoned_error(event, run.closed_by)
         else:
-            run.status = _END_STATUS[event.type]
+            status = _END_STATUS[event.type]
+            run.status = waiting_status(run) if status == "awaiting_input" else status
             run.error = event.error if isinstance(event, RunFailed) else None
 
     # -- reading ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from kernel import ErrorInfo, ProjectionError
 
 __all__ = [
+    "STATUS_TEXT",
     "DroppedMessage",
     "ForkRecord",
     "HistoryRows",
@@ -30,6 +31,8 @@ __all__ = [
     "continued",
     "given_up",
     "in_memory",
+    "status_text",
+    "waiting_status",
 ]
 
 RunStatus = Literal[
@@ -40,10 +43,23 @@ RunStatus = Literal[
     "abandoned",
     "crashed",
     "awaiting_input",
+    "answered",
     "continued",
     "superseded",
 ]
 StepStatus = Literal["open", "committed", "aborted"]
+
+STATUS_TEXT: dict[str, str] = {
+    "awaiting_input": "waiting for input",
+    "answered": "answered: resume() continues",
+}
+"""How a run status reads where it is shown to a person (the CLI's tables, the UI); a status not
+named here reads as it is."""
+
+
+def status_text(status: str) -> str:
+    """``status`` as a person reads it (``STATUS_TEXT``)."""
+    return STATUS_TEXT.get(status, status)
 
 
 def _time(text: str | None) -> datetime | None:
@@ -280,7 +296,10 @@ class RunRecord:
     them), while they can still be answered: a later run that continues nothing (started with
     ``supersede_requests=True``) drops them, and the run that was waiting for them is then
     ``superseded``; ``responses``
-    the ids of the requests whose responses this run recorded.
+    the ids of the requests whose responses this run recorded. A run that recorded responses and
+    ended waiting without committing a superstep (``record_response``'s, ``steplog respond``'s:
+    nothing executed) waits for nothing: its status is ``answered`` (see ``waiting_status``)
+    until the run that delivers the responses (``resume()``) continues it.
 
     ``dropped`` are the messages its committed supersteps sent that no edge delivered, in order
     (``DroppedMessage``).
@@ -338,21 +357,34 @@ def closer_label(closed_by: str, width: int = 8) -> str:
     return closed_by if closed_by.startswith("recover") else closed_by[:width]
 
 
+_STOPPED_FOR_INPUT = frozenset({"awaiting_input", "answered"})
+"""The statuses of a run that stopped for input (waiting for it, or holding responses for the
+next ``resume()``): the ones a later run changes (``continued``, ``superseded``)."""
+
+
+def waiting_status(run: RunRecord) -> RunStatus:
+    """The status of ``run`` as it ends waiting for input (``RunAwaitingInput``): ``answered``
+    if it recorded responses and committed no superstep (nothing executed: the responses wait
+    for ``resume()``, as the kernel's ``PendingRequestsError`` says), else ``awaiting_input``."""
+    return "answered" if run.responses and run.committed == 0 else "awaiting_input"
+
+
 def continued(run: RunRecord, by: str) -> None:
     """Record that run ``by`` continues ``run``: ``by`` joins its ``continued_by``, and a run
-    that stopped waiting for input no longer waits (status ``continued``). A run that ended
-    otherwise (failed, crashed, ...) keeps that status: it is what happened to it."""
+    that stopped for input (waiting, or ``answered``) no longer waits (status ``continued``). A
+    run that ended otherwise (failed, crashed, ...) keeps that status: it is what happened to
+    it."""
     if by not in run.continued_by:
         run.continued_by.append(by)
-    if run.status == "awaiting_input":
+    if run.status in _STOPPED_FOR_INPUT:
         run.status = "continued"
 
 
 def given_up(run: RunRecord) -> None:
-    """Record that a run that continues nothing started after ``run``: if it was waiting for
-    input, what it waited for was given up (``supersede_requests=True``), so it waits no more
-    (status ``superseded``)."""
-    if run.status == "awaiting_input":
+    """Record that a run that continues nothing started after ``run``: if it stopped for input,
+    what it waited for (or the responses it held) was given up (``supersede_requests=True``),
+    so it waits no more (status ``superseded``)."""
+    if run.status in _STOPPED_FOR_INPUT:
         run.status = "superseded"
 
 

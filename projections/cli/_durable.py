@@ -12,7 +12,7 @@ import asyncio
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from rich.console import Console
@@ -23,8 +23,10 @@ from kernel import (
     DecodeError,
     EventBase,
     EventStore,
+    InstanceForked,
     MessageStaged,
     RecordedError,
+    ResponseReceived,
     RunStarted,
     ValueCodec,
     WorkflowEvent,
@@ -34,10 +36,25 @@ from kernel import (
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
-from projections.cli._ids import RUN_WINDOW, events_of, find_run, request_id
+from projections._runrecords import status_text
+from projections.cli._ids import (
+    RUN_WINDOW,
+    events_of,
+    find_run,
+    instance_id,
+    pick,
+    request_id,
+    runs_of,
+)
 from projections.cli._json import emit, emit_line, json_text
 from projections.cli._points import UsageError, point_in, points_of
-from projections.cli._render import print_paged, run_document, show_time, show_value
+from projections.cli._render import (
+    continues_text,
+    print_paged,
+    run_document,
+    show_time,
+    show_value,
+)
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli._safe import cell, visible
 
@@ -62,6 +79,12 @@ def add_durable_commands(commands: Any) -> None:
         "request_id", metavar="REQUEST_ID", help="the request answered (id or unique prefix)"
     )
     answer.add_argument("value", metavar="JSON", help="the response, as JSON")
+    answer.add_argument(
+        "--instance",
+        metavar="INSTANCE",
+        help="answer this instance's copy of the request: a fork's inherited request is "
+        "listed with its origin's run (default: the instance the run is in)",
+    )
     again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
     again.add_argument("run", help="a run id, or a unique prefix of one")
     branch = commands.add_parser("fork", help="start a new instance from a point of another")
@@ -80,12 +103,23 @@ _LATER = ("run_started", "response_received", *RUN_END_TYPES)
 requests, and whether a later run continues it."""
 
 
-def run_window(store: EventStore, instance: str, run_id: str) -> tuple[RunHistory, Counter[str]]:
+class RunWindow(NamedTuple):
+    """What ``run_window`` read of one run: the run ``history``, the messages each superstep of
+    the run staged (``sent``), and the ``ResponseReceived`` events of the responses it recorded
+    (those its record lists in ``responses``), in order."""
+
+    history: RunHistory
+    sent: Counter[str]
+    responses: list[ResponseReceived]
+
+
+def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
     """The run history of ``instance`` folded from what concerns run ``run_id``: the fork
     event (if any), every event from the run's start to the next run's, and the starts, responses
     and ends of the later runs (the run starts are found by their rows' bytes). Its record of the
     run, and of its supersteps, are those of the whole instance's history. With it, the number
-    of messages each superstep of the run staged (delivered only if the superstep committed)."""
+    of messages each superstep of the run staged (delivered only if the superstep committed),
+    and the responses the run recorded."""
     starts = [e for e in store.find_events(instance, ("run_started",)) if isinstance(e, RunStarted)]
     at = next(n for n, e in enumerate(starts) if e.run_id == run_id)
     begin = starts[at].position - 1
@@ -99,12 +133,22 @@ def run_window(store: EventStore, instance: str, run_id: str) -> tuple[RunHistor
             for event in store.read(instance, after=after, upto=min(after + RUN_WINDOW, end)):
                 if isinstance(event, MessageStaged) and event.run_id == run_id:
                     sent[event.superstep_id] += 1
+                elif isinstance(event, ResponseReceived) and event.run_id == run_id:
+                    received.append(event)
                 yield event
             after += RUN_WINDOW
         yield from store.find_events(instance, _LATER, after=end)
 
     sent: Counter[str] = Counter()
-    return fold_history(events(), RunHistory(forks=forks_of(store, instance))), sent
+    received: list[ResponseReceived] = []
+    past = fold_history(events(), RunHistory(forks=forks_of(store, instance)))
+    run = past.run(run_id)
+    counted = set() if run is None else set(run.responses)
+    first: dict[str, ResponseReceived] = {}
+    for response in received:  # as the fold counts them: the first of each, while running
+        if response.request_id in counted:
+            first.setdefault(response.request_id, response)
+    return RunWindow(past, sent, list(first.values()))
 
 
 def _instances(store: EventStore, named: str | None) -> list[str]:
@@ -137,7 +181,7 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
     table.add_column("error", overflow="fold", ratio=1)
     for name, run in page:
         error = f"{run.error.type}: {run.error.message}" if run.error else ""
-        status = cell("waiting for input" if run.status == "awaiting_input" else run.status)
+        status = cell(status_text(run.status))
         if run.continued_by:  # the line break is the table's own, the ids are stored text
             status += "\ncontinued by " + cell(", ".join(r[:8] for r in run.continued_by))
         table.add_row(
@@ -156,7 +200,7 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
 
 def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     instance, run_id = find_run(store, args.run)
-    past, sent = run_window(store, instance, run_id)
+    past, sent, responses = run_window(store, instance, run_id)
     run = past.run(run_id)
     assert run is not None
     steps = past.supersteps(run_id)
@@ -167,10 +211,20 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
                 "run": run_document(run, instance),
                 "supersteps": [step.to_row() for step in steps],
                 "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+                "responses": [
+                    {
+                        "request_id": r.request_id,
+                        "value": r.value,
+                        "timestamp": r.timestamp.isoformat(),
+                        "run_id": r.run_id,
+                        "position": r.position,
+                    }
+                    for r in responses
+                ],
             }
         )
         return 0
-    status = "waiting for input" if run.status == "awaiting_input" else run.status
+    status = status_text(run.status)
     console.print(
         visible(
             f"run {run_id} of {instance} ({run.workflow_name}): {status}, started "
@@ -181,13 +235,20 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         soft_wrap=True,
     )
     if run.continues is not None:
-        console.print(
-            visible(f"continues run {run.continues} after {run.checkpoint}"), markup=False
-        )
+        console.print(visible(continues_text(run)), markup=False)
     if run.continued_by:
         console.print(visible(f"continued by run {', '.join(run.continued_by)}"), markup=False)
     if run.error is not None:
         console.print(visible(f"error: {run.error.type}: {run.error.message}"), markup=False)
+    if responses:
+        _print_responses(console, run, responses)
+    if not steps:
+        console.print("no superstep: nothing executed in this run", markup=False)
+        if run.outputs:
+            console.print(
+                visible(f"outputs: {show_value(run.outputs)}"), markup=False, soft_wrap=True
+            )
+        return 0
     table = Table(title="supersteps", expand=True)
     for column in ("#", "superstep", "status", "executors", "keys written", "messages"):
         table.add_column(column, overflow="fold")
@@ -210,7 +271,27 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-_STATUS_TEXT = {"awaiting_input": "waiting for input"}
+def _print_responses(console: Console, run: RunRecord, responses: list[ResponseReceived]) -> None:
+    """The responses ``run`` recorded: each request id, value, time and recording run; and
+    whether a later run has delivered them yet."""
+    table = Table(title="responses recorded", expand=True)
+    for column in ("request", "value", "recorded at", "by run", "position"):
+        table.add_column(column, overflow="fold")
+    for response in responses:
+        table.add_row(
+            cell(response.request_id),
+            cell(show_value(response.value)),
+            response.timestamp.isoformat(),
+            cell(response.run_id),
+            str(response.position),
+        )
+    console.print(table)
+    if run.status == "answered":
+        console.print(
+            "not delivered yet: the workflow's next resume() delivers them (a run with a new "
+            "message is refused until then)",
+            markup=False,
+        )
 
 
 def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
@@ -265,7 +346,7 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
             str(mark["position"]),
             mark["timestamp"] or "",
             "yes" if mark["latest"] else "",
-            cell(_STATUS_TEXT.get(mark["status"], mark["status"] or "-")),
+            cell(status_text(mark["status"] or "-")),
         )
     if not marks:
         console.print("no checkpoints: no superstep committed", markup=False)
@@ -286,16 +367,37 @@ def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) 
 
 def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     found: list[dict[str, Any]] = []
+    answered: list[tuple[str, str]] = []  # runs whose recorded responses wait for resume()
     for name in _instances(store, args.instance):
         past = history(store, name)
+        answered += [(name, run.run_id) for run in past.runs() if run.status == "answered"]
         owner = {r.request_id: run.run_id for run in past.runs() for r in run.pending_requests}
         forked = past.forked_from
         for request in past.pending_requests():
-            run_id = owner.get(request.request_id, forked.origin_run if forked else None)
-            found.append({"instance_id": name, "run_id": run_id, **request.to_row()})
+            run_id = owner.get(request.request_id)
+            inherited = None
+            if run_id is None and forked is not None:  # the fork's copy of its origin's request
+                run_id, inherited = forked.origin_run, forked.origin_instance
+            found.append(
+                {
+                    "instance_id": name,
+                    "run_id": run_id,
+                    **request.to_row(),
+                    "inherited_from": inherited,
+                }
+            )
     if args.json:
         emit({"requests": found})
         return 0
+    for name, run_id in answered:
+        console.print(
+            visible(
+                f"run {run_id} of {name} recorded a response that waits for the workflow's "
+                f"resume() (steplog show {run_id})"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
     if not found:
         console.print("no request is waiting for a response", markup=False)
         return 0
@@ -304,9 +406,11 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
         table.add_column(column, no_wrap=True)
     table.add_column("data (JSON)", overflow="fold", ratio=1)
     for row in found:
+        origin = row["inherited_from"]
         table.add_row(
             cell(row["instance_id"]),
-            cell((row["run_id"] or "")[:8]),
+            cell((row["run_id"] or "")[:8])
+            + ("" if origin is None else f"\n(inherited from {cell(origin)})"),
             cell(row["request_id"]),
             cell(row["executor_id"]),
             cell(row["response_type"]),
@@ -314,6 +418,12 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
         )
     console.print(table)
     console.print("answer one with: steplog respond RUN REQUEST_ID JSON", markup=False)
+    if any(row["inherited_from"] is not None for row in found):
+        console.print(
+            "a fork's inherited request: its run is the origin's; answer the fork's copy with "
+            "steplog respond RUN REQUEST_ID JSON --instance FORK",
+            markup=False,
+        )
     return 0
 
 
@@ -373,7 +483,7 @@ def _error_document(error: BaseException | None) -> dict[str, str] | None:
 
 
 def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    instance, run_id = find_run(store, args.run)
+    instance, run_id = _waiting_run(store, args.run, args.instance)
     try:
         value = ValueCodec().decode(orjson.loads(args.value), what="the response")
     except (orjson.JSONDecodeError, DecodeError) as error:
@@ -401,6 +511,30 @@ def _respond(store: EventStore, args: argparse.Namespace, console: Console) -> i
         soft_wrap=True,
     )
     return 0
+
+
+def _waiting_run(store: EventStore, run: str, instance: str | None) -> tuple[str, str]:
+    """``(instance, run id)`` for ``respond``: the run ``run`` names in any instance, or, with
+    ``instance``, among that instance's runs and the origin's run a fork goes on with (its
+    inherited requests are that run's). A ``run`` that names no run but an instance is told to
+    use ``--instance``."""
+    if instance is None:
+        try:
+            return find_run(store, run)
+        except UsageError:
+            if store.version(run) > 0:
+                raise UsageError(
+                    f"{run!r} is an instance, not a run: give the run that waits ('steplog "
+                    f"requests {run}' lists it) and --instance {run} to answer that instance's "
+                    "copy of the request"
+                ) from None
+            raise
+    name = instance_id(store, instance)
+    ids = [started.run_id for started in runs_of(store, name)]
+    forked = next(iter(store.read(name, upto=1, types=("instance_forked",))), None)
+    if isinstance(forked, InstanceForked) and forked.origin_run is not None:
+        ids.append(forked.origin_run)
+    return name, pick(run, ids, "run", f"instance {name!r}")
 
 
 def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:

@@ -29,7 +29,7 @@ from kernel import (
 )
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 from projections._manifest import VIEW_MISMATCH
-from projections._runrecords import closer_label
+from projections._runrecords import closer_label, status_text
 from projections.cli._json import json_text
 from projections.cli._safe import cell, json_safe
 
@@ -231,8 +231,7 @@ def history_runs_table(
         error = _cut(f"{run.error.type}: {run.error.message}") if run.error else ""
         lineage = []
         if run.continues is not None:
-            at = f" after {run.checkpoint[:8]}" if run.checkpoint else " from its start"
-            lineage.append(f"continues {run.continues[:8]}{at}")
+            lineage.append(continues_text(run, width=8))
         later = run.continued_by if continued_by is None else continued_by.get(run.run_id, ())
         if later:
             lineage.append("continued by " + ", ".join(r[:8] for r in later))
@@ -240,7 +239,7 @@ def history_runs_table(
             lineage.append(f"{len(run.responses)} response(s)")
         if run.closed_by is not None:
             lineage.append(f"closed by {closer_label(run.closed_by)}")
-        status: str = "waiting for input" if run.status == "awaiting_input" else run.status
+        status = status_text(run.status)
         table.add_row(
             cell(run.run_id[:8]),
             status,
@@ -444,6 +443,18 @@ def _is_drop(event: EventBase) -> bool:
 
 def _drop_fate(status: WriteStatus) -> str:
     return _DROP_FATES.get(status, "[yellow]pending[/]")
+
+
+def continues_text(run: RunRecord, *, width: int | None = None) -> str:
+    """What ``run`` continues, as ``show`` and ``history`` say it (ids cut to ``width``): the
+    run and the checkpoint it went on after, or, without one (``checkpoint`` None), from where
+    that run stood before its first superstep (it committed none: a run that only recorded
+    responses)."""
+    assert run.continues is not None
+    cut = slice(None, width)
+    if run.checkpoint is not None:
+        return f"continues run {run.continues[cut]} after checkpoint {run.checkpoint[cut]}"
+    return f"continues run {run.continues[cut]} from its start (it committed no superstep)"
 
 
 def run_document(run: RunRecord, instance_id: str) -> dict[str, Any]:

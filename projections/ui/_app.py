@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from kernel import DecodeError, EventStore, LogIntegrityError, MissingKeyError
 from projections import RunRecord, SuperstepRecord
 from projections._manifest import VIEW_MISMATCH
-from projections._runrecords import closer_label
+from projections._runrecords import STATUS_TEXT, closer_label, status_text
 from projections.cli._render import broken_chain_text, read_error_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
@@ -50,7 +50,6 @@ words (``read_error_text``): which key, and how to give it."""
 POLL_SECONDS = 0.5
 """How often a live page's event stream asks the store for the instance's version."""
 _HERE = Path(__file__).parent
-_STATUS = {"awaiting_input": "waiting for input"}
 
 
 def _json(value: Any, limit: int = 400) -> str:
@@ -72,7 +71,7 @@ def _environment() -> Environment:
     )
     env.filters["json"] = _json
     env.filters["time"] = _time
-    env.filters["status"] = lambda status: _STATUS.get(status, status)
+    env.filters["status"] = status_text
     env.filters["utc_local"] = _utc_local
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
     env.filters["closer"] = lambda text: closer_label(text, 10)
@@ -348,7 +347,14 @@ def _page_in(page: int, pages: int) -> int:
 def _matches(query: str, instance: str, run: RunRecord) -> bool:
     error = f"{run.error.type} {run.error.message}" if run.error else ""
     hay = " ".join(
-        (instance, run.run_id, run.workflow_name, run.status, _STATUS.get(run.status, ""), error)
+        (
+            instance,
+            run.run_id,
+            run.workflow_name,
+            run.status,
+            STATUS_TEXT.get(run.status, ""),
+            error,
+        )
     )
     return query.lower() in hay.lower()
 

@@ -120,7 +120,7 @@ async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, 
 
     code, out = cli(capsys, "--store", sqlite_url, "history", "count")
     assert code == 0
-    assert f"continues {first_run[:8]}" in out
+    assert f"continues run {first_run[:8]}" in out
     assert f"continued by {resumed[:8]}" in out
     assert "forks of count" in out
     assert "count-fork" in out
@@ -128,7 +128,7 @@ async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, 
     code, out = cli(capsys, "--store", sqlite_url, "history", "count-fork")
     assert code == 0
     assert "forked from count at position" in out
-    assert f"continues {first_run[:8]} after {second[:8]}" in out
+    assert f"continues run {first_run[:8]} after checkpoint {second[:8]}" in out
     assert "forks of" not in out
 
 
@@ -176,10 +176,24 @@ def _show_from_everything(store, instance: str, run_id: str) -> dict:
         for e in events_of(store, instance, ("message_staged",))
         if e.run_id == run_id
     )
+    received: dict[str, dict] = {}
+    for e in events_of(store, instance, ("response_received",)):
+        if e.run_id == run_id and e.request_id in run.responses:
+            received.setdefault(
+                e.request_id,
+                {
+                    "request_id": e.request_id,
+                    "value": e.value,
+                    "timestamp": e.timestamp.isoformat(),
+                    "run_id": e.run_id,
+                    "position": e.position,
+                },
+            )
     return {
         "run": run_document(run, instance),
         "supersteps": [step.to_row() for step in steps],
         "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+        "responses": list(received.values()),
     }
 
 
@@ -238,6 +252,7 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
     assert sum(len(ids) for ids in runs.values()) >= 9
     pending = [doc for doc in expected.values() if doc["run"]["pending_requests"]]
     assert pending  # a run still waits (the second review)
+    assert any(doc["responses"] for doc in expected.values())  # respond's run
     for run_id, document in expected.items():
         code, out = cli(capsys, "--store", url, "show", "--json", "--", run_id)
         assert code == 0, out
@@ -288,3 +303,149 @@ def _history_says_what_the_whole_history_says(url: str, capsys) -> None:
 def _last_run(url: str, instance: str) -> str:
     with open_store(url) as store:
         return [e.run_id for e in store.read(instance, types=["run_started"])][-1]
+
+
+async def test_a_run_that_recorded_a_response_is_answered_not_waiting(sqlite_url, capsys, wide):
+    """Issue 21: the run ``steplog respond`` writes waits for nothing: ``runs``, ``history`` and
+    ``show`` say it is ``answered`` (resume() continues it), never "waiting for input", and
+    ``show`` prints the response it recorded (request, value escaped, time, run); once resumed
+    it is ``continued``, and the resuming run's ``show`` says what it continues (no ``None``)."""
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        (request,) = (await wf.run("v1")).pending_requests
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", request.run_id, request.request_id,
+        '"app\\u001b[2Jrove"',
+    )  # fmt: skip
+    assert code == 0, out
+    with open_store(sqlite_url) as store:
+        first, answering = [e.run_id for e in store.read("r") if e.type == "run_started"]
+
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
+    assert code == 0
+    runs = {run["run_id"]: run for run in json.loads(out)["runs"]}
+    assert runs[answering]["status"] == "answered"
+    assert runs[first]["status"] == "continued"
+    for command in (("runs", "r"), ("history", "r"), ("show", answering)):
+        code, out = cli(capsys, "--store", sqlite_url, *command)
+        assert code == 0
+        assert "waiting for input" not in out, command
+        assert "answered: resume() continues" in out, command
+    code, out = cli(capsys, "--store", sqlite_url, "requests")
+    assert "no request is waiting for a response" in out
+    assert f"run {answering} of r recorded a response that waits for the workflow's resume()" in out
+
+    code, out = cli(capsys, "--store", sqlite_url, "show", answering)
+    assert "responses recorded" in out
+    assert request.request_id in out
+    assert '"app\\u001b[2Jrove"' in out  # stored text escaped, never sent to the terminal raw
+    assert "\x1b" not in out
+    assert "not delivered yet" in out
+    assert "resume()" in out
+    code, out = cli(capsys, "--store", sqlite_url, "show", answering, "--json")
+    (response,) = json.loads(out)["responses"]
+    assert (response["request_id"], response["value"], response["run_id"]) == (
+        request.request_id, "app\x1b[2Jrove", answering,
+    )  # fmt: skip
+    assert response["timestamp"]
+
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        await wf.resume()
+        resumed = [e.run_id for e in store.read("r") if e.type == "run_started"][-1]
+    code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
+    statuses = [run["status"] for run in json.loads(out)["runs"]]
+    assert statuses == ["continued", "continued", "awaiting_input"]  # asks again: not approve
+    code, out = cli(capsys, "--store", sqlite_url, "show", answering)
+    assert ": continued, started" in out
+    assert "not delivered yet" not in out
+    assert f"continued by run {resumed}" in out
+
+
+async def test_show_of_a_run_resumed_after_respond_names_what_it_continues(
+    sqlite_url, capsys, wide
+):
+    """Issue 21: the run ``resume()`` starts after ``steplog respond`` continues respond's run,
+    which committed no superstep (no checkpoint): ``show`` said "after None"; it now says what
+    it continues from, and ``history`` the same."""
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        (request,) = (await wf.run("v1")).pending_requests
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", request.run_id, request.request_id, '"approve"'
+    )
+    assert code == 0, out
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        await wf.resume()
+        first, answering, resumed = [e.run_id for e in store.read("r", types=["run_started"])]
+    code, out = cli(capsys, "--store", sqlite_url, "show", resumed)
+    assert code == 0
+    assert "None" not in out
+    assert f"continues run {answering} from its start (it committed no superstep)" in out
+    code, out = cli(capsys, "--store", sqlite_url, "show", answering)
+    assert "None" not in out
+    assert f"continues run {first} after checkpoint " in out
+    code, out = cli(capsys, "--store", sqlite_url, "history", "r")
+    assert "None" not in out
+    assert f"continues run {answering[:8]} from its start" in out
+
+
+async def test_a_forks_inherited_request_is_marked_and_answered_with_instance(
+    sqlite_url, capsys, wide
+):
+    """Issue 21: after ``steplog fork``, ``requests`` lists the fork's copy of the origin's
+    waiting request marked as inherited (``inherited_from`` in JSON); ``respond RUN REQ JSON
+    --instance FORK`` answers the fork's copy (RUN being the origin's run, as listed), the
+    origin still waits, and the fork's ``resume()`` goes on with the response. ``respond FORK``
+    says to use ``--instance``."""
+    with open_store(sqlite_url) as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1"
+        ).build()
+        (request,) = (await wf.run("v1")).pending_requests
+        checkpoint = wf.checkpoints()[-1].checkpoint_id
+    code, out = cli(
+        capsys, "--store", sqlite_url, "fork", "fan-1", f"step:{checkpoint}", "--to", "fan-1b"
+    )
+    assert code == 0, out
+
+    code, out = cli(capsys, "--store", sqlite_url, "requests", "--json")
+    rows = {row["instance_id"]: row for row in json.loads(out)["requests"]}
+    assert rows["fan-1"]["inherited_from"] is None
+    assert rows["fan-1b"]["inherited_from"] == "fan-1"
+    assert rows["fan-1b"]["run_id"] == request.run_id
+    code, out = cli(capsys, "--store", sqlite_url, "requests")
+    assert "(inherited from fan-1)" in out
+    assert out.count("inherited from") == 1
+    assert "--instance FORK" in out
+
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", "fan-1b", request.request_id, '"approve"'
+    )
+    assert code == 2
+    assert "--instance fan-1b" in out
+    code, out = cli(
+        capsys, "--store", sqlite_url, "respond", request.run_id[:6], request.request_id[:6],
+        '"approve"', "--instance", "fan-1b",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "of fan-1b in run" in out
+
+    code, out = cli(capsys, "--store", sqlite_url, "requests", "--json")
+    (row,) = json.loads(out)["requests"]
+    assert (row["instance_id"], row["inherited_from"]) == ("fan-1", None)  # the origin waits
+    with open_store(sqlite_url) as store:
+        fork = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1b"
+        ).build()
+        assert (await fork.resume()).get_outputs() == ["v1"]
+        assert fork.committed_state() == {"draft": "v1", "approved": "v1"}

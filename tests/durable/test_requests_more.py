@@ -277,6 +277,11 @@ async def test_a_response_whose_handler_failed_is_delivered_again_by_resume(
     with pytest.raises(ResponseError, match="already answered"):
         await wf.run(responses={request.request_id: "reject"})
     assert len(wf.events()) == before
+    # a new message would drop the response that waits for resume(): refused (issue 21)
+    with pytest.raises(PendingRequestsError, match=r"resume\(\)") as refused:
+        await wf.run("v2")
+    assert refused.value.responded_ids == (request.request_id,)
+    assert len(wf.events()) == before
 
     Editor.broken = False  # the fixed executor, in a later process
     fixed = editing(reopen(store_url, store))

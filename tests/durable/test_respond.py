@@ -9,6 +9,7 @@ import pytest
 
 from kernel import (
     Executor,
+    PendingRequestsError,
     ResponseError,
     ResumeError,
     WorkflowBuilder,
@@ -89,6 +90,47 @@ async def test_two_requests_answered_one_at_a_time_then_resumed(store_url: str) 
     assert wf.committed_state() == {"x-a": "yes", "x-b": 7}
 
 
+async def test_a_new_message_after_a_recorded_response_is_refused_until_resumed(
+    store_url: str,
+) -> None:
+    """A response recorded for the next ``resume()`` waits as a request does: a run with a new
+    message would continue nothing and drop it (issue 21: ``run("O-2")`` was accepted and the
+    approval never delivered). It is refused, naming the response and ``resume()``; nothing is
+    appended; ``resume()`` then delivers it, after which a new message runs."""
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    recorded = record_response(store, request.run_id, request.request_id, "approve")
+    version = store.version("q")
+    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    with pytest.raises(PendingRequestsError) as refused:
+        await wf.run("O-2")
+    message = str(refused.value)
+    assert request.request_id in message
+    assert recorded.run_id in message
+    assert "resume()" in message
+    assert "supersede_requests=True" in message
+    assert refused.value.responded_ids == (request.request_id,)
+    assert refused.value.request_ids == ()
+    assert store.version("q") == version
+    assert (await wf.resume()).get_outputs() == ["v1"]
+    assert wf.committed_state() == {"draft": "v1", "approved": "v1"}
+    assert (await wf.run("O-2")).status == "awaiting_input"
+
+
+async def test_a_recorded_response_given_up_on_purpose(store_url: str) -> None:
+    """``supersede_requests=True`` starts the new run anyway: the recorded response is given up
+    (it stays in the log) and the new run asks afresh."""
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    record_response(store, request.run_id, request.request_id, "approve")
+    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    second = await wf.run("O-2", supersede_requests=True)
+    assert second.status == "awaiting_input"
+    assert "approved" not in wf.committed_state()
+
+
 async def test_refusals_append_nothing(store_url: str) -> None:
     store = open_store(store_url)
     first = await build(store, Reviewer("reviewer")).run("v1")
@@ -124,3 +166,29 @@ async def test_fork_at_appends_what_workflow_fork_appends(store_url: str) -> Non
     assert resumed.get_outputs() == [1, 2, 3, 4, 5]
     with pytest.raises(Exception, match="already has events"):
         fork_at(store, "count", 3, "log-1")
+
+
+async def test_a_forks_inherited_request_is_answered_on_the_fork(store_url: str) -> None:
+    """Issue 21: a fork that has not run holds copies of its origin's waiting requests; with
+    ``instance_id`` the fork, ``record_response`` answers the fork's copy (the origin's run goes
+    on there, as ``run(responses=...)`` on the fork's workflow does), and the origin still waits.
+    """
+    store = open_store(store_url)
+    first = await build(store, Reviewer("reviewer")).run("v1")
+    (request,) = first.pending_requests
+    fork_at(store, "q", store.version("q"), "q-b")
+    recorded = record_response(
+        store, request.run_id, request.request_id, "approve", instance_id="q-b"
+    )
+    assert recorded.instance_id == "q-b"
+    started = store.read("q-b", after=recorded.first_position - 1)[0]
+    assert started.continues == request.run_id
+    origin = build(store, Reviewer("reviewer"))
+    assert [r.request_id for r in origin.pending_requests()] == [request.request_id]
+    fork = build(reopen(store_url, store), Reviewer("reviewer"), "q-b")
+    assert fork.pending_requests() == []
+    assert (await fork.resume()).get_outputs() == ["v1"]
+    assert fork.committed_state() == {"draft": "v1", "approved": "v1"}
+    assert "approved" not in origin.committed_state()
+    with pytest.raises(ResumeError, match="has no run 'nope'"):
+        record_response(store, "nope", request.request_id, "x", instance_id="q-b")

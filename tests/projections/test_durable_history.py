@@ -14,6 +14,7 @@ from kernel import (
     InfoRequested,
     WorkflowBuilder,
     open_store,
+    record_response,
 )
 from kernel.testing import LogBuilder, ticking_clock
 from projections import (
@@ -111,6 +112,38 @@ async def test_a_run_answered_and_continued_no_longer_waits_in_the_fold_and_the_
     assert history.pending_requests() == []
     assert projector.history("r") == history
     assert projected(store).history("r") == history  # the view folded from nothing
+
+
+async def test_a_run_that_recorded_a_response_is_answered_in_the_fold_and_the_view(store_url):
+    """Issue 21: the run ``record_response`` (``steplog respond``) writes executes nothing and
+    waits for nothing: it is ``answered`` (its response waits for ``resume()``), not
+    ``awaiting_input``, in the fold and the view alike; ``continued`` once resumed, and
+    ``superseded`` if a new run gives its response up."""
+    store = open_store(store_url)
+    wf = build_reviewer(store)
+    projector = Projector(store, ["history"], page_size=2)
+    (request,) = (await wf.run("v1")).pending_requests
+    record_response(store, request.run_id, request.request_id, "approve")
+    projector.catch_up()
+    history = fold_history(wf.events())
+    first, answering = history.runs()
+    assert (first.status, answering.status) == ("continued", "answered")
+    assert answering.responses == [request.request_id]
+    assert history.pending_requests() == []
+    assert projector.history("r") == history
+    await wf.resume()
+    projector.catch_up()
+    history = fold_history(wf.events())
+    assert [r.status for r in history.runs()] == ["continued", "continued", "completed"]
+    assert projector.history("r") == history
+    assert projected(store).history("r") == history
+
+    (again,) = (await wf.run("v2")).pending_requests
+    record_response(store, again.run_id, again.request_id, "approve")
+    await wf.run("v3", supersede_requests=True)
+    statuses = [r.status for r in fold_history(wf.events()).runs()]
+    assert statuses[3:] == ["continued", "superseded", "awaiting_input"]
+    assert projected(store).history("r") == fold_history(wf.events())
 
 
 async def test_a_request_of_an_aborted_superstep_never_waits(store_url):

@@ -24,6 +24,7 @@ from projections import (
     blame_keys,
     fold_history,
 )
+from projections._runrecords import status_text
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 from projections.cli._render import show_value
 from projections.ui import create_app, needs_token
@@ -61,10 +62,34 @@ def test_the_run_list_shows_every_run_with_its_status_and_counts(
             assert row is not None, (instance, run.run_id)
             cells = re.findall(r'<td class="num[^"]*">(\d+)</td>', row.group(1))
             assert cells == [str(run.supersteps), str(run.committed), str(run.aborted)]
-            shown = "waiting for input" if run.status == "awaiting_input" else run.status
+            shown = status_text(run.status)
             assert f">{shown}</span>" in row.group(1)
     assert "payment provider timed out" in page  # the failed run's error
     assert ">crashed</span>" in page
+
+
+def test_a_run_that_recorded_a_response_is_answered_not_waiting(tmp_path: Path) -> None:
+    """Issue 21: the run ``steplog respond`` writes waits for nothing: the run list shows it
+    ``answered: resume() continues``, and a search for waiting runs does not find it."""
+    import asyncio
+
+    from kernel import WorkflowBuilder, open_store, record_response
+    from tests.durable.test_requests import Reviewer
+
+    with open_store(f"sqlite:///{tmp_path / 'answered.db'}") as store:
+        wf = WorkflowBuilder(
+            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
+        ).build()
+        (request,) = asyncio.run(wf.run("v1")).pending_requests
+        recorded = record_response(store, request.run_id, request.request_id, "approve")
+        with TestClient(create_app(store), base_url=LOCAL) as ui:
+            page = ui.get("/").text
+            row = re.search(rf'data-run="{re.escape(recorded.run_id)}">(.*?)</tr>', page, re.S)
+            assert row is not None
+            assert ">answered: resume() continues</span>" in row.group(1)
+            assert "waiting for input" not in page
+            found = ui.get("/", params={"q": "waiting for input"}).text
+            assert rows(found, "data-instance") == []
 
 
 def test_the_run_list_is_searchable(client: TestClient) -> None:
