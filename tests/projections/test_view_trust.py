@@ -237,3 +237,127 @@ def test_a_view_folded_from_a_log_since_cut_is_refused(sqlite_url: str) -> None:
             assert (caught.value.position, caught.value.kind) == (23, "view mismatch")
             assert "'orders'#23" in str(caught.value)
         assert projector.state(CLEAN) == {"token": "tok-A-2"}
+
+
+async def _runs(store: EventStore, orders: list[str], first: int = 0) -> None:
+    """Runs of ``Checkout`` on ``INSTANCE``, one per order (``token`` written by each)."""
+    wf = WorkflowBuilder(
+        start_executor=Checkout(id="checkout"),
+        store=store,
+        instance_id=INSTANCE,
+        clock=ticking_clock(datetime(2026, 12, 1, 9, first, tzinfo=UTC)),
+        id_factory=counter_ids(f"{INSTANCE}-{first}"),
+    ).build()
+    for order in orders:
+        await wf.run(order)
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_an_older_copy_of_one_key_index_row_never_makes_blame_lie(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: an early (sealed) copy of the key index's row of ``token``, written
+    # back after two later writes, kept the row count and the anchor: blame through the index
+    # said the first write was the current one, while the state said the last. Every index row
+    # of the instance is checked against the manifest's digest, so the answer is refused.
+    url, keyring = durable_store_url, _keyring(encrypted)
+    table = "steplog_view_keyindex_v2"
+    with open_store(url, keyring=keyring) as store:
+        asyncio.run(_runs(store, ["A-1"]))
+        Projector(store, ["keyindex"]).catch_up()
+        asyncio.run(_runs(store, ["A-2", "A-3"], first=1))
+        saved = _view_doc(url, table, "k:token")
+        Projector(store, ["keyindex"]).catch_up()
+    assert _view_sql(
+        url,
+        f"UPDATE {table} SET doc = %s WHERE instance_id = %s AND key = %s",
+        (saved, INSTANCE, "k:token"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            blame_keys(store, INSTANCE, ["token"])
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "keyindex view of 'orders'" in str(caught.value)
+        writes = blame_keys(store, INSTANCE, ["token"], index=False).writes("token")
+        assert [w.value for w in writes] == ["tok-A-1", "tok-A-2", "tok-A-3"]
+
+
+def _view_doc(url: str, table: str, key: str) -> str:
+    """The stored document of ``INSTANCE``'s row ``key`` in ``table``, as stored."""
+    import sqlite3
+    from contextlib import closing
+
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
+            (doc,) = db.execute(
+                f"SELECT doc FROM {table} WHERE instance_id = ? AND key = ?", (INSTANCE, key)
+            ).fetchone()
+            return str(doc)
+    import psycopg
+
+    from tests.store.test_tamper import PostgresRows
+
+    rows = PostgresRows(url)
+    with psycopg.connect(rows.server, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{rows.schema}"')
+        found = conn.execute(
+            f"SELECT doc FROM {table} WHERE instance_id = %s AND key = %s", (INSTANCE, key)
+        ).fetchone()
+        assert found is not None
+        return str(found[0])
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_a_view_position_moved_forward_never_hides_the_runs_after_it(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: one edit of the plain table of view positions (no key needed) moved
+    # the history view's position past the log's end, and the UI folded no tail after it: a
+    # run appended since the last catch-up vanished from the run list and the instance page.
+    # Where an instance's tail starts is its manifest's ``at`` (anchored and sealed).
+    from projections.ui._data import Reader
+
+    url, keyring = durable_store_url, _keyring(encrypted)
+    with open_store(url, keyring=keyring) as store:
+        asyncio.run(_runs(store, ["A-1", "A-2"]))
+        Projector(store, ["history", "snapshots"]).catch_up()
+        asyncio.run(_runs(store, ["A-3"], first=1))  # not folded yet
+    assert _view_sql(url, "UPDATE steplog_view_positions SET position = position * 1000")
+    with open_store(url, keyring=keyring, create=False) as store:
+        runs = Reader(store).history(INSTANCE).runs()
+        assert [r.run_id for r in runs] == [
+            f"{INSTANCE}-0-1",
+            f"{INSTANCE}-0-2",
+            f"{INSTANCE}-1-1",
+        ] or len(runs) == 3
+        assert len(runs) == 3
+        from projections import TimeTravel
+
+        assert TimeTravel(store).state_at(INSTANCE, store.version(INSTANCE)) == {
+            "token": "tok-A-3"
+        }
+
+
+@pytest.mark.parametrize("doc", ["not json", '{"rows": '])
+def test_a_view_document_that_is_not_json_is_reported_not_a_crash(
+    sqlite_url: str, doc: str
+) -> None:
+    # Review of issue 21: a view document that is not JSON made every reader (and 'steplog
+    # verify') crash with JSONDecodeError. It is a view that does not match the log: readers
+    # refuse it naming the view, instance and row, and verify reports it.
+    _written(sqlite_url, None, ["state"])
+    assert _view_sql(
+        sqlite_url,
+        "UPDATE steplog_view_state_v2 SET doc = %s WHERE instance_id = %s AND key != '#'",
+        (doc, INSTANCE),
+    )
+    with open_store(sqlite_url, create=False) as store:
+        projector = Projector(store, ["state"])
+        with pytest.raises(LogIntegrityError) as caught:
+            projector.state(INSTANCE)
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "steplog_view_state_v2" in str(caught.value)
+        assert projector.state(CLEAN) == {"token": "tok-A-2"}
+        report = projector.verify("state")
+        assert not report.ok
+        assert [row for row in report.different] == [(INSTANCE, "doc")]
