@@ -25,8 +25,9 @@ Checked on use. ``checked_rows`` checks the rows of an instance read whole again
 and ``digest``: every reader that trusts what a row says reads all of the instance's rows (the
 ``state``, ``history`` and ``blame`` views read them anyway; blame through the key index reads
 the instance's index rows, positions only, rather than only the few it needs, since a row put
-back from an older copy, sealed or not, keeps their number); and
-``check_anchor`` checks ``at`` and ``hash`` against the event hash the log holds at ``at`` (one
+back from an older copy, sealed or not, keeps their number); ``check_count`` counts the rows of
+an instance (an index range) for ``TimeTravel``, which reads a few snapshot rows, written once;
+and ``check_anchor`` checks ``at`` and ``hash`` against the event hash the log holds at ``at`` (one
 row read). A view that does not match is refused with ``LogIntegrityError`` (kind ``view
 mismatch``), naming the view, the instance and what to do: rebuild the view from the log.
 """
@@ -47,6 +48,7 @@ __all__ = [
     "VIEW_MISMATCH",
     "Anchor",
     "check_anchor",
+    "check_count",
     "checked_rows",
     "update_manifests",
 ]
@@ -143,6 +145,33 @@ def checked_rows(view: str, instance_id: str, docs: Mapping[str, Json]) -> dict[
             int(manifest["at"]),
         )
     return rows
+
+
+def check_count(
+    backend: ViewBackend, table: str, view: str, instance_id: str, manifest: Json | None
+) -> None:
+    """Check that ``instance_id`` has as many rows in ``table`` as its ``manifest`` lists
+    (counted, not read), for readers that read only some rows, each written once and never
+    rewritten, or whose older copy only makes the reader read more of the log (the snapshots
+    view): a row deleted or added is seen, a row put back from an older copy is not."""
+    counted = backend.count(table, instance_id)
+    if manifest is None:
+        if counted:
+            raise _refused(
+                view,
+                instance_id,
+                "its rows have no manifest (it was deleted, or the view was built by an older "
+                "steplog)",
+            )
+        return
+    if counted - 1 != manifest["rows"]:
+        raise _refused(
+            view,
+            instance_id,
+            f"it holds {counted - 1} rows where its manifest lists {manifest['rows']}: rows were "
+            "deleted or added",
+            int(manifest["at"]),
+        )
 
 
 def check_anchor(store: EventStore, view: str, instance_id: str, manifest: Json | None) -> None:

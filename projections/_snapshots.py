@@ -43,6 +43,7 @@ from kernel import (
     folds,
 )
 from projections._backends import ViewBackend, ViewTx
+from projections._manifest import MANIFEST_KEY, check_anchor, check_count
 from projections._sqlbackends import backend_for
 from projections._timetravel import (
     AtPosition,
@@ -206,6 +207,7 @@ class TimeTravel:
         locator = Locator(point)
         if self._backend is None:
             return None, locator, None
+        self._check(instance_id)
         if isinstance(point, AtPosition):
             return self._snapshot_upto(instance_id, point.position), locator, None
         if isinstance(point, AtTime):
@@ -228,6 +230,17 @@ class TimeTravel:
             return self._snapshot_upto(instance_id, marker), hinted, marker
         bound = entry["start"] if marker is None else marker - 1
         return self._snapshot_upto(instance_id, bound), hinted, None
+
+    def _check(self, instance_id: str) -> None:
+        """Check the instance's snapshot rows against their manifest by counting them (a row
+        deleted or added) and the event it was folded up to against the log (a log cut or
+        rewritten since): ``LogIntegrityError`` when they no longer match. Each snapshot row is
+        written once (sealed, on a store with keys, to its place); an older copy of a
+        superstep's row only makes the answer fold more of the log."""
+        assert self._backend is not None
+        manifest = self._get(instance_id, MANIFEST_KEY)
+        check_count(self._backend, self._table, "snapshots", instance_id, manifest)
+        check_anchor(self._store, "snapshots", instance_id, manifest)
 
     def _get(self, instance_id: str, key: str) -> Any:
         assert self._backend is not None

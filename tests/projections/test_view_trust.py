@@ -24,7 +24,7 @@ from kernel import (
 )
 from kernel._mapper import EventMapper
 from kernel.testing import ticking_clock
-from projections import Projector, blame_keys
+from projections import AtPosition, Projector, TimeTravel, blame_keys
 from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout
 
 FORGED = "forged-by-someone"
@@ -325,17 +325,32 @@ def test_a_view_position_moved_forward_never_hides_the_runs_after_it(
     assert _view_sql(url, "UPDATE steplog_view_positions SET position = position * 1000")
     with open_store(url, keyring=keyring, create=False) as store:
         runs = Reader(store).history(INSTANCE).runs()
-        assert [r.run_id for r in runs] == [
-            f"{INSTANCE}-0-1",
-            f"{INSTANCE}-0-2",
-            f"{INSTANCE}-1-1",
-        ] or len(runs) == 3
-        assert len(runs) == 3
-        from projections import TimeTravel
+        assert [(r.run_id, r.status) for r in runs] == [
+            (f"{INSTANCE}-0-1", "completed"),
+            (f"{INSTANCE}-0-3", "completed"),
+            (f"{INSTANCE}-1-1", "completed"),
+        ]
+        # Time travel starts from a snapshot and folds the instance's stream after it.
+        now = TimeTravel(store).state(INSTANCE, AtPosition(store.version(INSTANCE)))
+        assert now.decoded() == {"token": "tok-A-3"}
 
-        assert TimeTravel(store).state_at(INSTANCE, store.version(INSTANCE)) == {
-            "token": "tok-A-3"
-        }
+
+def test_a_view_position_moved_back_never_folds_an_event_twice(sqlite_url: str) -> None:
+    # The other way round: a position moved back made the next catch-up fold events its rows
+    # already held (and, on a store with keys, seal the result). Events up to an instance's
+    # manifest ``at`` are skipped.
+    _written(sqlite_url, None, ["state", "history", "blame", "keyindex", "snapshots"])
+    assert _view_sql(sqlite_url, "UPDATE steplog_view_positions SET position = 0")
+    with open_store(sqlite_url, create=False) as store:
+        projector = Projector(store)
+        projector.catch_up()
+        for name in ("state", "history", "blame", "keyindex", "snapshots"):
+            assert projector.verify(name).ok, name
+        assert [r.status for r in projector.history(INSTANCE).runs()] == [
+            "failed",
+            "completed",
+            "completed",
+        ]
 
 
 @pytest.mark.parametrize("doc", ["not json", '{"rows": '])
@@ -360,4 +375,10 @@ def test_a_view_document_that_is_not_json_is_reported_not_a_crash(
         assert projector.state(CLEAN) == {"token": "tok-A-2"}
         report = projector.verify("state")
         assert not report.ok
-        assert [row for row in report.different] == [(INSTANCE, "doc")]
+        assert list(report.different) == [(INSTANCE, "view")]
+        assert "is not JSON" in str(report.different[INSTANCE, "view"][0])
+        # A catch-up refuses to fold the instance's new events on top of it.
+        asyncio.run(_runs(store, ["A-3"], first=5))
+        with pytest.raises(LogIntegrityError) as caught:
+            projector.catch_up()
+        assert "steplog_view_state_v2 'orders'/'view' is not JSON" in str(caught.value)
