@@ -49,6 +49,7 @@ __all__ = [
     "Anchor",
     "check_anchor",
     "check_count",
+    "check_written_at",
     "checked_rows",
     "update_manifests",
 ]
@@ -172,6 +173,21 @@ def check_count(
             "deleted or added",
             int(manifest["at"]),
         )
+
+
+def check_written_at(view: str, instance_id: str, manifest: Json | None, written_at: int) -> None:
+    """Check that a row a view rewrites with every event it folds (its fold's own state, read
+    by a catch-up to fold on from) was written at the ``at`` the ``manifest`` records: an older
+    copy put back (sealed or not) would make the next catch-up build on a stale state."""
+    if manifest is None or int(manifest["at"]) == written_at:
+        return
+    raise _refused(
+        view,
+        instance_id,
+        f"its fold state was written at {instance_id!r}#{written_at} where its manifest says "
+        f"#{manifest['at']} (an older copy was put back)",
+        int(manifest["at"]),
+    )
 
 
 def check_anchor(store: EventStore, view: str, instance_id: str, manifest: Json | None) -> None:

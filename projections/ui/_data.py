@@ -5,7 +5,8 @@ version (``store.version``): a page on an unchanged instance reuses it, and when
 grew only the new events are read and folded in (which keeps live pages cheap on a long log).
 A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
 built it (``HistoryView``'s rows of the instance, read without creating anything, checked
-against their manifest) and folds only the instance's events after the manifest's ``at``; without a readable view it folds the whole log.
+against their manifest) and folds only the instance's events after the manifest's ``at``;
+without a readable view it folds the whole log.
 No page scans the instance's whole log: the run list reads the history; a timeline page
 reads only its supersteps' positions (``step_details``); run starts, answers and sub-workflow
 marks are found by ``store.find_events`` (which decodes only the rows that may hold one);

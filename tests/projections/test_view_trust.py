@@ -353,6 +353,46 @@ def test_a_view_position_moved_back_never_folds_an_event_twice(sqlite_url: str) 
         ]
 
 
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_snapshots_are_checked_and_never_folded_on_from_an_older_fold_state(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: TimeTravel read snapshot rows without their manifest, and the
+    # snapshot view's fold state, put back from an older (sealed) copy, made the next catch-up
+    # fold on from it: every later snapshot would miss the writes in between.
+    url, keyring = durable_store_url, _keyring(encrypted)
+    table = "steplog_view_snapshots_v2"
+    with open_store(url, keyring=keyring) as store:
+        projector = Projector(store, ["snapshots"], snapshot_every=1)
+        asyncio.run(_runs(store, ["A-1"]))
+        projector.catch_up()
+        saved = _view_doc(url, table, "fold")
+        asyncio.run(_runs(store, ["A-2"], first=1))
+        projector.catch_up()
+    assert _view_sql(
+        url,
+        f"DELETE FROM {table} WHERE instance_id = %s AND key = "
+        f"(SELECT min(key) FROM {table} WHERE instance_id = %s AND key LIKE %s)",
+        (INSTANCE, INSTANCE, "p:%"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            TimeTravel(store).state(INSTANCE, AtPosition(store.version(INSTANCE)))
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        Projector(store, ["snapshots"], snapshot_every=1).rebuild("snapshots")
+    assert _view_sql(
+        url,
+        f"UPDATE {table} SET doc = %s WHERE instance_id = %s AND key = %s",
+        (saved, INSTANCE, "fold"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        asyncio.run(_runs(store, ["A-3"], first=2))
+        with pytest.raises(LogIntegrityError) as caught:
+            Projector(store, ["snapshots"], snapshot_every=1).catch_up()
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "an older copy was put back" in str(caught.value)
+
+
 @pytest.mark.parametrize("doc", ["not json", '{"rows": '])
 def test_a_view_document_that_is_not_json_is_reported_not_a_crash(
     sqlite_url: str, doc: str
