@@ -33,7 +33,7 @@ from kernel import EventBase, EventStore, ProjectionError, StateStaged
 from projections._backends import ViewBackend
 from projections._blame import KeyBlame
 from projections._keyindex import indexed_upto, relevant_positions, windows
-from projections._manifest import MANIFEST_KEY, check_anchor, check_count
+from projections._manifest import MANIFEST_KEY, check_anchor, checked_rows
 from projections._sqlbackends import backend_for
 from projections._viewspecs import KeyIndexView
 
@@ -44,12 +44,19 @@ BLAME_TYPES = KeyBlame.EVENT_TYPES
 
 
 class _IndexRows:
-    """The key index rows of one instance in a view backend, read without creating anything."""
+    """The key index rows of one instance in a view backend, read without creating anything.
 
-    __slots__ = ("_instance", "_table", "_views")
+    ``checked`` reads every row of the instance in one statement and checks them against the
+    instance's manifest (their number and digest: a row deleted, added, edited, or put back
+    from an older copy, sealed or not) and its anchor against the log; ``get`` and ``read``
+    then answer from those rows. The rows are positions, a few per key, superstep and run:
+    reading them all costs far less than reading the events they point to."""
+
+    __slots__ = ("_instance", "_rows", "_table", "_views")
 
     def __init__(self, views: ViewBackend, table: str, instance_id: str) -> None:
         self._views, self._table, self._instance = views, table, instance_id
+        self._rows: dict[str, Any] | None = None
 
     @classmethod
     def find(
@@ -60,19 +67,22 @@ class _IndexRows:
         table = KeyIndexView().table
         return cls(views, table, instance_id) if views.exists(table) else None
 
-    def get(self, key: str) -> Any:
-        return self._views.get(self._table, self._instance, key)
+    def checked(self, store: EventStore) -> _IndexRows:
+        """Read the instance's rows and check them (``projections._manifest``):
+        ``LogIntegrityError`` when they no longer match their manifest or the log."""
+        docs = self._views.documents(self._table, self._instance)
+        self._rows = checked_rows("keyindex", self._instance, docs)
+        check_anchor(store, "keyindex", self._instance, docs.get(MANIFEST_KEY))
+        return self
 
-    def check(self, store: EventStore) -> None:
-        """Check the instance's index rows against their manifest, by counting them (a row
-        deleted or added), and the event it says they were folded up to against the log:
-        ``LogIntegrityError`` when they no longer match (``projections._manifest``)."""
-        manifest = self.get(MANIFEST_KEY)
-        check_count(self._views, self._table, "keyindex", self._instance, manifest)
-        check_anchor(store, "keyindex", self._instance, manifest)
+    def get(self, key: str) -> Any:
+        if self._rows is None:
+            return self._views.get(self._table, self._instance, key)
+        return self._rows.get(key)
 
     def read(self, keys: list[str]) -> dict[str, Any]:
-        return self._views.get_many(self._table, self._instance, keys)
+        assert self._rows is not None  # only checked rows say where to look
+        return {key: self._rows[key] for key in keys if key in self._rows}
 
 
 def key_index_position(
@@ -106,10 +116,9 @@ def blame_keys(
         raise ProjectionError(f"page_size must be >= 1, got {page_size}")
     keys = list(keys)
     view = KeyBlame(keys)
-    rows = _IndexRows.find(store, instance_id, backend) if index else None
+    found = _IndexRows.find(store, instance_id, backend) if index else None
+    rows = None if found is None else found.checked(store)
     upto = None if rows is None else indexed_upto(rows.get)
-    if rows is not None:
-        rows.check(store)
     if rows is None or upto is None:
         for events in _pages(store, instance_id, 0, page_size):
             view.apply_all(events)

@@ -21,11 +21,13 @@ bound to its table and instance: nobody without the keys can write one that matc
 changed. On a plain store anyone who can write the database can recompute it; what such an
 attacker can do to the views, and how ``verify`` catches it, is in ``docs/security.md``.
 
-Checked on use. ``checked_rows`` checks the rows of an instance read whole (the ``state``,
-``history`` and ``blame`` views read every row of an instance anyway) against ``rows`` and
-``digest``; ``check_count`` checks a partial reader's instance (the key index, read a few rows
-at a time) against ``rows`` by counting its rows, an index range, without reading them; and
-``check_anchor`` checks ``at`` and ``hash`` against the event hash the log holds at ``at`` (one
+Checked on use. ``checked_rows`` checks the rows of an instance read whole against ``rows``
+and ``digest``: every reader that trusts what a row says reads all of the instance's rows (the
+``state``, ``history`` and ``blame`` views read them anyway; blame through the key index reads
+the instance's index rows, positions only, rather than only the few it needs, since a row put
+back from an older copy, sealed or not, keeps their number); ``check_count`` counts the rows of
+an instance (an index range) for ``TimeTravel``, which reads a few snapshot rows, written once;
+and ``check_anchor`` checks ``at`` and ``hash`` against the event hash the log holds at ``at`` (one
 row read). A view that does not match is refused with ``LogIntegrityError`` (kind ``view
 mismatch``), naming the view, the instance and what to do: rebuild the view from the log.
 """
@@ -47,6 +49,7 @@ __all__ = [
     "Anchor",
     "check_anchor",
     "check_count",
+    "check_written_at",
     "checked_rows",
     "update_manifests",
 ]
@@ -149,7 +152,9 @@ def check_count(
     backend: ViewBackend, table: str, view: str, instance_id: str, manifest: Json | None
 ) -> None:
     """Check that ``instance_id`` has as many rows in ``table`` as its ``manifest`` lists
-    (counted, not read), for readers that read only some of them."""
+    (counted, not read), for readers that read only some rows, each written once and never
+    rewritten, or whose older copy only makes the reader read more of the log (the snapshots
+    view): a row deleted or added is seen, a row put back from an older copy is not."""
     counted = backend.count(table, instance_id)
     if manifest is None:
         if counted:
@@ -168,6 +173,21 @@ def check_count(
             "deleted or added",
             int(manifest["at"]),
         )
+
+
+def check_written_at(view: str, instance_id: str, manifest: Json | None, written_at: int) -> None:
+    """Check that a row a view rewrites with every event it folds (its fold's own state, read
+    by a catch-up to fold on from) was written at the ``at`` the ``manifest`` records: an older
+    copy put back (sealed or not) would make the next catch-up build on a stale state."""
+    if manifest is None or int(manifest["at"]) == written_at:
+        return
+    raise _refused(
+        view,
+        instance_id,
+        f"its fold state was written at {instance_id!r}#{written_at} where its manifest says "
+        f"#{manifest['at']} (an older copy was put back)",
+        int(manifest["at"]),
+    )
 
 
 def check_anchor(store: EventStore, view: str, instance_id: str, manifest: Json | None) -> None:

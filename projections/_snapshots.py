@@ -43,6 +43,7 @@ from kernel import (
     folds,
 )
 from projections._backends import ViewBackend, ViewTx
+from projections._manifest import MANIFEST_KEY, check_anchor, check_count, check_written_at
 from projections._sqlbackends import backend_for
 from projections._timetravel import (
     AtPosition,
@@ -68,7 +69,7 @@ class _SnapshotFold(Fold):
     """The per-instance state of ``SnapshotView`` while a page is folded: the committed-state
     fold, the latest timestamp seen, the supersteps still open, and the rows to write (``out``)."""
 
-    __slots__ = ("every", "max_ts", "open", "out", "since", "state")
+    __slots__ = ("at", "every", "max_ts", "open", "out", "since", "state")
 
     def __init__(self, doc: dict[str, Any] | None, every: int) -> None:
         self.every = every
@@ -78,15 +79,18 @@ class _SnapshotFold(Fold):
             self.since = 0
             self.max_ts: str | None = None
             self.open: dict[str, dict[str, Any]] = {}
+            self.at = 0
         else:
             self.state = CommittedState.from_snapshot(doc["state"])
             self.since = int(doc["since"])
             self.max_ts = doc["max_ts"]
             self.open = doc["open"]
+            self.at = int(doc["at"])
 
     def apply(self, event: EventBase) -> Self:
         """Fold any event in: every event moves the committed state and the latest timestamp."""
         self.state.apply(event)
+        self.at = max(self.at, event.position)
         stamp = time_key(event.timestamp)
         if self.max_ts is None or stamp > self.max_ts:
             self.max_ts = stamp
@@ -127,6 +131,7 @@ class _SnapshotFold(Fold):
             "since": self.since,
             "max_ts": self.max_ts,
             "open": self.open,
+            "at": self.at,
         }
 
 
@@ -145,7 +150,12 @@ class SnapshotView(ViewSpec):
         return (FOLD_KEY,)
 
     def load(self, tx: ViewTx, table: str, instance_id: str) -> _SnapshotFold:
-        return _SnapshotFold(tx.get(table, instance_id, FOLD_KEY), self.every)
+        fold = _SnapshotFold(tx.get(table, instance_id, FOLD_KEY), self.every)
+        # Every later snapshot is folded on from this state: it must be the current one.
+        check_written_at(
+            "snapshots", instance_id, tx.get(table, instance_id, MANIFEST_KEY), fold.at
+        )
+        return fold
 
     def apply(self, state: Any, event: EventBase) -> Any:
         return state.apply(event)
@@ -206,6 +216,7 @@ class TimeTravel:
         locator = Locator(point)
         if self._backend is None:
             return None, locator, None
+        self._check(instance_id)
         if isinstance(point, AtPosition):
             return self._snapshot_upto(instance_id, point.position), locator, None
         if isinstance(point, AtTime):
@@ -228,6 +239,17 @@ class TimeTravel:
             return self._snapshot_upto(instance_id, marker), hinted, marker
         bound = entry["start"] if marker is None else marker - 1
         return self._snapshot_upto(instance_id, bound), hinted, None
+
+    def _check(self, instance_id: str) -> None:
+        """Check the instance's snapshot rows against their manifest by counting them (a row
+        deleted or added) and the event it was folded up to against the log (a log cut or
+        rewritten since): ``LogIntegrityError`` when they no longer match. Each snapshot row is
+        written once (sealed, on a store with keys, to its place); an older copy of a
+        superstep's row only makes the answer fold more of the log."""
+        assert self._backend is not None
+        manifest = self._get(instance_id, MANIFEST_KEY)
+        check_count(self._backend, self._table, "snapshots", instance_id, manifest)
+        check_anchor(self._store, "snapshots", instance_id, manifest)
 
     def _get(self, instance_id: str, key: str) -> Any:
         assert self._backend is not None

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from filelock import FileLock, Timeout
 from tenacity import (
     Retrying,
@@ -56,6 +57,7 @@ import kernel
 from kernel import (
     EventStore,
     Keyring,
+    LogIntegrityError,
     ProjectionError,
     StepLogError,
     StoreDamagedError,
@@ -73,6 +75,7 @@ from projections._backends import (
     encode_doc,
 )
 from projections._docseal import open_doc, seal_doc
+from projections._manifest import VIEW_MISMATCH
 
 __all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
 
@@ -168,7 +171,9 @@ class _SQLTx(ViewTx):
                 read[row] = None
             for found in self._cursor.fetchall():
                 instance_id, key = b.column(found, "instance_id"), b.column(found, "key")
-                read[(instance_id, key)] = b.open(b.column(found, "doc"), table, instance_id, key)
+                # Decoded here, so that a document that is not JSON is refused by name.
+                doc = b.decode(b.column(found, "doc"), table, instance_id, key)
+                read[(instance_id, key)] = encode_doc(doc)
 
     def put(self, table: str, instance_id: str, key: str, doc: Json) -> None:
         self._writes.setdefault(table, {})[(instance_id, key)] = encode_doc(doc)
@@ -258,8 +263,29 @@ class _SQLBackend(ViewBackend):
         return open_doc(self.keyring, stored, table, instance_id, key)
 
     def decode(self, stored: str, table: str, instance_id: str, key: str) -> Json:
-        """A ``doc`` column's value as a document (``decode_doc``), opened if it is sealed."""
-        return decode_doc(self.open(stored, table, instance_id, key))
+        """A ``doc`` column's value as a document (``decode_doc``), opened if it is sealed. One
+        that is not JSON was written by no steplog: ``LogIntegrityError`` (kind ``view
+        mismatch``), naming the table, instance and row."""
+        opened = self.open(stored, table, instance_id, key)
+        try:
+            return decode_doc(opened)
+        except orjson.JSONDecodeError:
+            raise LogIntegrityError(
+                f"view document {table} {instance_id!r}/{key!r} is not JSON: it was altered or "
+                "damaged since a view wrote it; its answer is refused. Rebuild the view from "
+                "the log ('steplog rebuild') and run 'steplog verify' to see what differed",
+                instance_id=instance_id,
+                kind=VIEW_MISMATCH,
+            ) from None
+
+    def _readable_doc(self, stored: str, table: str, instance_id: str, key: str) -> Json:
+        """``decode``, or for a document that cannot be read as a view wrote it (altered,
+        damaged, not JSON) a stand-in that says why, which equals no rebuilt row: for
+        ``verify``, which lists such rows as differing."""
+        try:
+            return self.decode(stored, table, instance_id, key)
+        except LogIntegrityError as error:
+            return {"unreadable": " ".join(str(error).split(";")[0].split())}
 
     @contextmanager
     def _cursor(self, action: str, *, commit: bool = True) -> Iterator[Any]:
@@ -532,7 +558,7 @@ class _SQLBackend(ViewBackend):
             found = cursor.fetchall()
         position = self._stored(row)
         return position, {
-            (self.column(r, "instance_id"), self.column(r, "key")): self.decode(
+            (self.column(r, "instance_id"), self.column(r, "key")): self._readable_doc(
                 self.column(r, "doc"), table, self.column(r, "instance_id"), self.column(r, "key")
             )
             for r in found

@@ -240,6 +240,17 @@ class Projector:
                 for key in (*spec.rows_read(i, events), MANIFEST_KEY)
             ],
         )
+        # An instance's events up to its manifest's ``at`` are in its rows already: a view
+        # position moved back (it is plain text) never folds them twice.
+        for instance_id in list(by_instance):
+            manifest = tx.get(table, instance_id, MANIFEST_KEY)
+            folded = 0 if manifest is None else int(manifest["at"])
+            events = [e for e in by_instance[instance_id] if e.position > folded]
+            if events:
+                by_instance[instance_id] = events
+            else:
+                del by_instance[instance_id]
+                anchors.pop(instance_id, None)
         for instance_id, events in by_instance.items():
             state = spec.load(tx, table, instance_id)
             for event in events:

@@ -4,8 +4,9 @@
 version (``store.version``): a page on an unchanged instance reuses it, and when the instance
 grew only the new events are read and folded in (which keeps live pages cheap on a long log).
 A fresh ``Reader`` starts an instance's history from the history view when ``steplog project``
-built it (``HistoryView``'s rows and position, read without creating anything) and folds only
-the log's tail after that position; without a readable view it folds the whole log.
+built it (``HistoryView``'s rows of the instance, read without creating anything, checked
+against their manifest) and folds only the instance's events after the manifest's ``at``;
+without a readable view it folds the whole log.
 No page scans the instance's whole log: the run list reads the history; a timeline page
 reads only its supersteps' positions (``step_details``); run starts, answers and sub-workflow
 marks are found by ``store.find_events`` (which decodes only the rows that may hold one);
@@ -82,8 +83,6 @@ _FOUND = (*SENSITIVE_TYPES, "response_received", "subworkflow_ran", "subworkflow
 """The rare events pages ask about beside the history (found, not scanned)."""
 _GRAPH_TYPES = ("superstep_started", "executor_invoked", "message_staged")
 """What the graph folds: the executors invoked (and when first), the routes messages took."""
-_TAIL_PAGE = 2000
-"""Events a page of the history view's tail reads (``read_all``)."""
 
 
 class NotFound(UsageError):
@@ -281,31 +280,29 @@ class Reader:
         return declared
 
     def _viewed(self, instance_id: str, forks: list[ForkRecord]) -> tuple[RunHistory, int] | None:
-        """The instance's run history from the history view (``steplog project`` built it) and
-        the log's tail after the view's position, with the stream position it is folded up to;
-        None when there is no view to read (no table: nothing is created; rows of another shape;
-        the instance not in it yet; the view moving while read), and the caller folds the
-        whole log instead.
+        """The instance's run history from the history view (``steplog project`` built it), with
+        the stream position it is folded up to: its manifest's ``at``, checked against the log
+        (the caller folds the instance's events after it). None when there is no view to read
+        (no table: nothing is created; rows of another shape; the instance not in it yet), and
+        the caller folds the whole log instead.
 
-        The view folds the same events by the same fold (``RunHistory``), so its rows continued
-        with the tail are the history the whole log folds to."""
+        Where the view's rows end is the instance's manifest, never the view's global position:
+        that is plain text in every store, and a position moved past the log's end would hide
+        every event after the rows. The view folds the same events by the same fold
+        (``RunHistory``), so its rows continued with the events after ``at`` are the history
+        the whole log folds to."""
         backend = backend_for(self.store)
         table = HistoryView().table  # a view of another shape is another table: not found
         if not backend.exists(table):
             return None
         try:
-            # A catch-up commits a page's rows with the position it moved to, so rows read
-            # between two equal positions are the rows of that position.
-            position = backend.position(table)
             docs = backend.documents(table, instance_id)
-            if backend.position(table) != position:
-                return None
             # Rows that no longer match their manifest or the log are refused, never shown.
             manifest = docs.get(MANIFEST_KEY)
             docs = checked_rows("history", instance_id, docs)
             check_anchor(self.store, "history", instance_id, manifest)
             tracker = docs.get("t")
-            if position <= 0 or not isinstance(tracker, dict):
+            if manifest is None or not manifest["at"] or not isinstance(tracker, dict):
                 return None
             history = RunHistory.from_rows(
                 [doc for key, doc in docs.items() if key.startswith("r:")],
@@ -317,25 +314,7 @@ class Reader:
             raise  # an altered log or view is shown as such, never read around
         except (StepLogError, KeyError, TypeError, ValueError, AttributeError):
             return None  # rows the history cannot read: fold the log instead
-        # Every event the view folded was appended before its position was read, so the
-        # instance's version read now covers them; the tail is what came after the position,
-        # in global order (which keeps each instance's stream order), up to that version (a
-        # later event is folded by the next page's catch-up, as any growth is).
-        version = self.store.version(instance_id)
-        upto = self.store.last_position()
-        after = position
-        while after < upto:
-            page = self.store.read_all(
-                after=after, limit=_TAIL_PAGE, upto=upto, types=RunHistory.EVENT_TYPES
-            )
-            for recorded in page:
-                event = recorded.event
-                if event.instance_id == instance_id and event.position <= version:
-                    history.apply(event)
-            if len(page) < _TAIL_PAGE:
-                break
-            after = page[-1].global_position
-        return history, version
+        return history, int(manifest["at"])
 
     def graph(self, instance_id: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """Executor -> the index of the first superstep that invoked it, and (source, target)

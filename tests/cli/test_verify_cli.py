@@ -391,3 +391,40 @@ def test_blame_refuses_a_key_index_that_lost_a_row_and_verify_names_it(log: Log,
     code, out, _ = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
     assert code == 0
     assert "aborted" in out
+
+
+def test_a_view_document_that_is_not_json_is_a_view_difference_not_a_crash(
+    log: Log, capsys
+) -> None:
+    # Review of issue 21: 'UPDATE steplog_view_state_v2 SET doc = ...' with text that is not JSON
+    # made 'steplog verify' exit 70 ("unexpected JSONDecodeError"). It is a view that differs
+    # from the log: verify exits 1 naming the view, instance and row; blame through the key
+    # index refuses in one line.
+    import sqlite3
+    from contextlib import closing
+
+    assert cli(capsys, "--store", log.url, "project", "--views", "state,keyindex")[0] == 0
+    with closing(sqlite3.connect(log.url.removeprefix("sqlite:///"))) as db, db:
+        db.execute("UPDATE steplog_view_state_v2 SET doc = 'not json' WHERE key != '#'")
+        db.execute(
+            "UPDATE steplog_view_keyindex_v2 SET doc = 'not json' WHERE instance_id = ? "
+            "AND key = 'k:secret'",
+            (INSTANCE,),
+        )
+    code, out, err = cli(capsys, "--store", log.url, "verify")
+    assert (code, err) == (EXIT_PROBLEM, "")
+    assert "state: the live view differs from a rebuild" in out
+    assert "keyindex: the live view differs from a rebuild" in out
+    code, out, err = cli(capsys, "--store", log.url, "verify", "--json")
+    assert code == EXIT_PROBLEM
+    views = json.loads(out)["views"]
+    assert {tuple(row) for row in views["state"]["different"]} == {
+        (INSTANCE, "view"),
+        (CLEAN, "view"),
+    }
+    assert [INSTANCE, "k:secret"] in views["keyindex"]["different"]
+    code, out, err = cli(capsys, "--store", log.url, "blame", INSTANCE, "secret")
+    assert code == EXIT_BROKEN_CHAIN
+    line = _one_line(err)
+    assert f"steplog_view_keyindex_v2 {INSTANCE!r}/'k:secret' is not JSON" in line
+    assert "steplog rebuild" in line

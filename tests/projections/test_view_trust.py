@@ -24,7 +24,7 @@ from kernel import (
 )
 from kernel._mapper import EventMapper
 from kernel.testing import ticking_clock
-from projections import Projector, blame_keys
+from projections import AtPosition, Projector, TimeTravel, blame_keys
 from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout
 
 FORGED = "forged-by-someone"
@@ -237,3 +237,188 @@ def test_a_view_folded_from_a_log_since_cut_is_refused(sqlite_url: str) -> None:
             assert (caught.value.position, caught.value.kind) == (23, "view mismatch")
             assert "'orders'#23" in str(caught.value)
         assert projector.state(CLEAN) == {"token": "tok-A-2"}
+
+
+async def _runs(store: EventStore, orders: list[str], first: int = 0) -> None:
+    """Runs of ``Checkout`` on ``INSTANCE``, one per order (``token`` written by each)."""
+    wf = WorkflowBuilder(
+        start_executor=Checkout(id="checkout"),
+        store=store,
+        instance_id=INSTANCE,
+        clock=ticking_clock(datetime(2026, 12, 1, 9, first, tzinfo=UTC)),
+        id_factory=counter_ids(f"{INSTANCE}-{first}"),
+    ).build()
+    for order in orders:
+        await wf.run(order)
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_an_older_copy_of_one_key_index_row_never_makes_blame_lie(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: an early (sealed) copy of the key index's row of ``token``, written
+    # back after two later writes, kept the row count and the anchor: blame through the index
+    # said the first write was the current one, while the state said the last. Every index row
+    # of the instance is checked against the manifest's digest, so the answer is refused.
+    url, keyring = durable_store_url, _keyring(encrypted)
+    table = "steplog_view_keyindex_v2"
+    with open_store(url, keyring=keyring) as store:
+        asyncio.run(_runs(store, ["A-1"]))
+        Projector(store, ["keyindex"]).catch_up()
+        asyncio.run(_runs(store, ["A-2", "A-3"], first=1))
+        saved = _view_doc(url, table, "k:token")
+        Projector(store, ["keyindex"]).catch_up()
+    assert _view_sql(
+        url,
+        f"UPDATE {table} SET doc = %s WHERE instance_id = %s AND key = %s",
+        (saved, INSTANCE, "k:token"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            blame_keys(store, INSTANCE, ["token"])
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "keyindex view of 'orders'" in str(caught.value)
+        writes = blame_keys(store, INSTANCE, ["token"], index=False).writes("token")
+        assert [w.value for w in writes] == ["tok-A-1", "tok-A-2", "tok-A-3"]
+
+
+def _view_doc(url: str, table: str, key: str) -> str:
+    """The stored document of ``INSTANCE``'s row ``key`` in ``table``, as stored."""
+    import sqlite3
+    from contextlib import closing
+
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
+            (doc,) = db.execute(
+                f"SELECT doc FROM {table} WHERE instance_id = ? AND key = ?", (INSTANCE, key)
+            ).fetchone()
+            return str(doc)
+    import psycopg
+
+    from tests.store.test_tamper import PostgresRows
+
+    rows = PostgresRows(url)
+    with psycopg.connect(rows.server, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{rows.schema}"')
+        found = conn.execute(
+            f"SELECT doc FROM {table} WHERE instance_id = %s AND key = %s", (INSTANCE, key)
+        ).fetchone()
+        assert found is not None
+        return str(found[0])
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_a_view_position_moved_forward_never_hides_the_runs_after_it(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: one edit of the plain table of view positions (no key needed) moved
+    # the history view's position past the log's end, and the UI folded no tail after it: a
+    # run appended since the last catch-up vanished from the run list and the instance page.
+    # Where an instance's tail starts is its manifest's ``at`` (anchored and sealed).
+    from projections.ui._data import Reader
+
+    url, keyring = durable_store_url, _keyring(encrypted)
+    with open_store(url, keyring=keyring) as store:
+        asyncio.run(_runs(store, ["A-1", "A-2"]))
+        Projector(store, ["history", "snapshots"]).catch_up()
+        asyncio.run(_runs(store, ["A-3"], first=1))  # not folded yet
+    assert _view_sql(url, "UPDATE steplog_view_positions SET position = position * 1000")
+    with open_store(url, keyring=keyring, create=False) as store:
+        runs = Reader(store).history(INSTANCE).runs()
+        assert [(r.run_id, r.status) for r in runs] == [
+            (f"{INSTANCE}-0-1", "completed"),
+            (f"{INSTANCE}-0-3", "completed"),
+            (f"{INSTANCE}-1-1", "completed"),
+        ]
+        # Time travel starts from a snapshot and folds the instance's stream after it.
+        now = TimeTravel(store).state(INSTANCE, AtPosition(store.version(INSTANCE)))
+        assert now.decoded() == {"token": "tok-A-3"}
+
+
+def test_a_view_position_moved_back_never_folds_an_event_twice(sqlite_url: str) -> None:
+    # The other way round: a position moved back made the next catch-up fold events its rows
+    # already held (and, on a store with keys, seal the result). Events up to an instance's
+    # manifest ``at`` are skipped.
+    _written(sqlite_url, None, ["state", "history", "blame", "keyindex", "snapshots"])
+    assert _view_sql(sqlite_url, "UPDATE steplog_view_positions SET position = 0")
+    with open_store(sqlite_url, create=False) as store:
+        projector = Projector(store)
+        projector.catch_up()
+        for name in ("state", "history", "blame", "keyindex", "snapshots"):
+            assert projector.verify(name).ok, name
+        assert [r.status for r in projector.history(INSTANCE).runs()] == [
+            "failed",
+            "completed",
+            "completed",
+        ]
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_snapshots_are_checked_and_never_folded_on_from_an_older_fold_state(
+    durable_store_url: str, encrypted: bool
+) -> None:
+    # Review of issue 21: TimeTravel read snapshot rows without their manifest, and the
+    # snapshot view's fold state, put back from an older (sealed) copy, made the next catch-up
+    # fold on from it: every later snapshot would miss the writes in between.
+    url, keyring = durable_store_url, _keyring(encrypted)
+    table = "steplog_view_snapshots_v2"
+    with open_store(url, keyring=keyring) as store:
+        projector = Projector(store, ["snapshots"], snapshot_every=1)
+        asyncio.run(_runs(store, ["A-1"]))
+        projector.catch_up()
+        saved = _view_doc(url, table, "fold")
+        asyncio.run(_runs(store, ["A-2"], first=1))
+        projector.catch_up()
+    assert _view_sql(
+        url,
+        f"DELETE FROM {table} WHERE instance_id = %s AND key = "
+        f"(SELECT min(key) FROM {table} WHERE instance_id = %s AND key LIKE %s)",
+        (INSTANCE, INSTANCE, "p:%"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        with pytest.raises(LogIntegrityError) as caught:
+            TimeTravel(store).state(INSTANCE, AtPosition(store.version(INSTANCE)))
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        Projector(store, ["snapshots"], snapshot_every=1).rebuild("snapshots")
+    assert _view_sql(
+        url,
+        f"UPDATE {table} SET doc = %s WHERE instance_id = %s AND key = %s",
+        (saved, INSTANCE, "fold"),
+    )
+    with open_store(url, keyring=keyring, create=False) as store:
+        asyncio.run(_runs(store, ["A-3"], first=2))
+        with pytest.raises(LogIntegrityError) as caught:
+            Projector(store, ["snapshots"], snapshot_every=1).catch_up()
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "an older copy was put back" in str(caught.value)
+
+
+@pytest.mark.parametrize("doc", ["not json", '{"rows": '])
+def test_a_view_document_that_is_not_json_is_reported_not_a_crash(
+    sqlite_url: str, doc: str
+) -> None:
+    # Review of issue 21: a view document that is not JSON made every reader (and 'steplog
+    # verify') crash with JSONDecodeError. It is a view that does not match the log: readers
+    # refuse it naming the view, instance and row, and verify reports it.
+    _written(sqlite_url, None, ["state"])
+    assert _view_sql(
+        sqlite_url,
+        "UPDATE steplog_view_state_v2 SET doc = %s WHERE instance_id = %s AND key != '#'",
+        (doc, INSTANCE),
+    )
+    with open_store(sqlite_url, create=False) as store:
+        projector = Projector(store, ["state"])
+        with pytest.raises(LogIntegrityError) as caught:
+            projector.state(INSTANCE)
+        assert (caught.value.instance_id, caught.value.kind) == (INSTANCE, "view mismatch")
+        assert "steplog_view_state_v2" in str(caught.value)
+        assert projector.state(CLEAN) == {"token": "tok-A-2"}
+        report = projector.verify("state")
+        assert not report.ok
+        assert list(report.different) == [(INSTANCE, "view")]
+        assert "is not JSON" in str(report.different[INSTANCE, "view"][0])
+        # A catch-up refuses to fold the instance's new events on top of it.
+        asyncio.run(_runs(store, ["A-3"], first=5))
+        with pytest.raises(LogIntegrityError) as caught:
+            projector.catch_up()
+        assert "steplog_view_state_v2 'orders'/'view' is not JSON" in str(caught.value)
