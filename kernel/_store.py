@@ -732,23 +732,30 @@ class EventStore(ABC):
             rows = self._select_stream(instance_id, after or None, upto, limit)
             if not rows:
                 return []
-            decode = self._mapper.decode_row
-            events: list[EventBase] = []
-            links: list[RowLink] = []
-            for last, topic, state in rows:
-                events += decode(
-                    instance_id,
-                    last,
-                    topic,
-                    state,
-                    after=after,
-                    upto=upto,
-                    types=wanted,
-                    links=links,
-                )
-                self._check_form(instance_id, links[-1], state)
-            self._check_links(instance_id, links, from_start=not after)
+            events, _ = self._decode_run(instance_id, rows, after, upto, wanted)
             return events
+
+    def _decode_run(
+        self,
+        instance_id: str,
+        rows: Sequence[tuple[int, str, bytes]],
+        after: int,
+        upto: int | None,
+        wanted: Collection[str] | None,
+    ) -> tuple[list[EventBase], list[RowLink]]:
+        """The events in ``(after, upto]`` of consecutive ``rows`` of ``instance_id``, each row
+        checked against its hashes and the store's ``IntegrityMark``, and the rows checked to
+        link up (from the stream's start when ``after`` is 0); with the rows' links."""
+        decode = self._mapper.decode_row
+        events: list[EventBase] = []
+        links: list[RowLink] = []
+        for last, topic, state in rows:
+            events += decode(
+                instance_id, last, topic, state, after=after, upto=upto, types=wanted, links=links
+            )
+            self._check_form(instance_id, links[-1], state)
+        self._check_links(instance_id, links, from_start=not after)
+        return events, links
 
     def _check_links(self, instance_id: str, links: Sequence[RowLink], *, from_start: bool) -> None:
         """Check that consecutive rows of a read link up (and, read from the start, that the
@@ -786,27 +793,13 @@ class EventStore(ABC):
             if after < upto:
                 raise StoreConfigError(f"read_ranges: windows overlap at position {after}")
         with self._translated(f"read {instance_id!r}"), _bulk():
-            decode = self._mapper.decode_row
             events: list[EventBase] = []
             read: list[list[RowLink]] = []
-            for window, rows in zip(
+            for (after, upto), rows in zip(
                 windows, self._select_windows(instance_id, windows), strict=True
             ):
-                after, upto = window
-                links: list[RowLink] = []
-                for last, topic, state in rows:
-                    events += decode(
-                        instance_id,
-                        last,
-                        topic,
-                        state,
-                        after=after,
-                        upto=upto,
-                        types=wanted,
-                        links=links,
-                    )
-                    self._check_form(instance_id, links[-1], state)
-                self._check_links(instance_id, links, from_start=after == 0)
+                found, links = self._decode_run(instance_id, rows, after, upto, wanted)
+                events += found
                 read.append(links)
             self._check_around(instance_id, [links for links in read if links])
             return events
