@@ -98,7 +98,9 @@ def prepare(cfg: Config) -> str:
     chained, meta, generated = ensure_log(spec, cfg.cache_dir)
     rows = _rows(chained)
     plain = [(i, v, t, _unchained(s)) for i, v, t, s in rows]
-    # The format-1 copy of the file: the same rows without hashes, and no recorded heads.
+    # The format-1 copy of the file: the same rows without hashes, no recorded heads, and no
+    # integrity mark (a store written before the chain has none; with it, rows without hashes
+    # are refused as a downgrade).
     copy = cfg.workdir / "chain-unchained.db"
     remove_sqlite(copy)
     shutil.copyfile(chained, copy)
@@ -110,6 +112,7 @@ def prepare(cfg: Config) -> str:
             [(s, i, v) for i, v, _, s in plain],
         )
         conn.execute("DELETE FROM steplog_chain")
+        conn.execute("DELETE FROM steplog_meta WHERE key = 'integrity'")
         conn.commit()
     finally:
         conn.close()
