@@ -25,7 +25,7 @@ from kernel import (
 from kernel._mapper import EventMapper
 from kernel.testing import ticking_clock
 from projections import AtPosition, Projector, TimeTravel, blame_keys
-from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout
+from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout, write_orders
 
 FORGED = "forged-by-someone"
 
@@ -33,17 +33,7 @@ FORGED = "forged-by-someone"
 async def _orders(store: EventStore) -> None:
     """The two instances of ``tests/store/test_tamper.py`` (run 1 of ``orders`` stages the
     secret at #3..7 and fails), written to ``store``."""
-    for instance in (INSTANCE, CLEAN):
-        wf = WorkflowBuilder(
-            start_executor=Checkout(id="checkout"),
-            store=store,
-            instance_id=instance,
-            clock=ticking_clock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC)),
-            id_factory=counter_ids(instance),
-        ).build()
-        await asyncio.gather(wf.run("bad"), return_exceptions=True)
-        await wf.run("A-1")
-        await wf.run("A-2")
+    await write_orders(store)
 
 
 def _keyring(encrypted: bool) -> Keyring | None:

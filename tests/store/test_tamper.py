@@ -36,6 +36,7 @@ from psycopg import sql
 from kernel import (
     ChainHead,
     EventBase,
+    EventStore,
     Executor,
     LogIntegrityError,
     StateStaged,
@@ -73,20 +74,25 @@ class Checkout(Executor):
 
 
 async def run_orders(url: str) -> None:
+    with open_store(url) as store:
+        await write_orders(store)
+
+
+async def write_orders(store: EventStore) -> None:
+    """The two instances (run 1 of ``orders`` stages the secret at #3..7 and fails)."""
     from datetime import UTC, datetime
 
-    with open_store(url) as store:
-        for instance in (INSTANCE, CLEAN):
-            wf = WorkflowBuilder(
-                start_executor=Checkout(id="checkout"),
-                store=store,
-                instance_id=instance,
-                clock=ticking_clock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC)),
-                id_factory=counter_ids(instance),
-            ).build()
-            await asyncio.gather(wf.run("bad"), return_exceptions=True)
-            await wf.run("A-1")
-            await wf.run("A-2")
+    for instance in (INSTANCE, CLEAN):
+        wf = WorkflowBuilder(
+            start_executor=Checkout(id="checkout"),
+            store=store,
+            instance_id=instance,
+            clock=ticking_clock(datetime(2026, 12, 1, 9, 0, tzinfo=UTC)),
+            id_factory=counter_ids(instance),
+        ).build()
+        await asyncio.gather(wf.run("bad"), return_exceptions=True)
+        await wf.run("A-1")
+        await wf.run("A-2")
 
 
 @dataclass
