@@ -8,7 +8,7 @@ last superstep (``superstep_aborted`` + ``run_failed``), so a correct fold must 
 superstep's writes. The events are made by ``kernel.testing.LogBuilder`` (unvalidated, its fast
 path). The expected final state of every instance is computed while generating and kept in the
 file's ``bench_meta`` table, with the sizes; a cache file is reused only when its parameters, the
-event model and the builder (a hash of kernel/_events.py, kernel/_mapper.py and
+event model and the builder (a hash of kernel/_log/_events.py, kernel/_codec/_mapper.py and
 kernel/testing.py) match.
 """
 

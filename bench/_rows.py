@@ -159,11 +159,11 @@ def row_time(state: bytes) -> float:
 class RawFold:
     """The raw baselines' fold: the commit rule applied to stored rows with ``orjson`` and plain
     dicts, no event objects, no checks (no hash chain either). Reads both row formats: a batch
-    row is walked item by item by type code and field position (``kernel._mapper``'s layout), an
+    row is walked item by item by type code and field position (``_codec._mapper``'s layout), an
     event row by topic."""
 
     def __init__(self) -> None:
-        from kernel._mapper import BATCH_CODES, _layouts
+        from kernel._codec._mapper import BATCH_CODES, _layouts
 
         codes = {name: code for code, (name, _) in enumerate(BATCH_CODES)}
         self.staged_code = codes["state_staged"]

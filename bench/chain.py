@@ -92,7 +92,7 @@ def _sqlite_bytes(path: Path) -> int:
 
 
 def prepare(cfg: Config) -> str:
-    from kernel._mapper import EventMapper
+    from kernel._codec._mapper import EventMapper
 
     spec = _spec(cfg)
     chained, meta, generated = ensure_log(spec, cfg.cache_dir)
@@ -152,7 +152,7 @@ def _shared(cfg: Config) -> dict[str, Any]:
 @contextlib.contextmanager
 def _no_hashing() -> Iterator[None]:
     """Stub out the two functions that make a hash (the twin's run of the writing cases)."""
-    import kernel._mapper as mapper
+    import kernel._codec._mapper as mapper
 
     canonical, link = mapper._canonical, mapper._link
     mapper._canonical = lambda *args, **kwargs: b""  # type: ignore[assignment]
@@ -205,7 +205,7 @@ def raw(cfg: Config) -> Measurement:
 
 
 def decode(cfg: Config) -> Measurement:
-    from kernel._mapper import EventMapper
+    from kernel._codec._mapper import EventMapper
 
     shared = _shared(cfg)
     mapper = EventMapper()
@@ -232,7 +232,7 @@ def read(cfg: Config) -> Measurement:
 
 
 def encode(cfg: Config) -> Measurement:
-    from kernel._mapper import EventMapper
+    from kernel._codec._mapper import EventMapper
 
     shared = _shared(cfg)
     mapper = EventMapper()

@@ -17,7 +17,7 @@ from bench._steplog_graphs import loop_workflow
 
 def _rate(supersteps: int, *, shared: bool) -> float:
     from kernel import open_store
-    from kernel._store_sqlite import SQLiteStore
+    from kernel._store._sqlite import SQLiteStore
 
     with tempfile.TemporaryDirectory() as folder:
         store = open_store(f"sqlite:///{Path(folder) / 'handoff.db'}")

@@ -7,23 +7,8 @@ Ported from Microsoft Agent Framework workflows by changing imports::
 
 from typing import TYPE_CHECKING, Any
 
-from kernel._builder import WorkflowBuilder
-from kernel._chain import ChainHead, ChainProblem, ChainReport
-from kernel._checkpoint_status import checkpoint_statuses
-from kernel._checkpoints import Checkpoint, CheckpointStatus
-from kernel._cipher import FROM_ENV, KEYS_ENV, Keyring
-from kernel._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
-from kernel._codec import ValueCodec
-from kernel._context import WorkflowContext
-from kernel._emit import (
-    FRAMEWORK_EVENT_TYPES,
-    WorkflowErrorDetails,
-    WorkflowEvent,
-    WorkflowEventSource,
-    WorkflowEventType,
-    WorkflowRunState,
-)
-from kernel._errors import (
+from kernel._base._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
+from kernel._base._errors import (
     ConcurrencyConflictError,
     ConvergenceError,
     DecodeError,
@@ -55,7 +40,23 @@ from kernel._errors import (
     VisualizationError,
     WorkflowValidationError,
 )
-from kernel._events import (
+from kernel._base._ids import MAX_ID_BYTES, MAX_KEY_BYTES
+from kernel._codec._chain import ChainHead, ChainProblem, ChainReport
+from kernel._codec._cipher import FROM_ENV, KEYS_ENV, Keyring
+from kernel._codec._values import ValueCodec
+from kernel._define._context import WorkflowContext
+from kernel._define._executor import (
+    Executor,
+    FunctionExecutor,
+    HandlerSpec,
+    ResponseHandlerSpec,
+    WorkflowMessage,
+    executor,
+    handler,
+    response_handler,
+)
+from kernel._define._graph import Case, Default
+from kernel._log._events import (
     EVENT_TYPES,
     RUN_END_TYPES,
     SUPERSTEP_MARKER_TYPES,
@@ -88,17 +89,7 @@ from kernel._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._executor import (
-    Executor,
-    FunctionExecutor,
-    HandlerSpec,
-    ResponseHandlerSpec,
-    WorkflowMessage,
-    executor,
-    handler,
-    response_handler,
-)
-from kernel._fold import (
+from kernel._log._fold import (
     CommittedState,
     Fold,
     OpenRun,
@@ -107,31 +98,47 @@ from kernel._fold import (
     fold_committed,
     folds,
 )
-from kernel._graph import Case, Default
-from kernel._ids import MAX_ID_BYTES, MAX_KEY_BYTES
-from kernel._lease import Lease
-from kernel._recovery import RecoveredRun, recover
-from kernel._rekey import RekeyReport, compact_store, rekey
-from kernel._replay import RecordedError, replay
-from kernel._requests import PendingRequest
-from kernel._rerun import Divergence, DivergenceKind, RerunReport, rerun
-from kernel._respond import RecordedResponse, fork_at, record_response
-from kernel._runner import RunResult
-from kernel._store import DEFAULT_STORE_ENV, ROW_SHIFT, EventStore, Prepared, Recorded, open_store
-from kernel._subworkflow import (
+from kernel._log._requests import PendingRequest
+from kernel._ops._builder import WorkflowBuilder
+from kernel._ops._checkpoint_status import checkpoint_statuses
+from kernel._ops._recovery import RecoveredRun, recover
+from kernel._ops._replay import RecordedError, replay
+from kernel._ops._rerun import Divergence, DivergenceKind, RerunReport, rerun
+from kernel._ops._respond import RecordedResponse, fork_at, record_response
+from kernel._ops._subworkflow import (
     SubworkflowLinks,
     SubWorkflowRequestMessage,
     SubWorkflowResponseMessage,
     WorkflowExecutor,
 )
+from kernel._run._emit import (
+    FRAMEWORK_EVENT_TYPES,
+    WorkflowErrorDetails,
+    WorkflowEvent,
+    WorkflowEventSource,
+    WorkflowEventType,
+    WorkflowRunState,
+)
+from kernel._run._ledger import Checkpoint, CheckpointStatus
+from kernel._run._runner import RunResult
+from kernel._store._eventstore import (
+    DEFAULT_STORE_ENV,
+    ROW_SHIFT,
+    EventStore,
+    Prepared,
+    Recorded,
+    open_store,
+)
+from kernel._store._lease import Lease
+from kernel._store._rekey import RekeyReport, compact_store, rekey
 
 if TYPE_CHECKING:
-    from kernel._store_memory import MemoryStore
-    from kernel._store_postgres import PostgresStore
-    from kernel._store_sqlite import SQLiteStore
-from kernel._urls import mask_url
-from kernel._viz import WorkflowViz
-from kernel._workflow import RunStream, Workflow
+    from kernel._store._memory import MemoryStore
+    from kernel._store._postgres import PostgresStore
+    from kernel._store._sqlite import SQLiteStore
+from kernel._base._urls import mask_url
+from kernel._define._viz import WorkflowViz
+from kernel._ops._workflow import RunStream, Workflow
 
 __all__ = [
     "DEFAULT_STORE_ENV",
@@ -275,9 +282,9 @@ __all__ = [
 
 
 _ADAPTERS = {
-    "MemoryStore": "kernel._store_memory",
-    "PostgresStore": "kernel._store_postgres",
-    "SQLiteStore": "kernel._store_sqlite",
+    "MemoryStore": "kernel._store._memory",
+    "PostgresStore": "kernel._store._postgres",
+    "SQLiteStore": "kernel._store._sqlite",
 }
 
 

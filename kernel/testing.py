@@ -50,12 +50,12 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from kernel import _events as ev
-from kernel._clock import Clock, IdFactory, system_clock, uuid_ids
-from kernel._codec import ValueCodec
-from kernel._errors import StepLogError
-from kernel._events import AbortReason, ErrorInfo, EventBase, trusted_event
-from kernel._store import EventStore
+from kernel._base._clock import Clock, IdFactory, system_clock, uuid_ids
+from kernel._base._errors import StepLogError
+from kernel._codec._values import ValueCodec
+from kernel._log import _events as ev
+from kernel._log._events import AbortReason, ErrorInfo, EventBase, trusted_event
+from kernel._store._eventstore import EventStore
 
 __all__ = ["LogBuilder", "LogBuilderError", "ticking_clock"]
 

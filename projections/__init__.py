@@ -13,9 +13,8 @@ See ``docs/projections.md``.
 """
 
 from kernel import CommittedState, apply_committed, fold_committed
-from projections._backends import MemoryViewBackend, ViewBackend, ViewTx
-from projections._bisect import BisectResult, bisect
-from projections._blame import (
+from projections._folds._bisect import BisectResult, bisect
+from projections._folds._blame import (
     KeyBlame,
     MemoryWriteRows,
     WriteRecord,
@@ -23,11 +22,9 @@ from projections._blame import (
     WriteStatus,
     fold_blame,
 )
-from projections._diff import Change, StateDiff, diff, diff_points
-from projections._docseal import ResealReport, reseal_views
-from projections._history import RunHistory, fold_history
-from projections._keyblame import BLAME_TYPES, blame_keys, key_index_position
-from projections._lineage import (
+from projections._folds._diff import Change, StateDiff, diff, diff_points
+from projections._folds._history import RunHistory, fold_history
+from projections._folds._lineage import (
     LinkVerdict,
     SubworkflowLink,
     forks_of,
@@ -35,7 +32,7 @@ from projections._lineage import (
     parent_of,
     subworkflows_of,
 )
-from projections._redact import (
+from projections._folds._redact import (
     REDACTED,
     SENSITIVE_TYPES,
     SensitiveKeys,
@@ -43,7 +40,7 @@ from projections._redact import (
     is_redacted,
     sensitive_keys_of,
 )
-from projections._runrecords import (
+from projections._folds._runrecords import (
     DroppedMessage,
     ForkRecord,
     HistoryRows,
@@ -53,9 +50,7 @@ from projections._runrecords import (
     RunStatus,
     SuperstepRecord,
 )
-from projections._snapshots import SnapshotView, TimeTravel
-from projections._sqlbackends import PostgresViewBackend, SQLiteViewBackend, backend_for
-from projections._timetravel import (
+from projections._folds._timetravel import (
     AtPosition,
     AtSuperstep,
     AtTime,
@@ -64,8 +59,19 @@ from projections._timetravel import (
     StateAt,
     state_at,
 )
-from projections._views import VIEW_NAMES, Projector, VerifyReport, default_views, run_follower
-from projections._viewspecs import (
+from projections._views._backends import MemoryViewBackend, ViewBackend, ViewTx
+from projections._views._docseal import ResealReport, reseal_views
+from projections._views._keyblame import BLAME_TYPES, blame_keys, key_index_position
+from projections._views._projector import (
+    VIEW_NAMES,
+    Projector,
+    VerifyReport,
+    default_views,
+    run_follower,
+)
+from projections._views._snapshots import SnapshotView, TimeTravel
+from projections._views._sqlbackends import PostgresViewBackend, SQLiteViewBackend, backend_for
+from projections._views._viewspecs import (
     BlameView,
     DocumentView,
     HistoryView,

@@ -36,7 +36,7 @@ from kernel import (
     replay,
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
-from projections._runrecords import status_text
+from projections._folds._runrecords import status_text
 from projections.cli._ids import (
     RUN_WINDOW,
     events_of,

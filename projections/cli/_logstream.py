@@ -24,7 +24,7 @@ from kernel import (
     SuperstepEvent,
 )
 from projections import BLAME_TYPES, KeyBlame, SensitiveKeys, WriteRecord, WriteStatus
-from projections._tracker import Outcome
+from projections._folds._tracker import Outcome
 
 __all__ = ["LOG_WINDOW", "stream_log"]
 

@@ -28,8 +28,8 @@ from starlette.staticfiles import StaticFiles
 
 from kernel import DecodeError, EventStore, LogIntegrityError, MissingKeyError
 from projections import RunRecord, SuperstepRecord
-from projections._manifest import VIEW_MISMATCH
-from projections._runrecords import STATUS_TEXT, closer_label, status_text
+from projections._folds._runrecords import STATUS_TEXT, closer_label, status_text
+from projections._views._manifest import VIEW_MISMATCH
 from projections.cli._render import broken_chain_text, read_error_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of

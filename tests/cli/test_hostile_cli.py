@@ -28,7 +28,8 @@ from unittest.mock import patch
 import orjson
 import pytest
 
-from kernel import Executor, WorkflowBuilder, WorkflowContext, _store_sqlite, handler, open_store
+from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
+from kernel._store import _sqlite as _store_sqlite
 from projections.cli import EXIT_BAD_INPUT, EXIT_NEWER_SCHEMA, EXIT_STORE, READING_COMMANDS, main
 from tests.store.test_hostile_store import (
     REFUSED_URLS,

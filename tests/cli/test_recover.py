@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kernel import open_store
-from kernel._owner import process_owner
+from kernel._store._owner import process_owner
 from projections import fold_blame, fold_history
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 

@@ -320,7 +320,7 @@ class MarkerTrap:
         # function runs inside an explicit transaction that never commits.
         from psycopg import sql
 
-        from kernel._store_postgres import WRITE_FUNCTION, append_columns
+        from kernel._store._postgres import WRITE_FUNCTION, append_columns
 
         insert_rows = store._insert_rows  # type: ignore[attr-defined]
         write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s) AS written").format(

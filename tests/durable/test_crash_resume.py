@@ -54,7 +54,7 @@ PARALLEL = int(os.environ.get("STEPLOG_CRASH_PARALLEL", "4"))
 TIMEOUT = 60.0
 """Seconds a worker or resumer may take before the case fails."""
 
-PRELOAD = ["tests.durable.crash_worker", "kernel._store_sqlite", "kernel._store_postgres"]
+PRELOAD = ["tests.durable.crash_worker", "kernel._store._sqlite", "kernel._store._postgres"]
 """What the fork server imports (``open_store`` imports an adapter when it is first used)."""
 
 KILLED_IN = {1: "dispatch", 2: "right", 3: "right2", 4: "join", 7: "right2", 12: "join"}

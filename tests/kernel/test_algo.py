@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from kernel import Executor, RoutingError, WorkflowContext, handler
-from kernel._algo import Delivery, Position, Router, Sent, deliver
-from kernel._graph import FanIn, FanOut, Graph, Single, SwitchCase
+from kernel._define._graph import FanIn, FanOut, Graph, Single, SwitchCase
+from kernel._run._algo import Delivery, Position, Router, Sent, deliver
 
 
 class Ints(Executor):

@@ -185,7 +185,7 @@ async def test_a_batch_queued_as_the_idle_committer_stops_is_still_committed(
     sqlite_store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = sqlite_store
-    monkeypatch.setattr("kernel._group.IDLE_SECONDS", 0.05)
+    monkeypatch.setattr("kernel._store._group.IDLE_SECONDS", 0.05)
     committer = store.group_committer()
     first = counting(store, "w", 1)
     assert (await first.run(1)).status == "completed"

@@ -18,11 +18,11 @@ from kernel import (
     counter_ids,
     executor,
 )
-from kernel._algo import Router
-from kernel._checkpoints import Ledger
-from kernel._graph import Graph, Single
-from kernel._instance import RunnerContext
-from kernel._runner import Run
+from kernel._define._graph import Graph, Single
+from kernel._run._algo import Router
+from kernel._run._instance import RunnerContext
+from kernel._run._ledger import Ledger
+from kernel._run._runner import Run
 from tests.kernel.helpers import kinds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -20,8 +20,8 @@ from kernel import (
     counter_ids,
     handler,
 )
-from kernel._clock import system_clock
-from kernel._instance import InstanceContext
+from kernel._base._clock import system_clock
+from kernel._run._instance import InstanceContext
 from kernel.testing import LogBuilder, ticking_clock
 from tests.kernel.helpers import kinds, markers
 

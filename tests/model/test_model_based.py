@@ -111,7 +111,7 @@ KEYS = ("a", "b", "c")
 FAULTS = ("none",) * 3 + ("fail",) * 2 + ("block",) + ("cancel", "drop") * 2 + ("race", "kill")
 """The faults a run may get, repeated to weigh them (``kill`` is a ``fail`` on the memory store,
 which no other process can open)."""
-PRELOAD = ["tests.model.workflow", "kernel._store_sqlite", "kernel._store_postgres"]
+PRELOAD = ["tests.model.workflow", "kernel._store._sqlite", "kernel._store._postgres"]
 PG_ENV = "STEPLOG_TEST_PG"
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_EXAMPLES = {"memory": 20, "sqlite": 8, "postgres": 4}

@@ -24,7 +24,7 @@ from kernel import (
     fold_committed,
 )
 from projections import fold_history
-from projections._tracker import SuperstepTracker
+from projections._folds._tracker import SuperstepTracker
 from tests.projections.helpers import raw_events
 from tests.projections.logs import build_events, flatten, plans, ticking_clock
 from tests.projections.test_verdicts import actions

@@ -32,7 +32,7 @@ from projections import (
     fold_blame,
     key_index_position,
 )
-from projections._keyindex import (
+from projections._folds._keyindex import (
     CHUNK,
     KeyIndexFold,
     chunk_row,

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from kernel import open_store
-from projections import VIEW_NAMES, Projector, _sqlbackends, default_views
+from projections import VIEW_NAMES, Projector, default_views
+from projections._views import _sqlbackends
 from tests.projections.helpers import Crash, CrashingView, populate
 from tests.projections.logs import fixed_plans
 
@@ -70,7 +71,7 @@ def test_a_page_of_many_instances_costs_a_few_statements(durable_store_url, monk
     # by one, every row read and every row written would have been a statement of its own).
     reads = [s for s in statements if s.startswith("SELECT v.instance_id, v.key, v.doc FROM")]
     upserts = [s for s in statements if s.startswith("INSERT INTO") and "(instance_id" in s]
-    # The manifests (``projections._manifest``) need the former documents of the rows a page
+    # The manifests (``projections._views._manifest``) need the former documents of the rows a page
     # wrote without reading them first (new rows, mostly): at most one more read per upsert.
     assert len(VIEW_NAMES) <= len(reads) <= len(VIEW_NAMES) + len(upserts), reads
     assert len(upserts) <= 2 * len(VIEW_NAMES), upserts

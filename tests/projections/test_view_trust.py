@@ -22,7 +22,7 @@ from kernel import (
     counter_ids,
     open_store,
 )
-from kernel._mapper import EventMapper
+from kernel._codec._mapper import EventMapper
 from kernel.testing import ticking_clock
 from projections import AtPosition, Projector, TimeTravel, blame_keys
 from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout, write_orders

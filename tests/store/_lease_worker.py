@@ -14,8 +14,8 @@ import json
 import sys
 
 from kernel import RunInProgressError, open_store
-from kernel._lease import LeaseKeeper
-from kernel._owner import process_owner
+from kernel._store._lease import LeaseKeeper
+from kernel._store._owner import process_owner
 
 
 def main(url: str) -> None:

@@ -19,7 +19,7 @@ from kernel import (
     counter_ids,
     open_store,
 )
-from kernel._mapper import EventMapper
+from kernel._codec._mapper import EventMapper
 from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -92,7 +92,7 @@ def test_append_many_commits_the_good_batches_and_reports_the_conflicting_one(
 def test_a_batch_too_big_for_one_row_is_refused(
     store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kernel._store.ROW_EVENTS", 3)
+    monkeypatch.setattr("kernel._store._eventstore.ROW_EVENTS", 3)
     with pytest.raises(InvalidBatchError, match="at most 3 events"):
         store.append("i", superstep("i", 0), expected_version=0)
     assert store.instances() == []

@@ -20,8 +20,8 @@ from kernel import (
     StoreConfigError,
     open_store,
 )
-from kernel._chain import link_problem, tail_problem
-from kernel._mapper import CHAIN_BYTES, EventMapper, RowLink, genesis
+from kernel._codec._chain import link_problem, tail_problem
+from kernel._codec._mapper import CHAIN_BYTES, EventMapper, RowLink, genesis
 from kernel.testing import LogBuilder
 
 

@@ -36,9 +36,9 @@ from kernel import (
     executor,
     handler,
 )
-from kernel._codec import MAX_DEPTH
-from kernel._mapper import EventMapper
-from kernel._valuetypes import value_classes
+from kernel._codec._mapper import EventMapper
+from kernel._codec._values import MAX_DEPTH
+from kernel._codec._valuetypes import value_classes
 
 # -- classes the codec must rebuild (module level: importable by path) ----------------------
 

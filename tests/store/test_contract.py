@@ -27,7 +27,7 @@ from kernel import (
     StoreConfigError,
     ValueCodec,
 )
-from kernel._mapper import EventMapper
+from kernel._codec._mapper import EventMapper
 from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

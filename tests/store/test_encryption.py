@@ -33,7 +33,7 @@ from kernel import (
     open_store,
     rekey,
 )
-from kernel._cipher import key_id
+from kernel._codec._cipher import key_id
 from projections import VIEW_NAMES, Projector, backend_for, reseal_views
 
 SECRET = "zq7-SECRET-card-4111"

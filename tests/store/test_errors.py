@@ -40,8 +40,8 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from kernel._store_postgres import postgres_params
-from kernel._store_sqlite import sqlite_path
+from kernel._store._postgres import postgres_params
+from kernel._store._sqlite import sqlite_path
 from kernel.testing import LogBuilder
 
 

@@ -23,8 +23,8 @@ from eventsourcing.persistence import ApplicationRecorder
 from eventsourcing.tests import persistence as eventsourcing_cases
 
 from kernel import EventStore, PostgresStore, SQLiteStore, open_store
-from kernel._store_postgres import PostgresRecorder
-from kernel._store_sqlite import SQLiteRecorder
+from kernel._store._postgres import PostgresRecorder
+from kernel._store._sqlite import SQLiteRecorder
 
 
 @pytest.fixture

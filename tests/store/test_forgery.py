@@ -42,7 +42,7 @@ from kernel import (
     open_store,
     rekey,
 )
-from kernel._mapper import EventMapper
+from kernel._codec._mapper import EventMapper
 from kernel.testing import ticking_clock
 from projections import history_of
 from projections.cli import EXIT_BROKEN_CHAIN, EXIT_PROBLEM, main
@@ -508,7 +508,7 @@ def test_a_mark_with_a_bound_that_is_not_a_whole_number_is_malformed(
     edit: dict[str, Any], encrypted: str, keys_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``true`` and ``1e9`` are not row ids or positions: the mark is refused as altered."""
-    from kernel._chain import IntegrityMark
+    from kernel._codec._chain import IntegrityMark
 
     db = Database(encrypted)
     mark = {**orjson.loads(db.meta()["integrity"]), **edit}

@@ -26,7 +26,7 @@ from kernel import (
     SuperstepCommitted,
     open_store,
 )
-from kernel._mapper import EventMapper
+from kernel._codec._mapper import EventMapper
 from kernel.testing import LogBuilder
 from projections import fold_committed
 

@@ -6,7 +6,7 @@ anything is appended; the instance then runs normally, and its log holds no part
 - A store URL's password never appears in an error, ``store.url``, ``repr`` or a log line,
   whatever is wrong with the URL or the server (unreachable port, unknown database or user).
 - A malformed URL is a ``StoreConfigError`` naming the problem.
-- Instance ids and state keys have the same limits on every backend (``kernel._ids``): the
+- Instance ids and state keys have the same limits on every backend (``kernel._base._ids``): the
   largest allowed ones work on each, PostgreSQL's indexes and the materialized views included.
 - Cyclic and 5,000-deep values are ``EncodingError``s wherever they enter (state, messages,
   outputs, the run's input), recorded as the executor's failure like any other.
@@ -47,10 +47,10 @@ from kernel import (
     handler,
     open_store,
 )
-from kernel._ids import MAX_ID_BYTES, MAX_KEY_BYTES
-from kernel._mapper import EventMapper
-from kernel._store_sqlite import sqlite_path
-from kernel._urls import mask_url, url_secrets
+from kernel._base._ids import MAX_ID_BYTES, MAX_KEY_BYTES
+from kernel._base._urls import mask_url, url_secrets
+from kernel._codec._mapper import EventMapper
+from kernel._store._sqlite import sqlite_path
 from kernel.testing import LogBuilder
 from tests.kernel.helpers import kinds
 from tests.store.test_errors import _without_file_permission_override

@@ -36,9 +36,9 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from kernel._lease import Lease, LeaseKeeper
-from kernel._owner import process_owner
-from kernel._store_postgres import postgres_params
+from kernel._store._lease import Lease, LeaseKeeper
+from kernel._store._owner import process_owner
+from kernel._store._postgres import postgres_params
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 WAIT = 10.0  # seconds: the most any wait in this module may take before the test fails

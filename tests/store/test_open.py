@@ -30,7 +30,7 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
-from kernel._store_postgres import postgres_params
+from kernel._store._postgres import postgres_params
 
 
 def event(position: int = 1) -> StateStaged:

@@ -1,6 +1,6 @@
 """PostgreSQL writers without a table lock: per-instance compare-and-set, a settled-rows reader.
 
-What must hold (``kernel/_store_postgres.py`` explains the design):
+What must hold (``kernel/_store/_postgres.py`` explains the design):
 
 * a follower racing writer processes never skips an event and never sees one twice, and each
   instance's positions reach it in order;
@@ -26,8 +26,8 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from psycopg import sql
 
 from kernel import ConcurrencyConflictError, EventStore, Recorded, StoreError, open_store
-from kernel._events import EventBase
-from kernel._store_postgres import (
+from kernel._log._events import EventBase
+from kernel._store._postgres import (
     EVENTS_TABLE,
     HEADS_TABLE,
     META_TABLE,

@@ -48,7 +48,7 @@ from kernel import (
     handler,
     open_store,
 )
-from kernel._mapper import BATCH_CODES, EventMapper
+from kernel._codec._mapper import BATCH_CODES, EventMapper
 from kernel.testing import ticking_clock
 from projections import Projector, history_of
 

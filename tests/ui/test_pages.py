@@ -24,7 +24,7 @@ from projections import (
     blame_keys,
     fold_history,
 )
-from projections._runrecords import status_text
+from projections._folds._runrecords import status_text
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
 from projections.cli._render import show_value
 from projections.ui import create_app, needs_token

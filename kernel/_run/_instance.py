@@ -1,0 +1,249 @@
+"""The runner's seam: ``RunnerContext``, all a run needs from the workflow instance it runs on.
+
+A ``Run`` (``_run._runner``) talks to its instance through this one interface and nothing else:
+the instance's settings, fresh ids and the time, its committed state, the log's view of which run
+is unfinished and whether its process is gone, and appending a batch of events.
+``InstanceContext`` is the implementation a ``Workflow`` gives its runs; it owns the instance's
+fold of the log (committed state and the open run), and keeps it up to date with every append.
+Resuming, checkpointing or running a sub-workflow plugs in here: anything that implements
+``RunnerContext`` can host a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from kernel._base._clock import Clock, IdFactory
+from kernel._codec._values import ValueCodec
+from kernel._log._events import AbortReason, EventBase, InstanceForked
+from kernel._log._fold import CommittedState, OpenRun
+from kernel._run._ledger import Ledger
+from kernel._store._eventstore import EventStore
+from kernel._store._lease import LeaseKeeper
+from kernel._store._owner import presumed_reason
+
+if TYPE_CHECKING:
+    from kernel._run._algo import Router
+
+__all__ = [
+    "Durability",
+    "InstanceContext",
+    "LeaseHold",
+    "LeasePolicy",
+    "RunnerContext",
+    "read_ledger",
+]
+
+Durability = Literal["superstep", "write"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """How runs hold their instance's lease: renewed every ``ttl / 3`` s, taken over after
+    ``ttl`` s without renewal; a run waits up to ``wait`` s for a live holder to finish."""
+
+    ttl: float = 30.0
+    wait: float = 0.0
+
+
+class LeaseHold(Protocol):
+    """One run's hold on its instance's lease (``kernel._store._lease.LeaseKeeper``)."""
+
+    async def acquire(self) -> bool:
+        """Take the lease; True if taken over from a dead or expired holder. Raises
+        ``RunInProgressError`` while a live one has it."""
+        ...
+
+    def start_heartbeat(self, on_lost: Callable[[], None]) -> None:
+        """Renew the lease until released; call ``on_lost`` if another holder takes it."""
+        ...
+
+    async def release(self) -> None:
+        """Stop renewing and give the lease up. Never raises ``StoreError``."""
+        ...
+
+    def release_now(self) -> None:
+        """``release``, without waiting for the renewals to stop."""
+        ...
+
+
+class RunnerContext(Protocol):
+    """What a run needs from its workflow instance (Agent Framework calls this ``RunnerContext``).
+
+    Attributes are read-only for the run. Methods never block on anything but the store.
+    """
+
+    instance_id: str
+    """The instance's stream: every event of the run goes there."""
+    workflow_name: str
+    """Recorded in ``RunStarted``."""
+    router: Router
+    """Routes the messages handlers send, over the workflow's graph."""
+    max_supersteps: int
+    durability: Durability
+    codec: ValueCodec
+    """Encodes and decodes state values, messages and outputs."""
+    owner: str
+    """This process as ``host:pid``, recorded in ``RunStarted.owner``."""
+    sensitive_keys: tuple[str, ...]
+    """The patterns of the state keys the workflow declared sensitive, recorded in
+    ``RunStarted.sensitive_keys``."""
+    clock: Clock
+    """The time of the next event. The run refuses a naive datetime (``ExecutionError``)."""
+
+    def new_id(self) -> str:
+        """A fresh id, for a run or a superstep."""
+        ...
+
+    def committed(self, key: str, default: Any) -> Any:
+        """The committed wire value (a JSON tree) of state ``key``, or ``default``."""
+        ...
+
+    def catch_up(self) -> OpenRun:
+        """Fold whatever was appended since the last look, by anyone; return the open run view
+        (``version`` is the stream's version, ``run_id`` an unfinished run's, if any)."""
+        ...
+
+    def presumed_reason(self, owner: str) -> AbortReason:
+        """Why an unfinished run of ``owner`` (its ``RunStarted.owner``) stopped: ``crashed`` if
+        its process is provably gone, else ``abandoned``."""
+        ...
+
+    def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
+        """``catch_up``, and the instance's runs and checkpoints folded from the log up to the
+        same version (from the same read, when the view starts from nothing)."""
+        ...
+
+    def origin_ledger(self, forked: InstanceForked) -> Ledger:
+        """The ledger of the instance this one was forked from, as of the fork's point."""
+        ...
+
+    def lease_keeper(self) -> LeaseHold:
+        """A keeper for one run's hold on the instance's lease (``acquire`` before appending)."""
+        ...
+
+    def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
+        """Append ``batch`` atomically after ``expected_version`` and fold it into the view.
+
+        Raises what the store raises (``ConcurrencyConflictError``, ``EncodingError``, ...);
+        nothing of the batch is folded then, and the view stays what it was.
+        """
+        ...
+
+    def append_commit(
+        self, batch: Sequence[EventBase], *, expected_version: int
+    ) -> asyncio.Future[Any] | None:
+        """``append`` for a superstep's commit batch, which may share a commit with other runs.
+
+        Either appends and folds at once, returning None (as ``append``), or queues the batch for
+        the store's group commit and returns a future that resolves once the batch is in the log
+        and folded (or fails with what the store raised). What the store can refuse without the
+        database (``EncodingError``, ``InvalidBatchError``) is raised here, before anything is
+        queued. The batch cannot be taken back once queued: cancelling the future changes nothing.
+        """
+        ...
+
+
+class InstanceContext:
+    """The ``RunnerContext`` of a workflow instance in a store: owns the instance's folded view."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        instance_id: str,
+        *,
+        workflow_name: str,
+        router: Router,
+        max_supersteps: int,
+        durability: Durability,
+        clock: Clock,
+        id_factory: IdFactory,
+        owner: str,
+        lease: LeasePolicy | None = None,
+        sensitive_keys: tuple[str, ...] = (),
+    ) -> None:
+        self.store = store
+        self.lease = lease or LeasePolicy()
+        self.instance_id = instance_id
+        self.workflow_name = workflow_name
+        self.router = router
+        self.max_supersteps = max_supersteps
+        self.durability: Durability = durability
+        self.codec = store.codec
+        self.owner = owner
+        self.sensitive_keys = sensitive_keys
+        self.clock = clock
+        self.new_id = id_factory
+        self._committed = CommittedState()
+        self._head = OpenRun()
+
+    def committed(self, key: str, default: Any) -> Any:
+        return self._committed.values.get(key, default)
+
+    def committed_values(self) -> dict[str, Any]:
+        """Every committed wire value, after catching up with the log."""
+        self.catch_up()
+        return dict(self._committed.values)
+
+    def catch_up(self) -> OpenRun:
+        events = self.store.read(self.instance_id, after=self._head.version)
+        self._fold(events)
+        return self._head
+
+    def presumed_reason(self, owner: str) -> AbortReason:
+        return presumed_reason(owner)
+
+    def lease_keeper(self) -> LeaseKeeper:
+        lease = self.lease
+        return LeaseKeeper(
+            self.store, self.instance_id, owner=self.owner, ttl=lease.ttl, wait=lease.wait
+        )
+
+    def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
+        if self._head.version == 0:  # a new view: the one read of the whole log serves both
+            events = self.store.read(self.instance_id)
+            self._fold(events)
+            return self._head, Ledger(self.instance_id).apply_all(events)
+        head = self.catch_up()
+        return head, read_ledger(self.store, self.instance_id, upto=head.version)
+
+    def origin_ledger(self, forked: InstanceForked) -> Ledger:
+        return read_ledger(self.store, forked.origin_instance, upto=forked.origin_position)
+
+    def append_commit(
+        self, batch: Sequence[EventBase], *, expected_version: int
+    ) -> asyncio.Future[Any] | None:
+        store = self.store
+        if not store.shares_commits:
+            self.append(batch, expected_version=expected_version)
+            return None
+        prepared = store.prepare(self.instance_id, batch, expected_version=expected_version)
+        return store.group_committer().submit(prepared, lambda: self._fold(batch))
+
+    def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
+        # Folded only once appended: a refused batch leaves the view as it was, a true fold of the
+        # log up to ``version``. (If a failure was ambiguous and the batch did land, the next
+        # ``catch_up`` reads it, and an append at the same positions is a version conflict.)
+        self.store.append(self.instance_id, batch, expected_version=expected_version)
+        self._fold(batch)
+
+    def _fold(self, events: Sequence[EventBase]) -> None:
+        if not events:
+            return
+        self._committed.apply_all(events)
+        # The open-run view moves only on run and superstep boundaries; any other event just
+        # advances its version, so of those the batch's last one (the stream's order) is enough.
+        head = self._head
+        moves = head.EVENT_TYPES
+        last = events[-1]
+        head.apply_all([event for event in events if event.type in moves or event is last])
+
+
+def read_ledger(store: EventStore, instance_id: str, *, upto: int | None = None) -> Ledger:
+    """Fold an instance's runs and checkpoints from ``store`` (only the event types the ledger
+    folds are decoded), up to stream position ``upto``."""
+    events = store.read(instance_id, upto=upto, types=Ledger.EVENT_TYPES)
+    return Ledger(instance_id).apply_all(events)
