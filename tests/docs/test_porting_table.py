@@ -308,9 +308,9 @@ def test_a_correct_table_passes() -> None:
             "says missing, but kernel has `WorkflowRunResult.get_outputs`",
         ),
         (
-            "| `kernel_lookup` | `kernel._run._runner` | |",
+            "| `kernel_lookup` | `kernel._runner` | |",
             ["kernel_lookup"],
-            "kernel._run._runner is not in kernel.__all__",
+            "kernel._runner is not in kernel.__all__",
         ),
     ],
 )
