@@ -8,8 +8,10 @@ import pytest
 
 from kernel import (
     Divergence,
+    EventStore,
     ExecutionError,
     Executor,
+    RunStarted,
     WorkflowBuilder,
     WorkflowContext,
     handler,
@@ -171,3 +173,31 @@ async def test_a_continuation_or_an_unknown_run_is_refused() -> None:
         await rerun(wf, resumed.run_id)
     with pytest.raises(ExecutionError, match="instance 'count' has no run 'nope'"):
         await rerun(wf, "nope")
+
+
+async def test_the_rerun_keeps_the_workflows_lease_and_sensitive_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = open_store("memory://")
+    step = Counter("counter", 2)
+    wf = (
+        WorkflowBuilder(start_executor=step, store=store, instance_id="count")
+        .add_edge(step, step)
+        .with_lease(ttl=7.0)
+        .with_sensitive_keys("count")
+        .build()
+    )
+    await wf.run(Tick(1))
+    taken: list[tuple[EventStore, float]] = []
+    acquire = EventStore.acquire_lease
+
+    def spy(self: EventStore, instance_id: str, holder: str, **options: Any) -> Any:
+        taken.append((self, options["ttl"]))
+        return acquire(self, instance_id, holder, **options)
+
+    monkeypatch.setattr(EventStore, "acquire_lease", spy)
+    report = await rerun(wf, first_run(wf))
+    assert report.matches
+    started = next(e for e in report.events if isinstance(e, RunStarted))
+    assert started.sensitive_keys == ["count"]  # readers of the scratch log redact it too
+    assert {ttl for scratch, ttl in taken if scratch is not store} == {7.0}
