@@ -202,17 +202,12 @@ def _scratch_workflow(
     clock: Clock,
     id_factory: IdFactory | None,
 ) -> Workflow:
-    """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``."""
-    return Workflow(
-        workflow.graph,
-        store=store,
-        instance_id=instance_id,
-        name=workflow.name,
-        max_supersteps=workflow.max_supersteps,
-        durability=workflow.durability,
-        clock=clock,
-        id_factory=id_factory or counter_ids("rerun"),
+    """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``, with
+    the rerun's own clock and ids."""
+    settings = workflow.settings.replace(
+        instance_id=instance_id, clock=clock, id_factory=id_factory or counter_ids("rerun")
     )
+    return Workflow(workflow.graph, store=store, settings=settings)
 
 
 # -- summaries -----------------------------------------------------------------------------------
