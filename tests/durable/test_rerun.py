@@ -12,12 +12,14 @@ from kernel import (
     ExecutionError,
     Executor,
     RunStarted,
+    ValueCodec,
     WorkflowBuilder,
     WorkflowContext,
     handler,
     open_store,
     rerun,
 )
+from kernel.testing import LogBuilder
 from tests.durable.helpers import Counter, Tick
 
 
@@ -201,3 +203,24 @@ async def test_the_rerun_keeps_the_workflows_lease_and_sensitive_keys(
     started = next(e for e in report.events if isinstance(e, RunStarted))
     assert started.sensitive_keys == ["count"]  # readers of the scratch log redact it too
     assert {ttl for scratch, ttl in taken if scratch is not store} == {7.0}
+
+
+async def test_the_record_is_read_by_the_fold_s_marker_rule() -> None:
+    """What a superstep staged after its first marker, and a second marker, never count for the
+    record, as for every fold: the rerun matches a log that has both."""
+    store = open_store("memory://")
+    log = LogBuilder("sum", codec=ValueCodec())
+    log.start_run(5, workflow_name="adder", run_id="r1")
+    first = log.start_superstep().superstep_id
+    log.invoke("adder")
+    log.write("total", 5, executor_id="adder")
+    log.output(5, executor_id="adder")
+    log.complete()
+    log.commit()
+    log.write("total", 999, executor_id="adder", superstep=first)  # after the marker: inert
+    log.abort(superstep=first)  # a second marker changes nothing
+    log.complete_run()
+    log.append_to(store)
+    wf = WorkflowBuilder(start_executor=Adder("adder"), store=store, instance_id="sum").build()
+    assert wf.committed_state() == {"total": 5}
+    assert (await rerun(wf, "r1")).matches
