@@ -35,7 +35,8 @@ class Workflow(DefinitionView):
 
     One instance runs one run at a time; state persists across runs of the same instance and is
     always the fold of the instance's log. Its definition is read through ``DefinitionView``
-    (``executors``, ``get_start_executor()``, ``to_dict()``, ...).
+    (``executors``, ``get_start_executor()``, ``to_dict()``, ...); its instance's settings are
+    ``settings`` (an ``InstanceSettings``), which a fork or a sub-workflow derives its own from.
     """
 
     def __init__(
