@@ -42,6 +42,7 @@ from kernel._define._graph import (
     can_yield,
     validate,
 )
+from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings
 from kernel._ops._workflow import Durability, Workflow
 from kernel._run._instance import LeasePolicy
 from kernel._store._eventstore import EventStore, open_store
@@ -122,7 +123,7 @@ class WorkflowBuilder:
         self._clock = clock or system_clock
         self._ids = id_factory or uuid_ids
         self._value_types: list[type] = []
-        self._lease = LeasePolicy()
+        self._lease = DEFAULT_LEASE
         self._sensitive: list[str] = []
         self.with_sensitive_keys(*_pattern_list(sensitive_keys))
         if start_executor is not None:
@@ -274,7 +275,9 @@ class WorkflowBuilder:
 
     # -- leases -------------------------------------------------------------------------------
 
-    def with_lease(self, *, ttl: float = 30.0, wait: float = 0.0) -> Self:
+    def with_lease(
+        self, *, ttl: float = DEFAULT_LEASE.ttl, wait: float = DEFAULT_LEASE.wait
+    ) -> Self:
         """How a run holds its instance's lease (one writer per instance, across processes).
 
         A run takes the lease before it appends anything and renews it every ``ttl / 3``
@@ -370,9 +373,7 @@ class WorkflowBuilder:
         store.codec.register(
             *self._value_types, *value_classes(*_handler_annotations(self._executors.values()))
         )
-        return Workflow(
-            graph,
-            store=store,
+        settings = InstanceSettings(
             instance_id=self._instance_id or self._ids(),
             name=self._name or self._start,
             max_supersteps=self._max_supersteps,
@@ -382,6 +383,7 @@ class WorkflowBuilder:
             lease=self._lease,
             sensitive_keys=tuple(self._sensitive),
         )
+        return Workflow(graph, store=store, settings=settings)
 
     def _designation(self) -> OutputDesignation:
         """``output_from`` and ``intermediate_output_from``, resolved over the executors."""

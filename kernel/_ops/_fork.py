@@ -1,15 +1,19 @@
 """Forks: a new instance that starts from another's committed state at a point of its log.
 
-The fork's first event, ``InstanceForked``, carries the origin's committed values at that point
-(the kernel's fold decides them, as for any reader) and the origin's latest checkpoint there, so
-the fork can also be continued from it. The origin is read, never written.
+``record_fork`` is the one writer of a fork's first event, ``InstanceForked``, for
+``Workflow.fork``, ``fork_at`` (the CLI's, without the workflow) and sub-workflows alike. It
+carries the origin's committed values at that point (the kernel's fold decides them, as for any
+reader), the run a continuation of the origin would have gone on with there and its checkpoint
+(``continued_run``), and the requests that run left unanswered, as the log recorded them
+(``pending_wire``), so the fork can also be continued from it. The origin is read, never written.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kernel._base._clock import Clock
 from kernel._base._errors import ConcurrencyConflictError, ExecutionError, ResumeError
 from kernel._base._ids import check_id
 from kernel._log._events import (
@@ -21,35 +25,53 @@ from kernel._log._events import (
     SuperstepEvent,
 )
 from kernel._log._fold import fold_committed
-from kernel._run._ledger import Ledger, continued_run
+from kernel._run._ledger import Ledger, continued_run, pending_wire
 from kernel._run._runner import Continuation
+from kernel._store._eventstore import EventStore
 
-if TYPE_CHECKING:
-    from kernel._ops._workflow import Workflow
-
-__all__ = ["fork_instance", "position_of"]
+__all__ = ["position_of", "record_fork"]
 
 
-def fork_instance(origin: Workflow, at: Any, instance_id: str) -> Workflow:
-    """Append ``InstanceForked`` as ``instance_id``'s first event; return the workflow on it."""
+def record_fork(
+    store: EventStore,
+    origin: str,
+    at: Any,
+    instance_id: str,
+    *,
+    clock: Clock,
+    workflow_name: str | None = None,
+) -> InstanceForked:
+    """Append the ``InstanceForked`` that starts ``instance_id`` from instance ``origin``'s
+    committed state at ``at`` (a point, as ``position_of`` takes it); return it.
+
+    ``workflow_name`` is the workflow forking (``Workflow.fork``): a run of another workflow at
+    that point is not carried on, only the state. Without it (the log alone, as ``fork_at``),
+    the run is carried on whichever workflow wrote it, and ``origin`` must have events.
+
+    Raises ``ExecutionError`` for an ``instance_id`` that is not a valid id, is ``origin``, or
+    already has events (or, without ``workflow_name``, when ``origin`` has none);
+    ``ResumeError`` for a point that names nothing.
+    """
     check_id(instance_id, "a fork's instance id", ExecutionError)
-    if instance_id == origin.instance_id:
+    if instance_id == origin:
         raise ExecutionError(f"cannot fork instance {instance_id!r} into itself")
-    store = origin.store
-    events = store.read(origin.instance_id)
-    position = position_of(events, at, origin.instance_id)
+    events = store.read(origin)
+    if not events and workflow_name is None:
+        raise ExecutionError(f"no instance {origin!r} in {store.url}")
+    position = position_of(events, at, origin)
     prefix = events[:position]
-    state = fold_committed(prefix)
-    origin_run, checkpoint, requests = _continued_at(origin, prefix)
+    origin_run, checkpoint, requests = _continued_at(
+        Ledger(origin).apply_all(prefix), workflow_name
+    )
     event = InstanceForked(
         instance_id=instance_id,
         position=1,
-        timestamp=origin._clock(),
-        origin_instance=origin.instance_id,
+        timestamp=clock(),
+        origin_instance=origin,
         origin_position=position,
         checkpoint=checkpoint,
         origin_run=origin_run,
-        values=dict(state.values),
+        values=dict(fold_committed(prefix).values),
         requests=requests,
     )
     try:
@@ -58,7 +80,7 @@ def fork_instance(origin: Workflow, at: Any, instance_id: str) -> Workflow:
         raise ExecutionError(
             f"cannot fork into instance {instance_id!r}: it already has events; choose a new id"
         ) from None
-    return origin._sibling(instance_id)
+    return event
 
 
 def position_of(events: list[EventBase], at: Any, instance_id: str) -> int:
@@ -140,33 +162,24 @@ def _superstep_index(events: list[EventBase], run_id: str, index: int, instance_
 
 
 def _continued_at(
-    origin: Workflow, prefix: list[EventBase]
+    ledger: Ledger, workflow_name: str | None
 ) -> tuple[str | None, str | None, list[dict[str, Any]]]:
-    """The run a fork of ``prefix`` would go on with, its checkpoint there, and the requests it
-    left unanswered (as stored), by the same rule a continuation of the origin follows."""
-    ledger = Ledger(origin.instance_id).apply_all(prefix)
+    """The run a fork of ``ledger``'s log would go on with, its checkpoint there, and the
+    requests it left unanswered (as stored), by the rule a continuation of the origin follows."""
+    line = ledger.last_run()
+    forked = ledger.forked
+    if line is None:  # a fork that has not run: its fork goes on with what it inherited
+        if forked is None:
+            return None, None, []
+        return forked.origin_run, forked.checkpoint, list(forked.requests)
     try:
-        run_id, checkpoint = continued_run(ledger, Continuation(), origin.name)
+        run_id, checkpoint = continued_run(
+            ledger,
+            Continuation(),
+            line.started.workflow_name if workflow_name is None else workflow_name,
+        )
     except ResumeError:
-        return None, None, []  # no run at that point (or another workflow's): state only
-    instance = origin._instance
-    standing = ledger.standing(
-        run_id,
-        checkpoint,
-        router=instance.router,
-        codec=origin.store.codec,
-        origin=instance.origin_ledger,
-    )
-    encode = origin.store.codec.encode
-    requests = [
-        {
-            "request_id": request.request_id,
-            "executor_id": request.executor_id,
-            "response_type": request.response_type,
-            "data": encode(request.data, what=f"request {request.request_id!r}"),
-            "run_id": request.run_id,
-            "superstep_id": request.superstep_id,
-        }
-        for request in standing.position.requests.values()
-    ]
-    return run_id, checkpoint, requests
+        return None, None, []  # another workflow's run: state only
+    inherited = list(forked.requests) if forked is not None else []
+    pending = pending_wire(ledger, run_id, checkpoint, forked_requests=inherited)
+    return run_id, checkpoint, list(pending.values())

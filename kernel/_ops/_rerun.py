@@ -31,7 +31,6 @@ from typing import Any, ClassVar, Literal
 from kernel._base._clock import Clock, IdFactory, counter_ids, system_clock
 from kernel._base._errors import ExecutionError
 from kernel._log._events import (
-    RUN_END_TYPES,
     ErrorInfo,
     EventBase,
     ExecutorFailed,
@@ -48,7 +47,7 @@ from kernel._log._events import (
     SuperstepEvent,
     SuperstepStarted,
 )
-from kernel._log._fold import fold_committed
+from kernel._log._fold import SuperstepFold, fold_committed, folds
 from kernel._ops._workflow import Workflow
 from kernel._store._memory import MemoryStore
 
@@ -184,13 +183,13 @@ async def rerun(
     except Exception as error:  # the rerun's failure is an outcome, compared below
         refused = error
     new_events = scratch_store.read(instance)
-    recorded = _summarize([e for e in events if isinstance(e, RunEvent) and e.run_id == run_id])
+    recorded = _summarize(events, run_id)
     new_run = next((e.run_id for e in new_events if isinstance(e, RunStarted)), None)
     if new_run is None:  # refused before it started: nothing was appended
         assert refused is not None
         new = _Summary({}, f"refused ({_describe(ErrorInfo.of(refused))})")
     else:
-        new = _summarize([e for e in new_events if isinstance(e, RunEvent) and e.run_id == new_run])
+        new = _summarize(new_events, new_run)
     divergence = _compare(recorded, new, decode)
     return RerunReport(divergence is None, divergence, run_id, tuple(new_events))
 
@@ -202,17 +201,12 @@ def _scratch_workflow(
     clock: Clock,
     id_factory: IdFactory | None,
 ) -> Workflow:
-    """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``."""
-    return Workflow(
-        workflow.graph,
-        store=store,
-        instance_id=instance_id,
-        name=workflow.name,
-        max_supersteps=workflow.max_supersteps,
-        durability=workflow.durability,
-        clock=clock,
-        id_factory=id_factory or counter_ids("rerun"),
+    """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``, with
+    the rerun's own clock and ids."""
+    settings = workflow.settings.replace(
+        instance_id=instance_id, clock=clock, id_factory=id_factory or counter_ids("rerun")
     )
+    return Workflow(workflow.graph, store=store, settings=settings)
 
 
 # -- summaries -----------------------------------------------------------------------------------
@@ -228,7 +222,21 @@ class _Step:
     failed: str | None = None  # the executor whose failure aborted it
     items: dict[str, dict[str, list[_Item]]] = field(default_factory=dict)
 
-    def add(self, executor_id: str, kind: str, item: _Item) -> None:
+    def take(self, staged: Sequence[SuperstepEvent]) -> None:
+        """Add what the superstep staged (in stream order), each under its executor and kind."""
+        for event in staged:
+            if isinstance(event, ExecutorFailed):
+                self.failed = self.failed or event.executor_id
+            elif isinstance(event, StateStaged):
+                self._add(event.executor_id, "state", (event.key, event.op, event.value))
+            elif isinstance(event, MessageStaged):
+                self._add(event.source, "message", (event.message, tuple(event.targets)))
+            elif isinstance(event, OutputYielded):
+                self._add(event.executor_id, "output", (event.value,))
+            elif isinstance(event, InfoRequested):
+                self._add(event.executor_id, "request", (event.data, event.response_type))
+
+    def _add(self, executor_id: str, kind: str, item: _Item) -> None:
         self.items.setdefault(executor_id, {}).setdefault(kind, []).append(item)
 
 
@@ -238,46 +246,72 @@ class _Summary:
     end: str
 
 
-def _summarize(events: Sequence[RunEvent]) -> _Summary:
-    """The supersteps and end of one run, from its events in stream order."""
-    steps: dict[int, _Step] = {}
-    index: dict[str, int] = {}
-    closed: set[str] = set()
-    end = "still open"
-    for event in events:
-        if isinstance(event, SuperstepStarted):
-            index[event.superstep_id] = event.index
-            steps[event.index] = _Step()
-            continue
-        if event.type in RUN_END_TYPES:
-            end = _end_of(event)
-            break
-        if not isinstance(event, SuperstepEvent) or event.superstep_id not in index:
-            continue
-        superstep_id = event.superstep_id
-        step = steps[index[superstep_id]]
-        if event.type == "superstep_committed" and superstep_id not in closed:
-            closed.add(superstep_id)
-            step.outcome = "committed"
-        elif isinstance(event, SuperstepAborted) and superstep_id not in closed:
-            closed.add(superstep_id)
+class _RunSummary(SuperstepFold):
+    """The supersteps and end of run ``run_id``, by the marker rule every fold of the log follows
+    (``SuperstepFold``): a superstep's first marker decides its outcome, and what it staged
+    before that marker is what it staged, whether it committed or aborted; anything staged after
+    the marker, or after the run's end, is inert. A superstep with no marker keeps what it had
+    staged when its run ended (or when the log stops)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.steps: dict[int, _Step] = {}
+        self.end: str | None = None
+        self._index: dict[str, int] = {}  # superstep id -> index, of this run's supersteps
+        self._open: set[str] = set()  # this run's supersteps with no marker yet
+
+    @folds("superstep_started")
+    def _started(self, event: SuperstepStarted) -> None:
+        if event.run_id == self.run_id and event.run_id not in self._ended_runs:
+            self._index[event.superstep_id] = event.index
+            self._open.add(event.superstep_id)
+            self.steps[event.index] = _Step()
+
+    @folds("executor_failed", "state_staged", "message_staged", "output_yielded", "info_requested")
+    def _staged(self, event: SuperstepEvent) -> None:
+        if event.superstep_id in self._index:
+            self._stage(event)
+
+    def apply_marker(self, event: SuperstepEvent) -> list[Any] | None:
+        items = super().apply_marker(event)
+        index = self._index.get(event.superstep_id)
+        if items is None or index is None:
+            return items  # not this run's, or not the superstep's first marker
+        self._open.discard(event.superstep_id)
+        step = self.steps[index]
+        if isinstance(event, SuperstepAborted):
             why = (
                 event.reason if event.error is None else f"{event.reason}: {_describe(event.error)}"
             )
             step.outcome = f"aborted ({why})"
-        elif superstep_id in closed:
-            continue  # staged after its superstep's marker: never counts
-        elif isinstance(event, ExecutorFailed) and step.failed is None:
-            step.failed = event.executor_id
-        elif isinstance(event, StateStaged):
-            step.add(event.executor_id, "state", (event.key, event.op, event.value))
-        elif isinstance(event, MessageStaged):
-            step.add(event.source, "message", (event.message, tuple(event.targets)))
-        elif isinstance(event, OutputYielded):
-            step.add(event.executor_id, "output", (event.value,))
-        elif isinstance(event, InfoRequested):
-            step.add(event.executor_id, "request", (event.data, event.response_type))
-    return _Summary(steps, end)
+        else:
+            step.outcome = "committed"
+        step.take(items)
+        return items
+
+    def _run_ended(self, event: RunEvent) -> None:
+        if event.run_id == self.run_id and self.end is None:
+            self._close_open()
+            self.end = _end_of(event)
+        super()._run_ended(event)
+
+    def _close_open(self) -> None:
+        """Take what the supersteps left with no marker had staged (they stay open)."""
+        for superstep_id in sorted(self._open, key=self._index.__getitem__):
+            self.steps[self._index[superstep_id]].take(self._pending_of(superstep_id))
+        self._open.clear()
+
+    def summary(self) -> _Summary:
+        """The run as folded so far (``"still open"`` if its end is not in the log)."""
+        if self.end is None:
+            self._close_open()
+        return _Summary(self.steps, self.end or "still open")
+
+
+def _summarize(events: Sequence[EventBase], run_id: str) -> _Summary:
+    """The supersteps and end of run ``run_id``, from its instance's events in stream order."""
+    return _RunSummary(run_id).apply_all(events).summary()
 
 
 def _end_of(event: RunEvent) -> str:

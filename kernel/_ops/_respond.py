@@ -7,7 +7,7 @@ and, since nothing executes here, a ``RunAwaitingInput`` end. The next ``resume(
 delivers again the responses of a continuation that crashed before it committed.
 
 ``fork_at`` is ``Workflow.fork`` for a reader that has no workflow: the same ``InstanceForked``,
-with the requests the origin's run left unanswered taken from the log as recorded.
+written by the same ``record_fork``.
 
 Which requests are pending follows the lineage the continuation would follow (``continued_run``
 and the run chain of ``Ledger.standing``): requests made by committed supersteps, less the ones
@@ -26,7 +26,6 @@ from kernel._base._errors import (
     ResponseError,
     ResumeError,
 )
-from kernel._base._ids import check_id
 from kernel._codec._values import ValueCodec
 from kernel._log._events import (
     EventBase,
@@ -35,8 +34,7 @@ from kernel._log._events import (
     RunAwaitingInput,
     RunStarted,
 )
-from kernel._log._fold import fold_committed
-from kernel._ops._fork import position_of
+from kernel._ops._fork import record_fork
 from kernel._ops._replay import find_run
 from kernel._run._ledger import Ledger, continued_run, pending_wire
 from kernel._run._runner import Continuation
@@ -231,44 +229,4 @@ def fork_at(
     committed state at ``at`` (as ``Workflow.fork`` takes it), without the workflow; return it.
     Raises ``ExecutionError`` if ``new_instance_id`` already has events, ``ResumeError`` for a
     point that names nothing."""
-    check_id(new_instance_id, "a fork's instance id", ExecutionError)
-    if new_instance_id == instance_id:
-        raise ExecutionError(f"cannot fork instance {instance_id!r} into itself")
-    events = store.read(instance_id)
-    if not events:
-        raise ExecutionError(f"no instance {instance_id!r} in {store.url}")
-    position = position_of(events, at, instance_id)
-    prefix = events[:position]
-    ledger = _ledger(prefix, instance_id)
-    line = ledger.last_run()
-    origin_run: str | None = None
-    checkpoint: str | None = None
-    requests: list[dict[str, Any]] = []
-    if line is not None:
-        origin_run, checkpoint = continued_run(ledger, Continuation(), line.started.workflow_name)
-        forked = ledger.forked
-        inherited = list(forked.requests) if forked is not None else []
-        requests = list(
-            pending_wire(ledger, origin_run, checkpoint, forked_requests=inherited).values()
-        )
-    elif ledger.forked is not None:
-        origin_run, checkpoint = ledger.forked.origin_run, ledger.forked.checkpoint
-        requests = list(ledger.forked.requests)
-    event = InstanceForked(
-        instance_id=new_instance_id,
-        position=1,
-        timestamp=clock(),
-        origin_instance=instance_id,
-        origin_position=position,
-        checkpoint=checkpoint,
-        origin_run=origin_run,
-        values=dict(fold_committed(prefix).values),
-        requests=requests,
-    )
-    try:
-        store.append(new_instance_id, [event], expected_version=0)
-    except ConcurrencyConflictError:
-        raise ExecutionError(
-            f"cannot fork into instance {new_instance_id!r}: it already has events; choose a new id"
-        ) from None
-    return event
+    return record_fork(store, instance_id, at, new_instance_id, clock=clock)

@@ -39,10 +39,9 @@ from kernel._define._executor import Executor, HandlerSpec, ResponseHandlerSpec
 from kernel._log._events import InstanceForked, SubworkflowRan, SubworkflowStarted, SuperstepEvent
 from kernel._log._fold import SuperstepFold, folds
 from kernel._log._requests import PendingRequest, Response
-from kernel._ops._fork import fork_instance
+from kernel._ops._settings import WorkflowInstance
 from kernel._ops._workflow import Workflow
 from kernel._run._emit import WorkflowEvent
-from kernel._run._instance import InstanceContext
 from kernel._run._runner import Continuation, Run
 
 if TYPE_CHECKING:
@@ -319,13 +318,13 @@ class WorkflowExecutor(Executor):
         origin_id, origin_run = holder
         origin = self._bind(host, origin_id)
         child_id = child_instance_id(host.instance_id, self.id, host.new_id())
-        child = fork_instance(origin, origin_run, child_id)
+        child = origin.fork(at=origin_run, instance_id=child_id)
         plan = Continuation(None, None, {request_id: value})
         produced = await self._run_child(step, child, None, plan, {}, origin_id, base_version=1)
         await self._deliver(ctx, step, produced)
 
     def _holder(
-        self, step: Superstep, host: InstanceContext, request_id: str
+        self, step: Superstep, host: WorkflowInstance, request_id: str
     ) -> tuple[str, str] | None:
         """The child (instance, run) holding ``request_id``: this superstep's own links first,
         then the parent's committed ones."""
@@ -351,22 +350,12 @@ class WorkflowExecutor(Executor):
             )
         return links.apply_all(events).waiting
 
-    def _bind(self, host: InstanceContext, instance_id: str) -> Workflow:
+    def _bind(self, host: WorkflowInstance, instance_id: str) -> Workflow:
         """The wrapped workflow on instance ``instance_id`` of the parent's store."""
         inner = self.workflow
         host.store.codec.register(*inner.store.codec.registered.values())
-        return Workflow(
-            inner.graph,
-            store=host.store,
-            instance_id=instance_id,
-            name=inner.name,
-            max_supersteps=inner.max_supersteps,
-            durability=host.durability,
-            clock=host.clock,
-            id_factory=host.new_id,
-            lease=host.lease,
-            sensitive_keys=inner.sensitive_keys,
-        )
+        settings = inner.settings.for_child(instance_id, parent=host.settings)
+        return Workflow(inner.graph, store=host.store, settings=settings)
 
     async def _run_child(
         self,
@@ -464,10 +453,10 @@ class WorkflowExecutor(Executor):
                 await ctx.request_info(event.data, response_type, request_id=event.request_id)
 
 
-def _host(ctx: WorkflowContext[Any, Any]) -> tuple[Superstep, InstanceContext]:
+def _host(ctx: WorkflowContext[Any, Any]) -> tuple[Superstep, WorkflowInstance]:
     step = ctx._step
     instance = step._run.instance
-    if not isinstance(instance, InstanceContext):
+    if not isinstance(instance, WorkflowInstance):
         raise ExecutionError(
             "a WorkflowExecutor runs only in a Workflow bound to a store (its sub-workflow is "
             "logged in that store)"

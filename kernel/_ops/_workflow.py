@@ -10,22 +10,20 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, Literal, overload
 
-from kernel._base._clock import Clock, IdFactory
-from kernel._base._errors import DefinitionError, ExecutionError, ResumeError, RunInProgressError
-from kernel._base._ids import check_id
+from kernel._base._errors import ExecutionError, ResumeError, RunInProgressError
 from kernel._define._definition import DefinitionView
 from kernel._define._graph import Graph
 from kernel._log._events import AbortReason, EventBase
 from kernel._log._requests import PendingRequest
-from kernel._ops._fork import fork_instance
+from kernel._ops._fork import record_fork
 from kernel._ops._replay import replay_events
-from kernel._run._algo import Router
+from kernel._ops._settings import InstanceSettings, WorkflowInstance
 from kernel._run._emit import WorkflowEvent
-from kernel._run._instance import Durability, InstanceContext, LeasePolicy, read_ledger
+from kernel._run._instance import Durability, read_ledger
 from kernel._run._ledger import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._run._runner import Continuation, Run, RunResult
 from kernel._store._eventstore import EventStore
-from kernel._store._owner import presumed_reason, process_owner
+from kernel._store._owner import presumed_reason
 
 __all__ = ["Durability", "RunStream", "Workflow"]
 
@@ -37,7 +35,8 @@ class Workflow(DefinitionView):
 
     One instance runs one run at a time; state persists across runs of the same instance and is
     always the fold of the instance's log. Its definition is read through ``DefinitionView``
-    (``executors``, ``get_start_executor()``, ``to_dict()``, ...).
+    (``executors``, ``get_start_executor()``, ``to_dict()``, ...); its instance's settings are
+    ``settings`` (an ``InstanceSettings``), which a fork or a sub-workflow derives its own from.
     """
 
     def __init__(
@@ -45,58 +44,54 @@ class Workflow(DefinitionView):
         graph: Graph,
         *,
         store: EventStore,
-        instance_id: str,
-        name: str,
-        max_supersteps: int,
-        durability: Durability,
-        clock: Clock,
-        id_factory: IdFactory,
-        lease: LeasePolicy | None = None,
-        sensitive_keys: tuple[str, ...] = (),
+        settings: InstanceSettings | None = None,
+        **options: Any,
     ) -> None:
-        check_id(instance_id, "instance_id", DefinitionError)
+        """Bind ``graph`` to an instance of ``store`` with ``settings``.
+
+        Instead of ``settings``, its fields may be given as keywords, as before there was an
+        ``InstanceSettings``: ``instance_id``, ``name``, ``max_supersteps``, ``durability``,
+        ``clock``, ``id_factory`` (all required), ``lease`` and ``sensitive_keys``. Raises
+        ``DefinitionError`` for an invalid instance id, ``TypeError`` for an unknown keyword or
+        for keywords given with ``settings``.
+        """
+        if settings is None:
+            if "lease" in options and options["lease"] is None:
+                del options["lease"]  # the keyword form's default
+            settings = InstanceSettings(**options)
+        elif options:
+            raise TypeError(
+                f"Workflow() takes settings= or their fields, not both: {sorted(options)}"
+            )
         self.graph = graph
         self.store = store
-        self._instance = InstanceContext(
-            store,
-            instance_id,
-            workflow_name=name,
-            router=Router(graph),
-            max_supersteps=max_supersteps,
-            durability=durability,
-            clock=clock,
-            id_factory=id_factory,
-            owner=process_owner(),
-            lease=lease,
-            sensitive_keys=sensitive_keys,
-        )
+        self.settings = settings
+        self._instance = WorkflowInstance(store, graph, settings)
         self._active: Run | None = None
         self._active_stream: weakref.ref[RunStream] | None = None
-        self._clock = clock
-        self._id_factory = id_factory
 
     @property
     def instance_id(self) -> str:
         """The instance's stream id in the store."""
-        return self._instance.instance_id
+        return self.settings.instance_id
 
     @property
     def name(self) -> str:
         """The workflow's name, recorded in each ``RunStarted``."""
-        return self._instance.workflow_name
+        return self.settings.name
 
     @property
     def sensitive_keys(self) -> tuple[str, ...]:
         """The patterns of the state keys declared sensitive, recorded in each ``RunStarted``."""
-        return self._instance.sensitive_keys
+        return self.settings.sensitive_keys
 
     @property
     def max_supersteps(self) -> int:
-        return self._instance.max_supersteps
+        return self.settings.max_supersteps
 
     @property
     def durability(self) -> Durability:
-        return self._instance.durability
+        return self.settings.durability
 
     # -- running ------------------------------------------------------------------------------
 
@@ -362,22 +357,16 @@ class Workflow(DefinitionView):
         continued from the origin's checkpoint at that point (``resume()``). Raises
         ``ExecutionError`` if ``instance_id`` already has events.
         """
-        return fork_instance(self, at, instance_id)
-
-    def _sibling(self, instance_id: str) -> Workflow:
-        """This workflow, bound to another instance of the same store."""
-        return Workflow(
-            self.graph,
-            store=self.store,
-            instance_id=instance_id,
-            name=self.name,
-            max_supersteps=self.max_supersteps,
-            durability=self.durability,
-            clock=self._clock,
-            id_factory=self._id_factory,
-            lease=self._instance.lease,
-            sensitive_keys=self.sensitive_keys,
+        record_fork(
+            self.store,
+            self.instance_id,
+            at,
+            instance_id,
+            clock=self.settings.clock,
+            workflow_name=self.name,
         )
+        settings = self.settings.for_instance(instance_id)
+        return Workflow(self.graph, store=self.store, settings=settings)
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, instance={self.instance_id!r}, store={self.store.url!r})"

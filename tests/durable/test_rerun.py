@@ -8,14 +8,18 @@ import pytest
 
 from kernel import (
     Divergence,
+    EventStore,
     ExecutionError,
     Executor,
+    RunStarted,
+    ValueCodec,
     WorkflowBuilder,
     WorkflowContext,
     handler,
     open_store,
     rerun,
 )
+from kernel.testing import LogBuilder
 from tests.durable.helpers import Counter, Tick
 
 
@@ -171,3 +175,52 @@ async def test_a_continuation_or_an_unknown_run_is_refused() -> None:
         await rerun(wf, resumed.run_id)
     with pytest.raises(ExecutionError, match="instance 'count' has no run 'nope'"):
         await rerun(wf, "nope")
+
+
+async def test_the_rerun_keeps_the_workflows_lease_and_sensitive_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = open_store("memory://")
+    step = Counter("counter", 2)
+    wf = (
+        WorkflowBuilder(start_executor=step, store=store, instance_id="count")
+        .add_edge(step, step)
+        .with_lease(ttl=7.0)
+        .with_sensitive_keys("count")
+        .build()
+    )
+    await wf.run(Tick(1))
+    taken: list[tuple[EventStore, float]] = []
+    acquire = EventStore.acquire_lease
+
+    def spy(self: EventStore, instance_id: str, holder: str, **options: Any) -> Any:
+        taken.append((self, options["ttl"]))
+        return acquire(self, instance_id, holder, **options)
+
+    monkeypatch.setattr(EventStore, "acquire_lease", spy)
+    report = await rerun(wf, first_run(wf))
+    assert report.matches
+    started = next(e for e in report.events if isinstance(e, RunStarted))
+    assert started.sensitive_keys == ["count"]  # readers of the scratch log redact it too
+    assert {ttl for scratch, ttl in taken if scratch is not store} == {7.0}
+
+
+async def test_the_record_is_read_by_the_fold_s_marker_rule() -> None:
+    """What a superstep staged after its first marker, and a second marker, never count for the
+    record, as for every fold: the rerun matches a log that has both."""
+    store = open_store("memory://")
+    log = LogBuilder("sum", codec=ValueCodec())
+    log.start_run(5, workflow_name="adder", run_id="r1")
+    first = log.start_superstep().superstep_id
+    log.invoke("adder")
+    log.write("total", 5, executor_id="adder")
+    log.output(5, executor_id="adder")
+    log.complete()
+    log.commit()
+    log.write("total", 999, executor_id="adder", superstep=first)  # after the marker: inert
+    log.abort(superstep=first)  # a second marker changes nothing
+    log.complete_run()
+    log.append_to(store)
+    wf = WorkflowBuilder(start_executor=Adder("adder"), store=store, instance_id="sum").build()
+    assert wf.committed_state() == {"total": 5}
+    assert (await rerun(wf, "r1")).matches

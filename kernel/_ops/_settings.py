@@ -1,0 +1,109 @@
+"""``InstanceSettings``: what a ``Workflow`` is bound with besides its graph and store, in one.
+
+The builder makes the settings once; every other ``Workflow`` is bound with a copy derived from
+another's by one method, never by listing the fields again:
+
+* ``for_instance(instance_id)``: the same workflow on another instance (a fork);
+* ``for_child(instance_id, parent=...)``: a sub-workflow's child, run by a parent instance;
+* ``replace(...)``: anything else (a rerun's scratch instance takes its own clock and ids).
+
+``WorkflowInstance`` is the ``InstanceContext`` a ``Workflow`` gives its runs: the one place the
+settings are handed to the runner's seam, and where a sub-workflow finds its parent's settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernel._base._clock import Clock, IdFactory
+from kernel._base._errors import DefinitionError
+from kernel._base._ids import check_id
+from kernel._run._algo import Router
+from kernel._run._instance import Durability, InstanceContext, LeasePolicy
+from kernel._store._owner import process_owner
+
+if TYPE_CHECKING:
+    from kernel._define._graph import Graph
+    from kernel._store._eventstore import EventStore
+
+__all__ = ["DEFAULT_LEASE", "InstanceSettings", "WorkflowInstance"]
+
+DEFAULT_LEASE = LeasePolicy()
+"""The lease policy of a workflow that sets none (``WorkflowBuilder.with_lease``'s defaults)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceSettings:
+    """The settings of one workflow instance: frozen, built once (by ``WorkflowBuilder.build``)
+    and handed whole to ``Workflow(graph, store=..., settings=...)``.
+
+    ``instance_id`` is the instance's stream; ``name`` the workflow's name, recorded in each
+    ``RunStarted``; ``max_supersteps`` counts across a run's continuations; ``durability`` is
+    ``"superstep"`` (one batch per superstep) or ``"write"`` (one append per event); ``clock`` and
+    ``id_factory`` stamp and name runs, supersteps and requests; ``lease`` is how runs hold the
+    instance's lease; ``sensitive_keys`` the state-key patterns readers redact.
+
+    This is the place for a new instance-wide setting (the ``RunHooks`` seam's ``hooks``, say):
+    add a field here and hand it on in ``WorkflowInstance``; forks, sub-workflows and reruns then
+    carry it without another edit. Say in ``for_child`` whether a child takes it from its own
+    workflow or from its parent (by default, from its parent).
+
+    Raises ``DefinitionError`` for an ``instance_id`` that is not a valid id.
+    """
+
+    instance_id: str
+    name: str
+    max_supersteps: int
+    durability: Durability
+    clock: Clock
+    id_factory: IdFactory
+    lease: LeasePolicy = DEFAULT_LEASE
+    sensitive_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_id(self.instance_id, "instance_id", DefinitionError)
+
+    def replace(self, **changes: Any) -> InstanceSettings:
+        """A copy with ``changes`` (field names as keywords); ``TypeError`` for an unknown one."""
+        return dataclasses.replace(self, **changes)
+
+    def for_instance(self, instance_id: str) -> InstanceSettings:
+        """These settings, for another instance of the same workflow (a fork of this one)."""
+        return self.replace(instance_id=instance_id)
+
+    def for_child(self, instance_id: str, *, parent: InstanceSettings) -> InstanceSettings:
+        """The settings of a sub-workflow's child instance ``instance_id``, whose workflow these
+        settings are, run inside ``parent``'s instance.
+
+        The child keeps what its own workflow defines (``name``, ``max_supersteps``,
+        ``sensitive_keys``) and takes everything else from the parent that runs it: its
+        ``durability``, ``clock``, ids and ``lease``, and any setting added later."""
+        return parent.replace(
+            instance_id=instance_id,
+            name=self.name,
+            max_supersteps=self.max_supersteps,
+            sensitive_keys=self.sensitive_keys,
+        )
+
+
+class WorkflowInstance(InstanceContext):
+    """The ``InstanceContext`` of a ``Workflow``: made from its ``InstanceSettings``, which it
+    keeps as ``settings`` (a sub-workflow run on it binds its child with them)."""
+
+    def __init__(self, store: EventStore, graph: Graph, settings: InstanceSettings) -> None:
+        super().__init__(
+            store,
+            settings.instance_id,
+            workflow_name=settings.name,
+            router=Router(graph),
+            max_supersteps=settings.max_supersteps,
+            durability=settings.durability,
+            clock=settings.clock,
+            id_factory=settings.id_factory,
+            owner=process_owner(),
+            lease=settings.lease,
+            sensitive_keys=settings.sensitive_keys,
+        )
+        self.settings = settings

@@ -1,0 +1,111 @@
+"""Instance settings: built once by the builder, handed whole to every workflow derived from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from kernel import (
+    DefinitionError,
+    Executor,
+    Workflow,
+    WorkflowBuilder,
+    WorkflowContext,
+    counter_ids,
+    handler,
+    open_store,
+)
+from kernel._ops._settings import InstanceSettings
+from kernel._run._instance import LeasePolicy
+
+
+class Echo(Executor):
+    @handler
+    async def echo(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state("last", text)
+        await ctx.yield_output(text)
+
+
+def build(store: Any, instance_id: str = "a") -> Workflow:
+    return (
+        WorkflowBuilder(
+            start_executor=Echo("echo"),
+            store=store,
+            instance_id=instance_id,
+            name="echoes",
+            max_supersteps=7,
+            durability="write",
+            id_factory=counter_ids("id"),
+        )
+        .with_lease(ttl=9.0, wait=1.0)
+        .with_sensitive_keys("last")
+        .build()
+    )
+
+
+def test_the_builder_hands_over_one_frozen_settings_object() -> None:
+    wf = build(open_store("memory://"))
+    settings = wf.settings
+    assert (settings.instance_id, settings.name, settings.max_supersteps) == ("a", "echoes", 7)
+    assert settings.durability == "write"
+    assert settings.lease == LeasePolicy(9.0, 1.0)
+    assert settings.sensitive_keys == ("last",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.name = "other"  # type: ignore[misc]
+    assert wf.name == "echoes"
+    assert wf.max_supersteps == 7
+    assert wf.sensitive_keys == ("last",)
+
+
+async def test_a_fork_is_bound_with_the_same_settings_on_its_own_instance() -> None:
+    store = open_store("memory://")
+    wf = build(store)
+    await wf.run("hello")
+    fork = wf.fork(at=wf.events()[-1].position, instance_id="b")
+    assert fork.settings == wf.settings.for_instance("b")
+    assert fork.settings.replace(instance_id="a") == wf.settings
+    await fork.run("again")
+    started = [e for e in fork.events() if e.type == "run_started"]
+    assert started[-1].sensitive_keys == ["last"]  # type: ignore[attr-defined]
+
+
+def test_a_child_keeps_its_workflows_definition_and_takes_the_rest_from_its_parent() -> None:
+    parent = build(open_store("memory://"), "p").settings
+    inner = InstanceSettings(
+        instance_id="inner",
+        name="inner-flow",
+        max_supersteps=3,
+        durability="superstep",
+        clock=parent.clock,
+        id_factory=counter_ids("inner"),
+        sensitive_keys=("token",),
+    )
+    child = inner.for_child("p/x/1", parent=parent)
+    assert child.instance_id == "p/x/1"
+    assert (child.name, child.max_supersteps, child.sensitive_keys) == ("inner-flow", 3, ("token",))
+    assert child.durability == parent.durability == "write"
+    assert child.lease == parent.lease
+    assert child.id_factory is parent.id_factory
+
+
+def test_the_keyword_form_of_the_constructor_still_binds_a_workflow() -> None:
+    wf = build(open_store("memory://"))
+    same = Workflow(
+        wf.graph,
+        store=wf.store,
+        instance_id="a",
+        name="echoes",
+        max_supersteps=7,
+        durability="write",
+        clock=wf.settings.clock,
+        id_factory=wf.settings.id_factory,
+        lease=LeasePolicy(9.0, 1.0),
+        sensitive_keys=("last",),
+    )
+    assert same.settings == wf.settings
+    with pytest.raises(TypeError, match="not both"):
+        Workflow(wf.graph, store=wf.store, settings=wf.settings, name="x")
+    with pytest.raises(DefinitionError, match="instance_id"):
+        wf.settings.for_instance("")
