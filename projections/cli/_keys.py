@@ -26,8 +26,8 @@ from kernel import (
     compact_store,
     rekey,
 )
-from projections._views._docseal import reseal_views
-from projections._views._sqlbackends import backend_for
+from projections._views._backend_for import backend_for
+from projections._views._reseal import reseal_views
 
 __all__ = [
     "add_key_commands",
