@@ -164,9 +164,9 @@ def _show_from_everything(store, instance: str, run_id: str) -> dict:
     """``show --json`` as folded from every event of the instance (before ``run_window``)."""
     from collections import Counter
 
-    from projections.cli._durable import history
     from projections.cli._ids import events_of
     from projections.cli._render import run_document
+    from projections.cli.commands._durable import history
 
     past = history(store, instance)
     run = past.run(run_id)

@@ -57,11 +57,12 @@ from projections.cli._render import (
 )
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli._safe import cell, visible
+from projections.cli.commands import Command
 
-__all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
+__all__ = ["COMMANDS", "add_commands", "history", "run_window"]
 
 
-def add_durable_commands(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
     """The subcommands of this module."""
     runs = commands.add_parser("runs", help="runs of an instance (or of every instance)")
     runs.add_argument("instance", nargs="?", help="one instance (default: every instance)")
@@ -565,7 +566,7 @@ def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-DURABLE_COMMANDS = {
+COMMANDS: dict[str, Command] = {
     "runs": _runs,
     "show": _show,
     "checkpoints": _checkpoints,
