@@ -46,10 +46,10 @@ import sys
 from collections.abc import Sequence
 
 from kernel import DEFAULT_STORE_ENV, StepLogError, open_store
-from projections.cli._ids import instance_id
+from projections._frontend._ids import instance_id
+from projections._frontend._safe import SafeConsole
 from projections.cli._json import quiet_console
 from projections.cli._keys import add_keys_option, keyring_of, warn_if_plain
-from projections.cli._safe import SafeConsole
 from projections.cli._status import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_CHAIN,

@@ -16,7 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from projections.cli._safe import cell
+from projections._frontend._safe import cell
 
 __all__ = ["progress_bar"]
 

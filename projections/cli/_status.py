@@ -18,8 +18,8 @@ from kernel import (
     StepLogError,
     StoreUnavailableError,
 )
-from projections.cli._render import broken_chain_text, read_error_text
-from projections.cli._safe import SafeConsole, cell
+from projections._frontend._render import broken_chain_text, read_error_text
+from projections._frontend._safe import SafeConsole, cell
 
 __all__ = [
     "EXIT_BAD_INPUT",

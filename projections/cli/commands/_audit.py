@@ -24,10 +24,9 @@ from projections import (
     forks_of,
     state_at,
 )
-from projections.cli._ids import closest, written_keys
-from projections.cli._json import emit, json_text
-from projections.cli._points import UsageError, point_in, points_of
-from projections.cli._render import (
+from projections._frontend._ids import closest, written_keys
+from projections._frontend._points import UsageError, point_in, points_of
+from projections._frontend._render import (
     bisect_document,
     blame_table,
     history_document,
@@ -38,8 +37,9 @@ from projections.cli._render import (
     show_time,
     show_value,
 )
+from projections._frontend._safe import cell, json_text, visible
+from projections.cli._json import emit
 from projections.cli._runstream import continuations, stream_history, with_continuations
-from projections.cli._safe import cell, visible
 from projections.cli._status import EXIT_PROBLEM
 from projections.cli.commands import Command
 from projections.cli.commands._reading import redactor, require_events, sensitivity_options

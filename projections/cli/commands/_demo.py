@@ -14,11 +14,11 @@ from rich.console import Console
 
 from kernel import EventStore, uuid_ids
 from projections import fold_blame
+from projections._frontend._render import blame_table, events_table
+from projections._frontend._safe import cell
 from projections.cli._demo import demo_instances, free_demo_instance, run_demo
 from projections.cli._demo_recovery import run_recovery_act
 from projections.cli._json import emit
-from projections.cli._render import blame_table, events_table
-from projections.cli._safe import cell
 from projections.cli._status import EXIT_PROBLEM
 from projections.cli.commands import Command
 

@@ -10,12 +10,12 @@ from typing import Any
 from rich.console import Console
 
 from kernel import EVENT_TYPES, EventStore
-from projections.cli._ids import find_run, pick, superstep_ids
+from projections._frontend._ids import find_run, pick, superstep_ids
+from projections._frontend._points import UsageError
+from projections._frontend._render import event_document, log_table, print_paged
+from projections._frontend._safe import cell, visible
 from projections.cli._json import emit, emit_line
 from projections.cli._logstream import stream_log
-from projections.cli._points import UsageError
-from projections.cli._render import event_document, log_table, print_paged
-from projections.cli._safe import cell, visible
 from projections.cli.commands import Command
 from projections.cli.commands._reading import redactor, sensitivity_options
 

@@ -23,11 +23,11 @@ from kernel import (
     recover,
 )
 from projections import VIEW_NAMES, Projector, VerifyReport, backend_for, default_views
-from projections.cli._json import emit, json_text
-from projections.cli._points import UsageError
+from projections._frontend._points import UsageError
+from projections._frontend._render import recovered_json, recovered_table
+from projections._frontend._safe import cell, json_text
+from projections.cli._json import emit
 from projections.cli._progress import progress_bar
-from projections.cli._render import recovered_json, recovered_table
-from projections.cli._safe import cell
 from projections.cli._status import EXIT_BROKEN_CHAIN, EXIT_PROBLEM, complain
 from projections.cli.commands import Command
 from projections.cli.commands._views import views_named

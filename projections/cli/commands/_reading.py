@@ -7,7 +7,7 @@ import argparse
 
 from kernel import EventBase, EventStore
 from projections import SensitiveKeys, sensitive_keys_of
-from projections.cli._points import UsageError
+from projections._frontend._points import UsageError
 
 __all__ = ["redactor", "require_events", "sensitivity_options"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from kernel import EventStore, MissingKeyError
-from projections.cli._points import UsageError
+from projections._frontend._points import UsageError
 from projections.cli.commands import Command
 
 __all__ = ["COMMANDS", "add_commands"]

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from kernel import EventStore, StepLogError
 from projections import VIEW_NAMES, Projector
+from projections._frontend._points import UsageError
+from projections._frontend._safe import SafeConsole
 from projections.cli._json import emit
-from projections.cli._points import UsageError
 from projections.cli._progress import progress_bar
-from projections.cli._safe import SafeConsole
 from projections.cli.commands import Command
 
 __all__ = ["COMMANDS", "add_commands", "views_named"]
