@@ -59,9 +59,10 @@ from projections._folds._timetravel import (
     StateAt,
     state_at,
 )
+from projections._views._backend_for import backend_for
 from projections._views._backends import MemoryViewBackend, ViewBackend, ViewTx
-from projections._views._docseal import ResealReport, reseal_views
 from projections._views._keyblame import BLAME_TYPES, blame_keys, key_index_position
+from projections._views._postgres import PostgresViewBackend
 from projections._views._projector import (
     VIEW_NAMES,
     Projector,
@@ -69,8 +70,9 @@ from projections._views._projector import (
     default_views,
     run_follower,
 )
+from projections._views._reseal import ResealReport, reseal_views
 from projections._views._snapshots import SnapshotView, TimeTravel
-from projections._views._sqlbackends import PostgresViewBackend, SQLiteViewBackend, backend_for
+from projections._views._sqlite import SQLiteViewBackend
 from projections._views._viewspecs import (
     BlameView,
     DocumentView,

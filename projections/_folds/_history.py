@@ -322,6 +322,7 @@ class RunHistory(Fold):
         step = self._step_of(event.superstep_id)
         if step is not None and step.status == "open":
             step.events += (event.event_type,)
+
     @folds("message_staged")
     def _message(self, event: MessageStaged) -> None:
         # Only a drop is history's business; whether it happened is its superstep's verdict.

@@ -12,8 +12,9 @@ memory and takes none).
 Documents are turned into stored text and back by ``encode_doc`` and ``decode_doc`` only, in every
 backend.
 
-The SQLite and PostgreSQL backends, and ``backend_for(store)`` (the backend that lives in the
-store's own database), are in ``projections._views._sqlbackends``.
+The SQLite and PostgreSQL backends are in ``projections._views._sqlite`` and ``_postgres`` (what
+they share in ``_sqlbackends``), and ``backend_for(store)`` (the backend that lives in the store's
+own database) in ``_backend_for``.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ from typing import Any
 from kernel import EventBase, EventStore, ProjectionError, StateStaged
 from projections._folds._blame import KeyBlame
 from projections._folds._keyindex import indexed_upto, relevant_positions, windows
+from projections._views._backend_for import backend_for
 from projections._views._backends import ViewBackend
 from projections._views._manifest import MANIFEST_KEY, check_anchor, checked_rows
-from projections._views._sqlbackends import backend_for
 from projections._views._viewspecs import KeyIndexView
 
 __all__ = ["BLAME_TYPES", "blame_keys", "key_index_position"]

@@ -59,6 +59,7 @@ from kernel import (
 )
 from projections._folds._blame import KeyBlame
 from projections._folds._history import ForkRecord, RunHistory
+from projections._views._backend_for import backend_for
 from projections._views._backends import MemoryViewBackend, RowKey, ViewBackend, ViewTx
 from projections._views._manifest import (
     MANIFEST_KEY,
@@ -68,7 +69,6 @@ from projections._views._manifest import (
     update_manifests,
 )
 from projections._views._snapshots import SnapshotView
-from projections._views._sqlbackends import backend_for
 from projections._views._viewspecs import (
     DOC_KEY,
     BlameView,

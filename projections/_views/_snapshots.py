@@ -50,9 +50,9 @@ from projections._folds._timetravel import (
     Point,
     StateAt,
 )
+from projections._views._backend_for import backend_for
 from projections._views._backends import ViewBackend, ViewTx
 from projections._views._manifest import MANIFEST_KEY, check_anchor, check_count, check_written_at
-from projections._views._sqlbackends import backend_for
 from projections._views._viewspecs import ViewSpec
 
 __all__ = ["SnapshotView", "TimeTravel"]

@@ -1,9 +1,11 @@
-"""View tables in the event store's own database: SQLite and PostgreSQL, and ``backend_for``.
+"""What the SQL view backends share: view tables in the event store's own database.
 
-Both keep the layout of ``_views._backends`` (one table of JSON documents per view, and the
-positions table); their statements differ only in quoting and placeholders. ``backend_for(store)``
-picks the backend that lives in the store's own database (the SQLite file, the PostgreSQL schema,
-or, for ``memory://``, an object tied to that store).
+SQLite (``_views._sqlite``) and PostgreSQL (``_views._postgres``) both keep the layout of
+``_views._backends`` (one table of JSON documents per view, and the positions table); their
+statements differ only in quoting and placeholders, so all of the reading and writing is here,
+in ``_SQLBackend`` and its page transaction ``_SQLTx``; each adapter adds its quoting, its
+transaction, its lock and its driver's errors. ``backend_for(store)`` (``_views._backend_for``)
+picks the backend that lives in a store's own database.
 
 Beside writers. Views share the database with the workflows that append, so every transaction
 that writes view rows is a write transaction from its first statement: on SQLite it starts with
@@ -32,30 +34,16 @@ held on a connection of the store's pool (the server releases it when the sessio
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import sys
-import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import orjson
-from filelock import FileLock, Timeout
-from tenacity import (
-    Retrying,
-    retry_if_result,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 import kernel
 from kernel import (
-    EventStore,
     Keyring,
     LogIntegrityError,
     ProjectionError,
@@ -66,7 +54,6 @@ from kernel import (
 from projections._views._backends import (
     POSITIONS_TABLE,
     Json,
-    MemoryViewBackend,
     RowKey,
     ViewBackend,
     ViewTx,
@@ -77,7 +64,7 @@ from projections._views._backends import (
 from projections._views._docseal import open_doc, seal_doc
 from projections._views._manifest import VIEW_MISMATCH
 
-__all__ = ["PostgresViewBackend", "SQLiteViewBackend", "backend_for"]
+__all__ = ["POSITIONS_FORMAT", "POSITIONS_FORMAT_ROW"]
 
 _MANY = 500
 """Keys per statement of ``get_many`` (SQLite allows 999 parameters before 3.32)."""
@@ -92,8 +79,6 @@ POSITIONS_FORMAT = 2
 
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 """SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
-_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
-"""PostgreSQL SQLSTATEs of contention: serialization failure, deadlock, lock not available."""
 _DAMAGED_HINT = (
     "the database is damaged (its file is not a database, or its pages or data are malformed); "
     "waiting will not help: restore it from a backup"
@@ -566,218 +551,6 @@ class _SQLBackend(ViewBackend):
 
     def _consistent_reads(self, cursor: Any) -> None:
         """Make the reads of this transaction see one snapshot (SQLite always does)."""
-
-
-class SQLiteViewBackend(_SQLBackend):
-    """View tables in the store's SQLite file (at ``path``, where lock files go beside it)."""
-
-    # A write opens every claim, so the transaction holds SQLite's write lock from its start.
-    sql_claim_insert = (
-        "INSERT INTO {p} (name, position) VALUES (?, 0) "
-        "ON CONFLICT (name) DO UPDATE SET position=position"
-    )
-    sql_claim_select = "SELECT position FROM {p} WHERE name=?"
-    sql_exists = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
-
-    def __init__(
-        self, datastore: Any, url: str, path: Path, *, keyring: Keyring | None = None
-    ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
-        self._path = path
-
-    @contextmanager
-    def _transaction(self, *, commit: bool) -> Iterator[Any]:
-        """Reads: a deferred transaction, rolled back. Writes: ``BEGIN IMMEDIATE``, which takes
-        the write lock first, waiting for it under the busy timeout (module docstring)."""
-        if not commit:
-            with self._datastore.transaction(commit=False) as cursor:
-                yield cursor
-            return
-        with self._datastore.get_connection(commit=True) as connection:
-            cursor = connection.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                connection.rollback()
-                raise
-            connection.commit()
-
-    @contextmanager
-    def lock(self, name: str, timeout: float) -> Iterator[bool]:
-        path = self._path.with_name(f".{self._path.name}.{check_table(name)}.lock")
-        with _file_lock(path, timeout, f"cannot take the lock {name!r} of {self._url}") as held:
-            yield held
-
-
-@contextmanager
-def _file_lock(path: Path, timeout: float, failed: str) -> Iterator[bool]:
-    """Hold an exclusive lock on the file at ``path`` for the ``with`` block (True), or give up
-    after ``timeout`` seconds (False). The file is created for the lock and removed when it is
-    released, so none is left behind; the OS releases the lock if the process dies (the next
-    holder then removes the file). A waiter that locked a file its previous holder had removed
-    meanwhile sees that ``path`` no longer names it, and tries again on the file there now, so
-    two holders never hold two files of one path. Windows has no ``flock``: ``filelock``. A
-    file that cannot be created is a ``ProjectionError`` opening with ``failed``."""
-    if sys.platform == "win32":  # pragma: no cover - the tests run on POSIX
-        with _filelock(path, timeout) as held:
-            yield held
-        return
-    import fcntl
-
-    deadline = time.monotonic() + max(timeout, 0)
-    pause = 0.005
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            raise ProjectionError(
-                f"{failed}: cannot create {path}: {error.strerror or error}"
-            ) from error
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            if time.monotonic() >= deadline:
-                yield False
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # its holder removed it as we took it: lock the file there now
-    try:
-        yield True
-    finally:
-        try:
-            os.unlink(path)  # still held: a waiter on this file then finds it gone
-        except FileNotFoundError:  # pragma: no cover - removed by hand meanwhile
-            pass
-        finally:
-            os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
-
-
-@contextmanager
-def _filelock(path: Path, timeout: float) -> Iterator[bool]:  # pragma: no cover - Windows
-    """``filelock``'s lock (it removes the file on Windows when released)."""
-    held = FileLock(path, timeout=max(timeout, 0))
-    try:
-        held.acquire()
-    except Timeout:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        held.release()
-
-
-class PostgresViewBackend(_SQLBackend):
-    """View tables in the store's PostgreSQL schema."""
-
-    mark = "%s"
-    sql_claim_insert = "INSERT INTO {p} (name, position) VALUES (%s, 0) ON CONFLICT DO NOTHING"
-    sql_claim_select = "SELECT position FROM {p} WHERE name=%s FOR UPDATE"
-    sql_exists = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname=%s AND tablename=%s"
-
-    def __init__(
-        self, datastore: Any, url: str, schema: str, *, keyring: Keyring | None = None
-    ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
-        self._schema = schema
-
-    def name(self, table: str) -> str:
-        return f'"{self._schema}".{check_table(table)}'
-
-    def _exists_params(self, table: str) -> tuple[str, ...]:
-        return (self._schema, table)
-
-    def _is_driver_error(self, error: Exception) -> bool:
-        import psycopg
-
-        return super()._is_driver_error(error) or isinstance(error, psycopg.Error)
-
-    def _contended(self, cause: BaseException) -> bool:
-        import psycopg
-
-        if not isinstance(cause, psycopg.Error):
-            return False
-        state = cause.sqlstate
-        if state is None:  # no answer from the server: the connection was lost
-            return isinstance(cause, psycopg.OperationalError)
-        return state in _PG_CONTENTION or state.startswith("08")
-
-    def _lock_positions(self, cursor: Any, tables: Sequence[str]) -> None:
-        cursor.execute(
-            f"SELECT name FROM {self.positions} WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
-            (list(tables),),
-        )
-
-    @contextmanager
-    def lock(self, name: str, timeout: float) -> Iterator[bool]:
-        # A session lock on a connection of its own, taken outside any transaction (the pool's
-        # connections are in autocommit), polled until ``timeout``; a lost session frees it.
-        key = f"steplog view lock {self._schema}.{check_table(name)}"
-        take = "SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS held"
-        attempts = Retrying(
-            retry=retry_if_result(lambda held: not held),
-            wait=wait_exponential(multiplier=0.02, max=0.5) + wait_random(0, 0.02),
-            stop=stop_after_delay(max(timeout, 0)),
-            retry_error_callback=lambda _: False,
-        )
-        with self._errors(f"hold the lock {name!r}"), self._datastore.get_connection() as conn:
-            held = bool(attempts(lambda: conn.execute(take, (key,)).fetchone()["held"]))
-            try:
-                yield held
-            finally:
-                if held:
-                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-
-    def _consistent_reads(self, cursor: Any) -> None:
-        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-
-    def _rename_constraint(self, cursor: Any, table: str, shadow: str) -> None:
-        cursor.execute(
-            f"ALTER TABLE {self.name(table)} RENAME CONSTRAINT {shadow}_pk TO {table}_pk"
-        )
-
-
-_memory_backends: weakref.WeakKeyDictionary[EventStore, MemoryViewBackend] = (
-    weakref.WeakKeyDictionary()
-)
-_memory_lock = threading.Lock()
-
-
-def backend_for(store: EventStore) -> ViewBackend:
-    """The view backend in ``store``'s own database (one shared object per memory store).
-
-    The adapter classes are looked up in this order (``kernel`` loads its adapters on first use),
-    so that a memory or SQLite store never loads psycopg."""
-    if isinstance(store, kernel.MemoryStore):
-        with _memory_lock:
-            backend = _memory_backends.get(store)
-            if backend is None:
-                backend = _memory_backends[store] = MemoryViewBackend()
-            return backend
-    if isinstance(store, kernel.SQLiteStore):
-        return SQLiteViewBackend(store.datastore, store.url, store.path, keyring=store.keyring)
-    if isinstance(store, kernel.PostgresStore):
-        return PostgresViewBackend(store.datastore, store.url, store.schema, keyring=store.keyring)
-    raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:

@@ -3,7 +3,8 @@
 It uses only their public APIs, like any other program would; see ``docs/cli.md``.
 """
 
-from projections.cli._commands import (
+from projections.cli._json import schema_of
+from projections.cli._main import (
     COMMANDS,
     EXIT_BAD_INPUT,
     EXIT_BROKEN_CHAIN,
@@ -16,7 +17,6 @@ from projections.cli._commands import (
     WRITING_COMMANDS,
     main,
 )
-from projections.cli._json import schema_of
 
 __all__ = [
     "COMMANDS",

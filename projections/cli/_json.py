@@ -4,7 +4,7 @@ command's shape described by a JSON Schema shipped in ``projections/cli/schemas/
 With ``--json`` nothing else goes to standard output: the tables a command would print go to a
 console that writes nowhere, and errors and warnings go to standard error, as always. Stored text
 in a document is escaped as JSON escapes it: control characters by orjson, DEL, C1 controls and
-bidi controls by ``json_text`` (``_safe.json_safe``), so no raw one reaches a terminal.
+bidi controls by ``json_text`` (``projections._frontend._safe``), so no raw one reaches a terminal.
 """
 
 from __future__ import annotations
@@ -17,15 +17,9 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from projections.cli._safe import SafeConsole, json_safe
+from projections._frontend._safe import SafeConsole, json_text
 
-__all__ = ["emit", "emit_line", "json_text", "quiet_console", "schema_of"]
-
-
-def json_text(document: Any, option: int = 0) -> str:
-    """``document`` as JSON text (orjson ``option``s; datetimes as ISO 8601), safe on a
-    terminal: every control or bidi character of its strings escaped (``\\uXXXX``)."""
-    return json_safe(orjson.dumps(document, option=option).decode())
+__all__ = ["emit", "emit_line", "quiet_console", "schema_of"]
 
 
 def emit(document: Any) -> None:

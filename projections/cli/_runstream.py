@@ -18,7 +18,7 @@ from typing import Any
 from kernel import EventStore, RunStarted
 from projections import MemoryHistoryRows, RunHistory, RunRecord
 from projections._folds._runrecords import continued, given_up
-from projections.cli._ids import events_of
+from projections._frontend._ids import events_of
 
 __all__ = ["continuations", "run_row", "stream_history", "stream_runs", "with_continuations"]
 

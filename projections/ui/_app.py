@@ -29,8 +29,8 @@ from starlette.staticfiles import StaticFiles
 from kernel import DecodeError, EventStore, LogIntegrityError, MissingKeyError
 from projections import RunRecord, SuperstepRecord
 from projections._folds._runrecords import STATUS_TEXT, closer_label, status_text
+from projections._frontend._render import broken_chain_text, read_error_text, show_value
 from projections._views._manifest import VIEW_MISMATCH
-from projections.cli._render import broken_chain_text, read_error_text, show_value
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
 from projections.ui._guard import LOOPBACK_HOSTS, HostGuard

@@ -71,9 +71,9 @@ from projections import (
     sensitive_keys_of,
     subworkflows_of,
 )
+from projections._frontend._ids import RUN_WINDOW, pick
+from projections._frontend._points import UsageError, point_in
 from projections._views._manifest import MANIFEST_KEY, check_anchor, checked_rows
-from projections.cli._ids import RUN_WINDOW, pick
-from projections.cli._points import UsageError, point_in
 
 __all__ = ["NotFound", "Reader", "StepDetail"]
 

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable
 
 from kernel import EventStore
-from projections.cli._points import UsageError
+from projections._frontend._points import UsageError
 from projections.ui._guard import LOOPBACK_HOSTS, host_name, is_address
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "allowed_names", "needs_token", "serve"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import projections.cli._durable as durable
+import projections.cli.commands._durable as durable
 from kernel import WorkflowBuilder, counter_ids, fork_at, open_store, record_response
 from projections.cli import main
 from projections.cli._demo import Checkout, Order

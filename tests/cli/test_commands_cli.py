@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from rich.console import Console
 
-import projections.cli._commands as commands
+import projections.cli._progress as progress_bar
 from kernel import WorkflowBuilder, open_store
 from projections.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_PROBLEM, main, schema_of
 from projections.cli._demo import run_demo
@@ -494,7 +494,7 @@ def test_rebuild_and_verify_show_progress_on_a_terminal_only(
             return Console(file=screen, force_terminal=True, width=120)
         return Console(*args, **kwargs)
 
-    monkeypatch.setattr(commands, "Console", terminal)
+    monkeypatch.setattr(progress_bar, "Console", terminal)
     code, out, _ = cli(capsys, "--store", prepared.url, "rebuild", "history")
     assert code == 0
     shown = screen.getvalue()

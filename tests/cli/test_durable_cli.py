@@ -164,9 +164,9 @@ def _show_from_everything(store, instance: str, run_id: str) -> dict:
     """``show --json`` as folded from every event of the instance (before ``run_window``)."""
     from collections import Counter
 
-    from projections.cli._durable import history
-    from projections.cli._ids import events_of
-    from projections.cli._render import run_document
+    from projections._frontend._ids import events_of
+    from projections._frontend._render import run_document
+    from projections.cli.commands._durable import history
 
     past = history(store, instance)
     run = past.run(run_id)
@@ -281,7 +281,7 @@ def _history_says_what_the_whole_history_says(url: str, capsys) -> None:
     the document of the history folded from every event at once, and its table lists every
     run, continuations included, on pages past the first."""
     from projections import history_of
-    from projections.cli._render import history_document
+    from projections._frontend._render import history_document
 
     with open_store(url) as store:
         many = _many_runs(store)

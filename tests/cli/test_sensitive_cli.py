@@ -158,7 +158,7 @@ def test_log_redacts_exactly_what_a_scan_of_every_event_redacts(durable_store_ur
     is what the rule read from every event of the instance redacts: run 1's writes of
     ``password`` too, though only run 2 (after them) declared it. On SQLite and PostgreSQL."""
     from projections import SensitiveKeys
-    from projections.cli._render import event_document
+    from projections._frontend._render import event_document
 
     with open_store(durable_store_url) as store:
         events = write_secrets(store)

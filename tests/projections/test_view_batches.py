@@ -10,7 +10,7 @@ import pytest
 
 from kernel import open_store
 from projections import VIEW_NAMES, Projector, default_views
-from projections._views import _sqlbackends
+from projections._views import _sqlbackends, _sqlite
 from tests.projections.helpers import Crash, CrashingView, populate
 from tests.projections.logs import fixed_plans
 
@@ -138,7 +138,7 @@ def test_reading_a_page_s_rows_is_index_lookups_not_a_table_scan(tmp_path):
         projector = Projector(store, ["history"])
         projector.catch_up()
         backend = projector.backend
-        assert isinstance(backend, _sqlbackends.SQLiteViewBackend)
+        assert isinstance(backend, _sqlite.SQLiteViewBackend)
         table = projector.views["history"].table
         statement = backend.sql_read_rows(table, 3)
         with backend._cursor("explain", commit=False) as cursor:

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from kernel import EventStore, fold_committed, open_store
 from projections import fold_history
-from projections.cli._render import show_value
+from projections._frontend._render import show_value
 from projections.ui import create_app
 from tests.ui.conftest import LOCAL
 from tests.ui.workflows import write_chain

@@ -23,7 +23,7 @@ import pytest
 
 from kernel import fold_committed
 from projections import blame_keys, fold_history
-from projections.cli._render import show_value
+from projections._frontend._render import show_value
 from tests.ui.conftest import DEMO, FORK, RECOVERY, Server
 from tests.ui.workflows import HOSTILE, HOSTILE_INSTANCE, write_chain
 

@@ -25,8 +25,8 @@ from projections import (
     fold_history,
 )
 from projections._folds._runrecords import status_text
+from projections._frontend._render import show_value
 from projections.cli import EXIT_BAD_INPUT, EXIT_STORE, main
-from projections.cli._render import show_value
 from projections.ui import create_app, needs_token
 from tests.store.test_hostile_store import in_a_child_without_write_permission
 from tests.ui.conftest import DEMO, FORK, LOCAL, RECOVERY, Server

@@ -23,7 +23,7 @@ from kernel import (
     SuperstepStarted,
 )
 from projections import AtPosition, AtSuperstep, AtTime, InsideSuperstep, Point
-from projections.cli._safe import visible
+from projections._frontend._safe import visible
 
 __all__ = ["POINT_FORMS", "LogPoints", "UsageError", "parse_point", "point_in", "points_of"]
 
@@ -187,7 +187,7 @@ def _number(text: str, digits: str, problem: str) -> int:
 
 def _unique(prefix: str, ids: Collection[str], what: str) -> str:
     """The id of ``ids`` that ``prefix`` names exactly, or as the prefix of exactly one (the
-    rule of every id: ``projections.cli._ids.pick``)."""
+    rule of every id: ``projections._frontend._ids.pick``)."""
     if prefix in ids:
         return prefix
     matches = sorted(i for i in ids if i.startswith(prefix)) if prefix else []

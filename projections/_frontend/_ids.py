@@ -20,8 +20,8 @@ from kernel import (
     StateStaged,
     SuperstepStarted,
 )
-from projections.cli._points import UsageError
-from projections.cli._safe import visible
+from projections._frontend._points import UsageError
+from projections._frontend._safe import visible
 
 __all__ = [
     "RUN_WINDOW",

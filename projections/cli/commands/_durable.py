@@ -37,7 +37,7 @@ from kernel import (
 )
 from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections._folds._runrecords import status_text
-from projections.cli._ids import (
+from projections._frontend._ids import (
     RUN_WINDOW,
     events_of,
     find_run,
@@ -46,22 +46,23 @@ from projections.cli._ids import (
     request_id,
     runs_of,
 )
-from projections.cli._json import emit, emit_line, json_text
-from projections.cli._points import UsageError, point_in, points_of
-from projections.cli._render import (
+from projections._frontend._points import UsageError, point_in, points_of
+from projections._frontend._render import (
     continues_text,
     print_paged,
     run_document,
     show_time,
     show_value,
 )
+from projections._frontend._safe import cell, json_text, visible
+from projections.cli._json import emit, emit_line
 from projections.cli._runstream import run_row, stream_runs
-from projections.cli._safe import cell, visible
+from projections.cli.commands import Command
 
-__all__ = ["DURABLE_COMMANDS", "add_durable_commands"]
+__all__ = ["COMMANDS", "add_commands", "history", "run_window"]
 
 
-def add_durable_commands(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
     """The subcommands of this module."""
     runs = commands.add_parser("runs", help="runs of an instance (or of every instance)")
     runs.add_argument("instance", nargs="?", help="one instance (default: every instance)")
@@ -565,7 +566,7 @@ def _fork(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-DURABLE_COMMANDS = {
+COMMANDS: dict[str, Command] = {
     "runs": _runs,
     "show": _show,
     "checkpoints": _checkpoints,

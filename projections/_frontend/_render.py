@@ -29,9 +29,8 @@ from kernel import (
 )
 from projections import BisectResult, KeyBlame, RunHistory, RunRecord, WriteStatus
 from projections._folds._runrecords import closer_label, status_text
+from projections._frontend._safe import cell, json_safe, json_text
 from projections._views._manifest import VIEW_MISMATCH
-from projections.cli._json import json_text
-from projections.cli._safe import cell, json_safe
 
 __all__ = [
     "LOG_PAGE",

@@ -15,12 +15,13 @@ from typing import Any
 from rich.console import Console
 
 from kernel import EventStore, MissingKeyError
-from projections.cli._points import UsageError
+from projections._frontend._points import UsageError
+from projections.cli.commands import Command
 
-__all__ = ["add_ui_command", "ui_command"]
+__all__ = ["COMMANDS", "add_commands"]
 
 
-def add_ui_command(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
     """The ``ui`` subcommand."""
     ui = commands.add_parser("ui", help="a read-only time-travel debugger in the browser")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -52,7 +53,7 @@ def add_ui_command(commands: Any) -> None:
     )
 
 
-def ui_command(store: EventStore, args: argparse.Namespace, console: Console) -> int:
+def _ui(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     """Serve the UI over ``store`` until interrupted."""
     if args.json:
         raise UsageError("'steplog ui' has no JSON output: it serves web pages; drop --json")
@@ -82,3 +83,6 @@ def ui_command(store: EventStore, args: argparse.Namespace, console: Console) ->
         say=lambda line: console.print(line, markup=False, soft_wrap=True),
     )
     return 0
+
+
+COMMANDS: dict[str, Command] = {"ui": _ui}

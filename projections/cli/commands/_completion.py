@@ -10,12 +10,12 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["SHELLS", "add_completion_command", "completion_command", "completion_script"]
+__all__ = ["SHELLS", "add_commands", "completion_command", "completion_script"]
 
 SHELLS = ("bash", "zsh", "fish")
 
 
-def add_completion_command(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
     """The ``completion`` subcommand."""
     completion = commands.add_parser(
         "completion",

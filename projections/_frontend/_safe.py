@@ -16,11 +16,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-__all__ = ["UNSAFE", "SafeConsole", "cell", "json_safe", "visible"]
+__all__ = ["UNSAFE", "SafeConsole", "cell", "json_safe", "json_text", "visible"]
 
 UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 """The characters never shown as they are: C0 controls (newline and tab too), DEL, C1 controls,
@@ -76,3 +77,9 @@ class SafeConsole(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError
+
+
+def json_text(document: Any, option: int = 0) -> str:
+    """``document`` as JSON text (orjson ``option``s; datetimes as ISO 8601), safe on a
+    terminal: every control or bidi character of its strings escaped (``\\uXXXX``)."""
+    return json_safe(orjson.dumps(document, option=option).decode())
