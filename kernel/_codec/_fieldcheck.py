@@ -10,13 +10,13 @@ checks are first built, never skipped) and the event is then built without re-va
 looked at again field by field to say what is wrong (``_describe``); a payload with fields
 missing or unknown is handed to pydantic (``build``), which names them.
 
-**Measured** (issue 22, CPU time, median of 25 runs, on the 28,009 events of the first 4,000
-superstep rows of ``python -m bench --only chain``'s log; 2-core AMD EPYC, CPython 3.11,
-pydantic 2.14.4): the checks and construction here cost 1.4 µs an event, pydantic's
-``model_validate(payload, strict=True)`` on the same payloads 2.1 µs; the whole
-``RowMapper.decode_row`` of those rows without their hashes went from 4.5 to 5.2 µs an event
-(+15%) with pydantic in place of this module. Earlier (``docs/benchmarks.md``, "Decoding a
-stored row"): 3.9 µs unchecked, 6.4 µs with a per-field check, 4.4 µs with the lookup here.
+**Measured** (issue 22; CPU time, median of 15 to 25 runs, on the rows of ``python -m bench
+--only chain``'s log without their hashes; 2-core AMD EPYC, CPython 3.11, pydantic 2.14.4): on
+the 14,004 events of its first 2,000 rows, the checks and construction here cost 1.4 µs an
+event, pydantic's ``model_validate(payload, strict=True)`` on the same payloads 2.1 µs; the whole
+``RowMapper.decode_row`` of its first 6,000 rows went from 4.5 to 5.2 µs an event (+15%) with
+pydantic in place of this module. Earlier (``docs/benchmarks.md``, "Decoding a stored row"):
+3.9 µs unchecked, 6.4 µs with a per-field check, 4.4 µs with the lookup here.
 """
 
 from __future__ import annotations
