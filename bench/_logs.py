@@ -8,8 +8,8 @@ last superstep (``superstep_aborted`` + ``run_failed``), so a correct fold must 
 superstep's writes. The events are made by ``kernel.testing.LogBuilder`` (unvalidated, its fast
 path). The expected final state of every instance is computed while generating and kept in the
 file's ``bench_meta`` table, with the sizes; a cache file is reused only when its parameters, the
-event model and the builder (a hash of kernel/_log/_events.py, kernel/_codec/_mapper.py and
-kernel/testing.py) match.
+event model, the row format and the builder (a hash of kernel/_log/_events.py, the row format's
+modules in kernel/_codec/ and kernel/testing.py) match.
 """
 
 from __future__ import annotations
@@ -114,7 +114,14 @@ def _append_all(store: Any, batches: list[tuple[str, list[Any], int]]) -> None:
 def _model_hash() -> str:
     kernel = Path(__file__).resolve().parent.parent / "kernel"
     digest = hashlib.sha256()
-    for name in ("_events.py", "_mapper.py", "testing.py"):
+    for name in (
+        "_log/_events.py",
+        "_codec/_rows.py",
+        "_codec/_hashing.py",
+        "_codec/_upcast.py",
+        "_codec/_mapper.py",
+        "testing.py",
+    ):
         path = kernel / name
         digest.update(path.read_bytes() if path.exists() else b"")
     return digest.hexdigest()[:12]

@@ -159,17 +159,17 @@ def row_time(state: bytes) -> float:
 class RawFold:
     """The raw baselines' fold: the commit rule applied to stored rows with ``orjson`` and plain
     dicts, no event objects, no checks (no hash chain either). Reads both row formats: a batch
-    row is walked item by item by type code and field position (``_codec._mapper``'s layout), an
+    row is walked item by item by type code and field position (``_codec._rows``'s layout), an
     event row by topic."""
 
     def __init__(self) -> None:
-        from kernel._codec._mapper import BATCH_CODES, _layouts
+        from kernel._codec._rows import BATCH_CODES, layouts
 
         codes = {name: code for code, (name, _) in enumerate(BATCH_CODES)}
         self.staged_code = codes["state_staged"]
         self.committed_code = codes["superstep_committed"]
         self.aborted_code = codes["superstep_aborted"]
-        self.key_at = 2 + _layouts()[0]["state_staged"].names.index("key")
+        self.key_at = 2 + layouts()[0]["state_staged"].names.index("key")
         self.staged: dict[str, list[tuple[str, Any]]] = {}
 
     def row(

@@ -14,11 +14,11 @@ time without, per run, median). Without the chain means:
   has no hash to check; the SQLite copy also has no recorded heads, as a log written before the
   chain. Both must give back exactly the same events.
 * writing (``encode``, ``append to SQLite``): the same code with the two functions that make a
-  hash (``_canonical``, the event's canonical bytes, and ``_link``, BLAKE2b over it) stubbed out
-  for the twin's run. Everything else is the same (the row keeps a chain field of the same size,
-  the store still writes the head), so the cost shown is the hashing alone; what the chain adds
-  besides is its bytes, shown as ``chain bytes/superstep`` (file size with the chain minus the
-  format-1 copy's, after VACUUM, per superstep).
+  hash (``_codec._hashing.canonical``, the event's canonical bytes, and ``link``, BLAKE2b over
+  it) stubbed out for the twin's run. Everything else is the same (the row keeps a chain field of
+  the same size, the store still writes the head), so the cost shown is the hashing alone; what
+  the chain adds besides is its bytes, shown as ``chain bytes/superstep`` (file size with the
+  chain minus the format-1 copy's, after VACUUM, per superstep).
 
 The baseline is the floor of any reader of these rows: ``orjson.loads`` of every row's state.
 """
@@ -42,9 +42,9 @@ from bench._logs import EVENTS_PER_SUPERSTEP, LogSpec, ensure_log
 __all__ = ["BENCHMARK"]
 
 RAW = "orjson.loads of every row (the floor)"
-DECODE = "decode + verify (EventMapper.decode_row)"
+DECODE = "decode + verify (RowMapper.decode_row)"
 READ = "read + verify from SQLite (store.iter_all)"
-ENCODE = "encode + hash (EventMapper.to_row)"
+ENCODE = "encode + hash (RowMapper.to_row)"
 APPEND = "append to SQLite (store.append_many, 64 supersteps per transaction)"
 APPEND_BATCH = 64
 
@@ -92,7 +92,7 @@ def _sqlite_bytes(path: Path) -> int:
 
 
 def prepare(cfg: Config) -> str:
-    from kernel._codec._mapper import EventMapper
+    from kernel._codec._mapper import RowMapper
 
     spec = _spec(cfg)
     chained, meta, generated = ensure_log(spec, cfg.cache_dir)
@@ -116,7 +116,7 @@ def prepare(cfg: Config) -> str:
         conn.commit()
     finally:
         conn.close()
-    mapper = EventMapper()
+    mapper = RowMapper()
     events = [mapper.decode_row(i, v, t, s) for i, v, t, s in rows]
     expect([mapper.decode_row(i, v, t, s) for i, v, t, s in plain], events, "format-1 rows' events")
     expect(sum(map(len, events)), meta["events"], "events in the log")
@@ -152,15 +152,15 @@ def _shared(cfg: Config) -> dict[str, Any]:
 @contextlib.contextmanager
 def _no_hashing() -> Iterator[None]:
     """Stub out the two functions that make a hash (the twin's run of the writing cases)."""
-    import kernel._codec._mapper as mapper
+    import kernel._codec._hashing as hashing
 
-    canonical, link = mapper._canonical, mapper._link
-    mapper._canonical = lambda *args, **kwargs: b""  # type: ignore[assignment]
-    mapper._link = lambda previous, canonical: previous  # type: ignore[assignment]
+    canonical, link = hashing.canonical, hashing.link
+    hashing.canonical = lambda *args, **kwargs: b""  # type: ignore[assignment]
+    hashing.link = lambda previous, covered: previous  # type: ignore[assignment]
     try:
         yield
     finally:
-        mapper._canonical, mapper._link = canonical, link  # type: ignore[assignment]
+        hashing.canonical, hashing.link = canonical, link  # type: ignore[assignment]
 
 
 def _pair(
@@ -205,10 +205,10 @@ def raw(cfg: Config) -> Measurement:
 
 
 def decode(cfg: Config) -> Measurement:
-    from kernel._codec._mapper import EventMapper
+    from kernel._codec._mapper import RowMapper
 
     shared = _shared(cfg)
-    mapper = EventMapper()
+    mapper = RowMapper()
 
     def run(rows: list[Row]) -> Callable[[], int]:
         return lambda: sum(len(mapper.decode_row(i, v, t, s)) for i, v, t, s in rows)
@@ -232,10 +232,10 @@ def read(cfg: Config) -> Measurement:
 
 
 def encode(cfg: Config) -> Measurement:
-    from kernel._codec._mapper import EventMapper
+    from kernel._codec._mapper import RowMapper
 
     shared = _shared(cfg)
-    mapper = EventMapper()
+    mapper = RowMapper()
     pairs = list(zip(shared["events"], shared["previous"], strict=True))
     written: list[bytes] = []
 

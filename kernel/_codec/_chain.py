@@ -1,6 +1,6 @@
 """The hash chain's checks: how rows must link up, and the report of ``EventStore.verify_chain``.
 
-Each event's hash is computed and checked by the mapper (``_codec._mapper``: what an event's hash
+Each event's hash is computed and checked by ``_codec._hashing`` (with what an event's hash
 covers). What this module checks is the order around them: an instance's rows hold positions
 1, 2, ... without gaps or overlaps, each row's chain begins with the hash its predecessor ended
 with (``genesis(instance)`` for the first), no row without hashes follows one with them, and
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kernel._base._errors import LogIntegrityError, StoreConfigError
-from kernel._codec._mapper import RowLink, genesis
+from kernel._codec._hashing import RowLink, genesis
 
 __all__ = [
     "ChainHead",

@@ -65,15 +65,9 @@ from kernel._codec._cipher import (
     is_sealed,
     keyring_from,
 )
-from kernel._codec._mapper import (
-    BATCH_CODES,
-    ChainedRow,
-    EventMapper,
-    RowLink,
-    _place,
-    genesis,
-    row_count,
-)
+from kernel._codec._hashing import ChainedRow, RowLink, genesis
+from kernel._codec._mapper import RowMapper
+from kernel._codec._rows import BATCH_CODES, place, row_count
 from kernel._codec._values import ValueCodec
 from kernel._log._events import EVENT_TYPES, EventBase
 from kernel._store._lease import Lease, from_micros, lease_expiry, to_micros
@@ -213,11 +207,9 @@ class EventStore(ABC):
     """Set by ``close()``. A class default, so ``_translated`` also serves an adapter's setup
     before ``EventStore.__init__`` runs."""
 
-    def __init__(
-        self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None
-    ):
+    def __init__(self, recorder: ApplicationRecorder, *, url: str, mapper: RowMapper | None = None):
         self._recorder = recorder
-        self._mapper = mapper or EventMapper()
+        self._mapper = mapper or RowMapper()
         self.codec = ValueCodec()
         """The codec shared by everything that writes or reads values through this store."""
         self.url = url
@@ -251,9 +243,11 @@ class EventStore(ABC):
         store's encryption mark (set by the first writer with a key; a writer without one is
         refused, so that no plain row follows sealed ones), and its ``IntegrityMark``
         (``_settle_marks``)."""
-        self._mapper.keyring = keyring
-        if allow_broken_chain:
-            self._mapper.on_broken = self._note_broken
+        self._mapper = RowMapper(  # built whole: the keys and the policy are known only now
+            self._mapper.upcasters,
+            keyring=keyring,
+            on_broken=self._note_broken if allow_broken_chain else None,
+        )
         text = self._read_meta(INTEGRITY_MARK)
         parsed = None if text is None else IntegrityMark.from_text(text)
         mark = None if parsed is None else parsed[0]
@@ -1493,7 +1487,7 @@ def row_may_hold(
         if keyring is None:
             return True
         try:
-            state = keyring.open(state, _place(instance_id, last, topic), f"row {instance_id!r}")
+            state = keyring.open(state, place(instance_id, last, topic), f"row {instance_id!r}")
         except (StepLogError, ValueError):  # decoding the row raises the right error
             return True
     return needle.search(state) is not None

@@ -9,7 +9,7 @@ other. Interrupted, it is run again: rows already sealed with the current key ar
 rewrites only what is left.
 
 What a row holds does not change: the events, their positions, their hashes (the hash chain is
-over the logical events, ``_codec._mapper``), so ``verify_chain()`` finds the same chain after a
+over the logical events, ``_codec._hashing``), so ``verify_chain()`` finds the same chain after a
 rekey. Only one thing changes shape: a row of the first row format (one event per row, written
 before the store's schema version 2), which has no sealed form, is rewritten as a batch row of
 one event (batch format 1: no hashes, as before) and sealed.
@@ -43,7 +43,8 @@ import orjson
 from kernel._base._errors import LogIntegrityError, StoreConfigError
 from kernel._codec._chain import IntegrityMark
 from kernel._codec._cipher import Keyring, is_sealed
-from kernel._codec._mapper import EventMapper, _place, row_count
+from kernel._codec._mapper import RowMapper
+from kernel._codec._rows import place, row_count
 from kernel._store._eventstore import ENCRYPTION_MARK, EventStore
 
 __all__ = ["RekeyReport", "compact_store", "rekey"]
@@ -177,7 +178,7 @@ def _change(
             return None, ""
         where = f"row {instance_id!r}#{last - count + 1}..{last}"
         try:
-            plain = keyring.open(state, _place(instance_id, last, topic), where)
+            plain = keyring.open(state, place(instance_id, last, topic), where)
         except LogIntegrityError as error:
             raise LogIntegrityError(
                 f"{error}; rekey stopped there, leaving it as it is",
@@ -185,13 +186,13 @@ def _change(
                 position=last - count + 1,
                 kind="seal broken",
             ) from None
-        sealed = keyring.seal(plain, _place(instance_id, last, topic))
+        sealed = keyring.seal(plain, place(instance_id, last, topic))
         return (topic, sealed, instance_id, last, state), _RESEALED
     kind, new_topic, plain = _SEALED, topic, state
     if not topic.isdigit():  # a one-event row of the first row format
         kind, new_topic = _CONVERTED, "1"
         plain = _as_batch_row(store, instance_id, last, topic, state)
-    sealed = keyring.seal(plain, _place(instance_id, last, new_topic))
+    sealed = keyring.seal(plain, place(instance_id, last, new_topic))
     return (new_topic, sealed, instance_id, last, state), kind
 
 
@@ -201,7 +202,7 @@ def _as_batch_row(
     """The plain state of a one-event batch row (batch format 1: no hashes) holding the event of
     a first-format row, read as every reader reads it (upcast to its current schema version)."""
     event = store._mapper.decode(instance_id, position, topic, state)
-    body = orjson.loads(EventMapper().to_row([event]).state)
+    body = orjson.loads(RowMapper().to_row([event]).state)
     del body[4]  # the chain: a row of the first format had none, and still has none
     body[0] = 1
     return orjson.dumps(body)

@@ -32,7 +32,7 @@ from kernel import (
     handler,
     open_store,
 )
-from kernel._codec._mapper import _layouts
+from kernel._codec._rows import layouts
 from projections.cli import main
 
 INSTANCE = "orders-1"
@@ -64,9 +64,9 @@ async def logged(sqlite_url: str) -> str:
 
 def edit_stored_value(url: str, key: str, tree: Any) -> None:
     """Rewrite, in the database file, the stored value of the state write of ``key`` (in the
-    batch row that holds it: see ``kernel._codec._mapper``)."""
+    batch row that holds it: see ``kernel._codec._rows``)."""
     path = url.removeprefix("sqlite:///")
-    layout = _layouts()[0]["state_staged"]
+    layout = layouts()[0]["state_staged"]
     key_at, value_at = (2 + layout.names.index(name) for name in ("key", "value"))
     with sqlite3.connect(path) as db:
         rows = db.execute(

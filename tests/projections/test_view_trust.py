@@ -22,7 +22,7 @@ from kernel import (
     counter_ids,
     open_store,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel.testing import ticking_clock
 from projections import AtPosition, Projector, TimeTravel, blame_keys
 from tests.store.test_tamper import CLEAN, INSTANCE, SECRET, Checkout, write_orders
@@ -71,7 +71,7 @@ def test_blame_through_the_key_index_refuses_a_forged_row_the_log_refuses(
     forged = [
         e.model_copy(update={"value": FORGED}) if isinstance(e, StateStaged) else e for e in events
     ]
-    _replace_row(store, url, EventMapper().to_row(forged, previous=previous))
+    _replace_row(store, url, RowMapper().to_row(forged, previous=previous))
     # On a plain store the row after it no longer follows it (#8); on an encrypted one the forged
     # row itself is refused first: it is plain text, where every row must be sealed (#3).
     refused_at = (3, "unsealed") if encrypted else (8, "reordered")

@@ -19,7 +19,7 @@ from kernel import (
     counter_ids,
     open_store,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -99,7 +99,7 @@ def test_a_batch_too_big_for_one_row_is_refused(
 
 
 def test_times_in_several_offsets_and_defaults_round_trip() -> None:
-    mapper = EventMapper()
+    mapper = RowMapper()
     zones = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-4))]
     stamps = iter([T0.astimezone(z) + timedelta(microseconds=i) for i, z in enumerate(zones * 2)])
     log = LogBuilder("i", clock=lambda: next(stamps))
@@ -122,7 +122,7 @@ def row_of(state: object, topic: str = "2", last: int = 2) -> StoredEvent:
 
 def good() -> list:
     events = superstep("i", 0)[:2]  # run_started, superstep_started
-    return list(orjson.loads(EventMapper().to_row(events).state))
+    return list(orjson.loads(RowMapper().to_row(events).state))
 
 
 @pytest.mark.parametrize(
@@ -154,13 +154,13 @@ def test_a_tampered_batch_row_names_what_and_where(mutate, error, match) -> None
     tampered = mutate(body)
     state = tampered if isinstance(tampered, bytes) else orjson.dumps(tampered)
     with pytest.raises(error, match=match):
-        EventMapper().decode_row("i", 2, "2", state)
+        RowMapper().decode_row("i", 2, "2", state)
 
 
 @pytest.mark.parametrize(("topic", "last"), [("0", 2), ("3", 2), ("x", 2), ("", 2)])
 def test_a_row_with_a_bad_count_is_refused(topic: str, last: int) -> None:
     with pytest.raises(DecodeError, match="'i'#2"):
-        EventMapper().decode_row("i", last, topic, orjson.dumps(good()))
+        RowMapper().decode_row("i", last, topic, orjson.dumps(good()))
 
 
 def test_a_tampered_row_in_a_store_is_reported_by_every_reader(store: EventStore) -> None:
@@ -177,7 +177,7 @@ def test_a_tampered_row_in_a_store_is_reported_by_every_reader(store: EventStore
 
 
 def test_a_time_at_the_edge_of_the_calendar_reads_back_in_its_own_offset() -> None:
-    mapper = EventMapper()
+    mapper = RowMapper()
     late = datetime(9999, 12, 31, 22, tzinfo=timezone(timedelta(hours=-5)))  # past UTC's last day
     for stamps in ([late, late], [late, late.replace(tzinfo=timezone(timedelta(hours=-4)))]):
         log = LogBuilder("i", clock=iter(stamps).__next__, ids=counter_ids())
@@ -202,7 +202,7 @@ def test_a_row_with_a_hostile_count_or_position_is_a_decode_error(
     last: object, topic: str, match: str
 ) -> None:
     with pytest.raises(DecodeError, match=match):
-        EventMapper().decode_row("i", last, topic, orjson.dumps(good()))  # type: ignore[arg-type]
+        RowMapper().decode_row("i", last, topic, orjson.dumps(good()))  # type: ignore[arg-type]
 
 
 def test_per_event_offsets_out_of_range_are_a_decode_error() -> None:
@@ -210,7 +210,7 @@ def test_per_event_offsets_out_of_range_are_a_decode_error() -> None:
     body[1] = 253402300799999999  # the last microsecond a datetime holds, as wall time
     body[2] = [3600000000, 3600000000]  # an hour further on: past it
     with pytest.raises(DecodeError, match="out of range"):
-        EventMapper().decode_row("i", 2, "2", orjson.dumps(body))
+        RowMapper().decode_row("i", 2, "2", orjson.dumps(body))
 
 
 def test_hostile_positions_in_a_sqlite_store_are_decode_errors(sqlite_url: str) -> None:

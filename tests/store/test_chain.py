@@ -21,7 +21,8 @@ from kernel import (
     open_store,
 )
 from kernel._codec._chain import link_problem, tail_problem
-from kernel._codec._mapper import CHAIN_BYTES, EventMapper, RowLink, genesis
+from kernel._codec._hashing import CHAIN_BYTES, RowLink, genesis
+from kernel._codec._mapper import RowMapper
 from kernel.testing import LogBuilder
 
 
@@ -49,7 +50,7 @@ def chain_of(state: bytes) -> bytes:
 
 
 def test_each_event_is_checked_against_its_own_hash_and_named_by_position() -> None:
-    mapper = EventMapper()
+    mapper = RowMapper()
     events = superstep_log().events()[:6]
     row = mapper.to_row(events)
     body = orjson.loads(row.state)
@@ -78,7 +79,7 @@ def test_each_event_is_checked_against_its_own_hash_and_named_by_position() -> N
 
 
 def test_a_rewritten_marker_is_named_as_one() -> None:
-    mapper = EventMapper()
+    mapper = RowMapper()
     log = LogBuilder("i")
     log.start_run()
     log.start_superstep()
@@ -88,7 +89,7 @@ def test_a_rewritten_marker_is_named_as_one() -> None:
     events = log.events()
     row = mapper.to_row(events)
     body = orjson.loads(row.state)
-    committed = EventMapper().to_row(
+    committed = RowMapper().to_row(
         [*events[:-1], *_commit_like(events[-1])]
     )  # the same superstep, committed: its marker's code and fields
     body[-1] = orjson.loads(committed.state)[-1]
@@ -111,7 +112,7 @@ def _commit_like(aborted: object) -> list:  # type: ignore[type-arg]
 
 def test_hashes_cover_the_logical_event_not_its_packing() -> None:
     """The same events packed in rows of different sizes have the same hashes."""
-    mapper = EventMapper()
+    mapper = RowMapper()
     events = superstep_log().events()
     whole = mapper.to_row(events)
     hashes: list[bytes] = []

@@ -36,7 +36,7 @@ from kernel import (
     executor,
     handler,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel._codec._values import MAX_DEPTH
 from kernel._codec._valuetypes import value_classes
 
@@ -198,7 +198,7 @@ def test_json_like_trees_round_trip_exactly(value: Any) -> None:
 @settings(deadline=None, max_examples=50)
 @given(trees)
 def test_trees_round_trip_through_the_event_mapper(value: Any) -> None:
-    codec, mapper = ValueCodec(), EventMapper()
+    codec, mapper = ValueCodec(), RowMapper()
     event = StateStaged(
         instance_id="wf", position=1, timestamp=datetime(2024, 1, 1, tzinfo=UTC), run_id="r",
         superstep_id="s", executor_id="e", key="k", op="set", value=codec.encode(value),

@@ -27,7 +27,7 @@ from kernel import (
     StoreConfigError,
     ValueCodec,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -72,7 +72,7 @@ def snapshot(store: EventStore, instance_id: str = "a") -> tuple[Any, ...]:
 
 def plant(store: EventStore, event: EventBase) -> None:
     """Write ``event`` with the recorder, bypassing ``append``'s checks (a gap in a stream)."""
-    store.recorder.insert_events([EventMapper().to_stored(event)])
+    store.recorder.insert_events([RowMapper().to_stored(event)])
 
 
 def keys(events: list[EventBase]) -> list[tuple[str, int]]:

@@ -42,7 +42,7 @@ from kernel import (
     open_store,
     rekey,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel.testing import ticking_clock
 from projections import history_of
 from projections.cli import EXIT_BROKEN_CHAIN, EXIT_PROBLEM, main
@@ -155,7 +155,7 @@ class Database:
     ) -> None:
         """Append ``events`` as one plain row chained to ``previous`` (with ``row_id``: at that
         row id), and move the head."""
-        row = EventMapper().to_row(events, previous=previous)
+        row = RowMapper().to_row(events, previous=previous)
         values = (instance, row.originator_version, row.topic, bytes(row.state))
         if row_id is None:
             self.run(
@@ -553,7 +553,7 @@ def downgrade(url: str) -> None:
                 superstep_id=event.superstep_id,  # type: ignore[attr-defined]
             )
         forged.append(event)
-    mapper = EventMapper()
+    mapper = RowMapper()
     for last, topic, _ in db.rows(INSTANCE):
         first = last - int(topic) + 1
         body = orjson.loads(mapper.to_row(forged[first - 1 : last]).state)

@@ -26,7 +26,7 @@ from kernel import (
     SuperstepCommitted,
     open_store,
 )
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel.testing import LogBuilder
 from projections import fold_committed
 
@@ -139,12 +139,12 @@ def test_an_upcaster_that_gives_other_fields_is_a_decode_error_naming_the_event(
             "SELECT originator_version, topic, state FROM steplog_events "
             "WHERE originator_id = 'counting' ORDER BY originator_version LIMIT 1"
         ).fetchone()
-    good = EventMapper().decode_row("counting", last, topic, state)[0]
+    good = RowMapper().decode_row("counting", last, topic, state)[0]
     assert isinstance(good, RunStarted)
     assert (good.schema_version, good.sensitive_keys) == (2, [])
-    extra = EventMapper(upcasters={("run_started", 1): lambda p: {**p, "bogus": 1}})
+    extra = RowMapper(upcasters={("run_started", 1): lambda p: {**p, "bogus": 1}})
     with pytest.raises(DecodeError, match=r"'counting'#1 \(run_started\) once upcast has fields"):
         extra.decode_row("counting", last, topic, state)
-    failing = EventMapper(upcasters={("run_started", 1): lambda p: 1 / 0})
+    failing = RowMapper(upcasters={("run_started", 1): lambda p: 1 / 0})
     with pytest.raises(DecodeError, match="upcaster of run_started from schema version 1 failed"):
         failing.decode_row("counting", last, topic, state)

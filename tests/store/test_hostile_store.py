@@ -49,7 +49,7 @@ from kernel import (
 )
 from kernel._base._ids import MAX_ID_BYTES, MAX_KEY_BYTES
 from kernel._base._urls import mask_url, url_secrets
-from kernel._codec._mapper import EventMapper
+from kernel._codec._mapper import RowMapper
 from kernel._store._sqlite import sqlite_path
 from kernel.testing import LogBuilder
 from tests.kernel.helpers import kinds
@@ -349,7 +349,7 @@ async def test_an_unstorable_run_input_is_refused_before_anything_is_appended(
 def test_a_stored_row_nested_deeper_than_json_readers_go_is_a_decode_error() -> None:
     state = b"[" * 5000 + b"]" * 5000
     with pytest.raises(DecodeError, match=r"'i'#1\.\.2 is not valid JSON"):
-        EventMapper().decode_row("i", 2, "2", state)
+        RowMapper().decode_row("i", 2, "2", state)
 
 
 # -- another application's SQLite file ----------------------------------------------------------

@@ -48,7 +48,8 @@ from kernel import (
     handler,
     open_store,
 )
-from kernel._codec._mapper import BATCH_CODES, EventMapper
+from kernel._codec._mapper import RowMapper
+from kernel._codec._rows import BATCH_CODES
 from kernel.testing import ticking_clock
 from projections import Projector, history_of
 
@@ -391,7 +392,7 @@ def test_an_inserted_row_with_valid_hashes_is_caught_where_it_overlaps(log: Log)
 
     staged = next(e for e in before if isinstance(e, StateStaged))
     forged = staged.model_copy(update={"position": 8})
-    row = EventMapper().to_row([forged], previous=_hash_at(log, 7))
+    row = RowMapper().to_row([forged], previous=_hash_at(log, 7))
     log.rows.insert(8, "1", bytes(row.state))
     _refused(log, 8, "reordered")
 
@@ -439,7 +440,7 @@ def test_a_recomputed_last_row_is_found_by_the_recorded_head(log: Log) -> None:
         events = store.read(INSTANCE, after=17)
 
     forged = [_with_token(e, "tok-EVIL") for e in events]
-    log.rows.put(23, bytes(EventMapper().to_row(forged, previous=_hash_at(log, 17)).state))
+    log.rows.put(23, bytes(RowMapper().to_row(forged, previous=_hash_at(log, 17)).state))
     assert fold_committed(_unnoticed_by_reads(log)).values["token"] == "tok-EVIL"
     assert _only_problem(log) == (23, "head mismatch")
 
@@ -472,7 +473,7 @@ def test_a_rewrite_of_everything_is_found_only_by_an_exported_head(log: Log) -> 
         else e
         for e in events
     ]
-    mapper, previous = EventMapper(), None
+    mapper, previous = RowMapper(), None
     for row in log.rows.all():
         rewritten = mapper.to_row(forged[row.first - 1 : row.last], previous=previous)
         log.rows.put(row.last, bytes(rewritten.state))
@@ -537,9 +538,7 @@ def _hash_at(log: Log, position: int) -> bytes:
     """The chain's hash of ``orders``#``position`` as the table holds it (what someone reading
     the table sees)."""
     (row,) = [r for r in log.rows.all() if r.first <= position <= r.last]
-    digest = EventMapper().event_hash(
-        INSTANCE, row.last, row.topic, orjson.dumps(row.body), position
-    )
+    digest = RowMapper().event_hash(INSTANCE, row.last, row.topic, orjson.dumps(row.body), position)
     assert digest is not None
     return digest
 
