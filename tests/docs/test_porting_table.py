@@ -310,7 +310,7 @@ def test_a_correct_table_passes() -> None:
         (
             "| `kernel_lookup` | `kernel._run._runner` | |",
             ["kernel_lookup"],
-            "kernel._run._runner is not in kernel.__all__",
+            "kernel._run is not in kernel.__all__",
         ),
     ],
 )
