@@ -5,7 +5,9 @@ Ported from Microsoft Agent Framework workflows by changing imports::
     from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
 """
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+import inspect
+import typing
 
 from kernel._base._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._base._errors import (
@@ -123,16 +125,14 @@ from kernel._run._ledger import Checkpoint, CheckpointStatus
 from kernel._run._runner import RunResult
 from kernel._store._eventstore import (
     DEFAULT_STORE_ENV,
-    ROW_SHIFT,
     EventStore,
-    Prepared,
     Recorded,
     open_store,
 )
 from kernel._store._lease import Lease
 from kernel._store._rekey import RekeyReport, compact_store, rekey
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from kernel._store._memory import MemoryStore
     from kernel._store._postgres import PostgresStore
     from kernel._store._sqlite import SQLiteStore
@@ -148,7 +148,6 @@ __all__ = [
     "KEYS_ENV",
     "MAX_ID_BYTES",
     "MAX_KEY_BYTES",
-    "ROW_SHIFT",
     "RUN_END_TYPES",
     "SUPERSTEP_MARKER_TYPES",
     "AbortReason",
@@ -200,7 +199,6 @@ __all__ = [
     "PendingRequest",
     "PendingRequestsError",
     "PostgresStore",
-    "Prepared",
     "ProjectionError",
     "Recorded",
     "RecordedError",
@@ -281,6 +279,29 @@ __all__ = [
 ]
 
 
+def _publish(cls: type) -> None:
+    """Make ``cls`` report this package as its module (``kernel.Workflow``, not the private module
+    that defines it), so that reprs, pickles and error records name the public path, and the value
+    codec stores ``kernel:Qualname``, which moving a module does not change (the names values were
+    stored under before are read through ``kernel._codec._renamed``).
+
+    Its own annotations are resolved first, where it is defined: ``typing.get_type_hints`` looks
+    the names of string annotations up in the module ``__module__`` names."""
+    if cls.__module__ == __name__:
+        return
+    own = inspect.get_annotations(cls)
+    if any(isinstance(hint, str) for hint in own.values()):
+        with contextlib.suppress(NameError):  # unresolvable anywhere: left as it was
+            hints = typing.get_type_hints(cls, include_extras=True)
+            cls.__annotations__ = {name: hints.get(name, hint) for name, hint in own.items()}
+    cls.__module__ = __name__
+
+
+for _name in __all__:
+    if isinstance(globals().get(_name), type):
+        _publish(globals()[_name])
+del _name
+
 _ADAPTERS = {
     "MemoryStore": "kernel._store._memory",
     "PostgresStore": "kernel._store._postgres",
@@ -288,7 +309,7 @@ _ADAPTERS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     """The store adapters, imported on first use: ``import kernel`` does not load every driver
     (psycopg, filelock) whether or not its backend is used."""
     module = _ADAPTERS.get(name)
@@ -297,5 +318,6 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     adapter = getattr(importlib.import_module(module), name)
+    _publish(adapter)
     globals()[name] = adapter
     return adapter

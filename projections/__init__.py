@@ -12,6 +12,10 @@ time-travel questions from a store, starting from snapshots.
 See ``docs/projections.md``.
 """
 
+import contextlib as _contextlib
+import inspect as _inspect
+import typing as _typing
+
 from kernel import CommittedState, apply_committed, fold_committed
 from projections._folds._bisect import BisectResult, bisect
 from projections._folds._blame import (
@@ -152,3 +156,16 @@ __all__ = [
     "state_at",
     "subworkflows_of",
 ]
+
+# Every exported class reports this package as its module, as the kernel's do (see
+# ``kernel._publish``): its annotations resolved first where they were written. The kernel's
+# classes exported here again keep ``kernel``.
+for _cls in [globals()[name] for name in __all__]:
+    if isinstance(_cls, type) and _cls.__module__.startswith(f"{__name__}."):
+        with _contextlib.suppress(NameError):
+            _hints = _typing.get_type_hints(_cls, include_extras=True)
+            _cls.__annotations__ = {
+                k: _hints.get(k, v) for k, v in _inspect.get_annotations(_cls).items()
+            }
+        _cls.__module__ = __name__
+del _cls

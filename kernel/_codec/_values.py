@@ -75,6 +75,7 @@ from zoneinfo import ZoneInfo
 from pydantic import BaseModel
 
 from kernel._base._errors import DecodeError, DefinitionError, EncodingError
+from kernel._codec._renamed import FORMER_NAMES
 from kernel._codec._valuetypes import is_namedtuple, storable_hint, value_classes
 
 __all__ = ["MAX_DEPTH", "ValueCodec"]
@@ -403,7 +404,7 @@ class ValueCodec:
         inner = self._decode(tree["v"], depth + 1)
         if tag != "enum" and type(inner) is not dict:
             raise _Malformed(f"{_show(tree)}: the fields of a {tag} must be an object")
-        cls = self._classes.get(name)
+        cls = self._classes.get(name) or self._classes.get(FORMER_NAMES.get(name, ""))
         if cls is None:
             return inner
         try:

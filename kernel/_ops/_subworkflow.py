@@ -506,9 +506,3 @@ def _class_name(kind: type) -> str:
 def _plain_class_name(name: str) -> bool:
     return all(part.isidentifier() for part in name.replace("<locals>", "x").split("."))
 
-
-# The public classes report the package that exports them: the log names a stored message's
-# class by its module, and a private module path would tie old logs to today's file layout.
-for _cls in (SubWorkflowRequestMessage, SubWorkflowResponseMessage, WorkflowExecutor):
-    _cls.__module__ = "kernel"
-del _cls

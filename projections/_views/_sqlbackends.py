@@ -42,7 +42,6 @@ from typing import Any
 
 import orjson
 
-import kernel
 from kernel import (
     Keyring,
     LogIntegrityError,
@@ -75,7 +74,12 @@ _MANY_ROWS = 300
 POSITIONS_FORMAT_ROW = "#positions"
 """The positions table's marker row: its position says what the others count (``_migrate``)."""
 POSITIONS_FORMAT = 2
-"""2: global positions of batch rows, ``(row id << kernel.ROW_SHIFT) + offset``."""
+"""2: global positions of batch rows, ``(row id << ROW_SHIFT) + offset``."""
+ROW_SHIFT = 20
+"""The kernel's global position of a row's first event is ``row id << 20`` (the kernel's own,
+private ``ROW_SHIFT``; ``test_positions_migration`` checks that the two agree). A position of
+format 1 (a one-event row's id) is carried over to format 2 by this shift, so it is fixed like a
+table format."""
 
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 """SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
@@ -369,7 +373,7 @@ class _SQLBackend(ViewBackend):
             )
             if cursor.fetchone() is not None:
                 cursor.execute(
-                    f"UPDATE {self.positions} SET position = position * {1 << kernel.ROW_SHIFT} "
+                    f"UPDATE {self.positions} SET position = position * {1 << ROW_SHIFT} "
                     f"WHERE name <> {m}",
                     (POSITIONS_FORMAT_ROW,),
                 )
@@ -391,7 +395,7 @@ class _SQLBackend(ViewBackend):
         if row is None:
             return 0
         position = int(self.column(row, "position"))
-        return position if self._has_marker() else position << kernel.ROW_SHIFT
+        return position if self._has_marker() else position << ROW_SHIFT
 
     def exists(self, table: str) -> bool:
         """Whether ``table`` exists, found without creating (or migrating) anything, so that a

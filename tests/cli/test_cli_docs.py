@@ -20,8 +20,7 @@ import projections.cli.commands._durable as durable
 from kernel import WorkflowBuilder, counter_ids, fork_at, open_store, record_response
 from projections.cli import main
 from projections.cli._demo import Checkout, Order
-from tests.durable.helpers import Counter, Tick
-from tests.durable.test_requests import Reviewer
+from tests.durable.helpers import Tick, counting, reviewing
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 BLOCK = re.compile(r"```console\n\$ steplog (?P<args>[^\n]*)\n(?P<out>.*?)```", re.S)
@@ -40,34 +39,10 @@ async def populate(url: str, clock: Callable[[], datetime]) -> None:
     with open_store(url, create=True) as store:
         ids = counter_ids("c")
 
-        def counting(fail_at: int | None = None):  # type: ignore[no-untyped-def]
-            counter = Counter("counter", 5, fail_at=fail_at)
-            return (
-                WorkflowBuilder(
-                    start_executor=counter,
-                    store=store,
-                    instance_id="count",
-                    clock=clock,
-                    id_factory=ids,
-                )
-                .add_edge(counter, counter)
-                .build()
-            )
-
         with pytest.raises(RuntimeError):
-            await counting(fail_at=4).run(Tick(1))
-        await counting().resume()
-        await (
-            WorkflowBuilder(
-                start_executor=Reviewer("reviewer"),
-                store=store,
-                instance_id="r",
-                clock=clock,
-                id_factory=counter_ids("r"),
-            )
-            .build()
-            .run("v1")
-        )
+            await counting(store, fail_at=4, clock=clock, id_factory=ids).run(Tick(1))
+        await counting(store, clock=clock, id_factory=ids).resume()
+        await reviewing(store, clock=clock, id_factory=counter_ids("r")).run("v1")
         checkout = WorkflowBuilder(
             start_executor=Checkout(id="checkout"),
             store=store,

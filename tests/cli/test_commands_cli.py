@@ -19,28 +19,12 @@ import pytest
 from rich.console import Console
 
 import projections.cli._progress as progress_bar
-from kernel import WorkflowBuilder, open_store
+from kernel import open_store
 from projections.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_PROBLEM, main, schema_of
 from projections.cli._demo import run_demo
-from tests.durable.helpers import Counter, Tick
-from tests.durable.test_requests import Reviewer
+from tests.durable.helpers import Tick, counting, reviewing
 
 STREAMS = frozenset({"log", "replay"})
-
-
-def counting(store: Any, instance_id: str = "count", *, fail_at: int | None = None) -> Any:
-    counter = Counter("counter", 5, fail_at=fail_at)
-    return (
-        WorkflowBuilder(start_executor=counter, store=store, instance_id=instance_id)
-        .add_edge(counter, counter)
-        .build()
-    )
-
-
-def reviewing(store: Any, instance_id: str = "r") -> Any:
-    return WorkflowBuilder(
-        start_executor=Reviewer("reviewer"), store=store, instance_id=instance_id
-    ).build()
 
 
 @dataclass

@@ -8,12 +8,10 @@ import json
 
 import pytest
 
-from kernel import WorkflowBuilder, open_store
+from kernel import open_store
 from kernel.testing import LogBuilder
 from projections.cli import main
-from tests.durable.test_requests import Reviewer
-from tests.durable.test_resume import Tick
-from tests.durable.test_resume import build as build_counter
+from tests.durable.helpers import Tick, counting, reviewing
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -29,9 +27,7 @@ def wide(monkeypatch):
 
 async def test_history_shows_a_run_waiting_for_input_and_its_requests(sqlite_url, capsys, wide):
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         (request,) = (await wf.run("v[bold]1")).pending_requests
 
     code, out = cli(capsys, "--store", sqlite_url, "history", "r")
@@ -43,11 +39,7 @@ async def test_history_shows_a_run_waiting_for_input_and_its_requests(sqlite_url
     assert '"draft":"v[bold]1"' in out  # stored text, shown as is: never read as markup
 
     with open_store(sqlite_url) as store:
-        await (
-            WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
-            .build()
-            .run(responses={request.request_id: "approve"})
-        )
+        await reviewing(store).run(responses={request.request_id: "approve"})
     code, out = cli(capsys, "--store", sqlite_url, "history", "r")
     assert code == 0
     assert "requests waiting for a response" not in out
@@ -62,9 +54,7 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
     ``runs``, ``runs --json``, ``history`` and ``show``; only the run still waiting is listed as
     waiting."""
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         (request,) = (await wf.run("v1")).pending_requests
         (again,) = (await wf.run(responses={request.request_id: "shorter"})).pending_requests
         await wf.run(responses={again.request_id: "approve"})
@@ -96,9 +86,7 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
     assert f"continued by run {second}" in out
 
     with open_store(sqlite_url) as store:  # the wait given up on purpose: no longer waiting
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         await wf.run("v3", supersede_requests=True)
     code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
     assert code == 0
@@ -108,14 +96,14 @@ async def test_a_run_answered_and_continued_is_no_longer_listed_as_waiting(
 
 async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, capsys, wide):
     with open_store(sqlite_url) as store:
-        origin = build_counter(store, fail_at=4)
+        origin = counting(store, fail_at=4)
         with pytest.raises(RuntimeError):
             await origin.run(Tick(1))
         first_run = origin.events()[0].run_id
         second = origin.checkpoints()[1].checkpoint_id
-        fork = build_counter(store).fork(at=second, instance_id="count-fork")
+        fork = counting(store).fork(at=second, instance_id="count-fork")
         await fork.resume()
-        await build_counter(store).resume()
+        await counting(store).resume()
         resumed = [e for e in origin.events() if e.type == "run_started"][1].run_id
 
     code, out = cli(capsys, "--store", sqlite_url, "history", "count")
@@ -134,10 +122,10 @@ async def test_history_shows_lineage_of_a_resumed_run_and_of_a_fork(sqlite_url, 
 
 async def test_blame_bisect_and_log_on_a_fork(sqlite_url, capsys, wide):
     with open_store(sqlite_url) as store:
-        origin = build_counter(store, fail_at=4)
+        origin = counting(store, fail_at=4)
         with pytest.raises(RuntimeError):
             await origin.run(Tick(1))
-        fork = build_counter(store).fork(at=origin.checkpoints()[1].checkpoint_id, instance_id="f")
+        fork = counting(store).fork(at=origin.checkpoints()[1].checkpoint_id, instance_id="f")
         at = fork.events()[0].origin_position
 
     code, out = cli(capsys, "--store", sqlite_url, "blame", "f", "count")
@@ -208,10 +196,7 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
     url = durable_store_url
     with open_store(url) as store:
         await asyncio.to_thread(lambda: fork_secrets(store, write_secrets(store)))
-        reviewer = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        )
-        (request,) = (await reviewer.build().run("v1")).pending_requests
+        (request,) = (await reviewing(store).run("v1")).pending_requests
     answered = cli(
         capsys,
         "--store",
@@ -224,22 +209,14 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
     )
     assert answered[0] == 0
     with open_store(url) as store:
-        await (
-            WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
-            .build()
-            .resume()
-        )
-        (_again,) = (
-            await WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r")
-            .build()
-            .run("v2")
-        ).pending_requests
-        origin = build_counter(store, fail_at=4)
+        await reviewing(store).resume()
+        (_again,) = (await reviewing(store).run("v2")).pending_requests
+        origin = counting(store, fail_at=4)
         with pytest.raises(RuntimeError):
             await origin.run(Tick(1))
         second = origin.checkpoints()[1].checkpoint_id
-        await build_counter(store).fork(at=second, instance_id="count-fork").resume()
-        await build_counter(store).resume()
+        await counting(store).fork(at=second, instance_id="count-fork").resume()
+        await counting(store).resume()
         runs = {
             name: [e.run_id for e in store.read(name, types=["run_started"])]
             for name in store.instances()
@@ -311,9 +288,7 @@ async def test_a_run_that_recorded_a_response_is_answered_not_waiting(sqlite_url
     ``show`` prints the response it recorded (request, value escaped, time, run); once resumed
     it is ``continued``, and the resuming run's ``show`` says what it continues (no ``None``)."""
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         (request,) = (await wf.run("v1")).pending_requests
     code, out = cli(
         capsys, "--store", sqlite_url, "respond", request.run_id, request.request_id,
@@ -352,9 +327,7 @@ async def test_a_run_that_recorded_a_response_is_answered_not_waiting(sqlite_url
     assert response["timestamp"]
 
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         await wf.resume()
         resumed = [e.run_id for e in store.read("r") if e.type == "run_started"][-1]
     code, out = cli(capsys, "--store", sqlite_url, "runs", "r", "--json")
@@ -373,18 +346,14 @@ async def test_show_of_a_run_resumed_after_respond_names_what_it_continues(
     which committed no superstep (no checkpoint): ``show`` said "after None"; it now says what
     it continues from, and ``history`` the same."""
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         (request,) = (await wf.run("v1")).pending_requests
     code, out = cli(
         capsys, "--store", sqlite_url, "respond", request.run_id, request.request_id, '"approve"'
     )
     assert code == 0, out
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         await wf.resume()
         first, answering, resumed = [e.run_id for e in store.read("r", types=["run_started"])]
     code, out = cli(capsys, "--store", sqlite_url, "show", resumed)
@@ -408,9 +377,7 @@ async def test_a_forks_inherited_request_is_marked_and_answered_with_instance(
     origin still waits, and the fork's ``resume()`` goes on with the response. ``respond FORK``
     says to use ``--instance``."""
     with open_store(sqlite_url) as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1"
-        ).build()
+        wf = reviewing(store, "fan-1")
         (request,) = (await wf.run("v1")).pending_requests
         checkpoint = wf.checkpoints()[-1].checkpoint_id
     code, out = cli(
@@ -444,8 +411,6 @@ async def test_a_forks_inherited_request_is_marked_and_answered_with_instance(
     (row,) = json.loads(out)["requests"]
     assert (row["instance_id"], row["inherited_from"]) == ("fan-1", None)  # the origin waits
     with open_store(sqlite_url) as store:
-        fork = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="fan-1b"
-        ).build()
+        fork = reviewing(store, "fan-1b")
         assert (await fork.resume()).get_outputs() == ["v1"]
         assert fork.committed_state() == {"draft": "v1", "approved": "v1"}

@@ -179,7 +179,7 @@ class Join(Stage):
         self.at("after_staging", ctx)
 
 
-def build(store: EventStore, instance_id: str, durability: Any, hook: Hook = no_hook) -> Workflow:
+def crashy(store: EventStore, instance_id: str, durability: Any, hook: Hook = no_hook) -> Workflow:
     """The workflow on ``store``'s instance ``instance_id``, calling ``hook`` at handler points."""
     dispatch, left, right = Dispatch("dispatch", hook), Left("left", hook), Right("right", hook)
     right2, join = Right2("right2", hook), Join("join", hook)
@@ -201,7 +201,7 @@ def build(store: EventStore, instance_id: str, durability: Any, hook: Hook = no_
 
 async def uninterrupted(store: EventStore, instance_id: str, durability: Any) -> dict[str, Any]:
     """The report of an uninterrupted run, in the shape ``resume`` prints."""
-    wf = build(store, instance_id, durability)
+    wf = crashy(store, instance_id, durability)
     result = await wf.run(Tick(1))
     return report(wf, result)
 
@@ -362,7 +362,7 @@ async def crash(
         hook = handler_hook(point, superstep, executor_id)
     else:
         MarkerTrap(store, point, superstep)
-    wf = build(store, instance_id, durability, hook)
+    wf = crashy(store, instance_id, durability, hook)
     await wf.run(Tick(1))
     print(f"kill point {point} of superstep {superstep} never reached", file=sys.stderr)
     return EXIT_NOT_REACHED
@@ -372,7 +372,7 @@ async def resume(url: str, instance_id: str, durability: str) -> dict[str, Any]:
     """Continue the instance's last run in this (new) process; its result and committed state."""
     store = open_store(url, create=False)
     try:
-        wf = build(store, instance_id, durability)
+        wf = crashy(store, instance_id, durability)
         result = await wf.resume()
         return report(wf, result)
     finally:

@@ -1,11 +1,21 @@
-"""What the durable-execution tests share: a counting workflow's parts, and reopening a store."""
+"""What the durable-execution tests (and the CLI and history tests built on them) share: a counting
+workflow, a reviewing workflow that asks for input, and reopening a store."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from kernel import EventStore, Executor, WorkflowContext, handler, open_store, response_handler
+from kernel import (
+    EventStore,
+    Executor,
+    Workflow,
+    WorkflowBuilder,
+    WorkflowContext,
+    handler,
+    open_store,
+    response_handler,
+)
 
 
 @dataclass
@@ -38,6 +48,24 @@ class Counter(Executor):
             await ctx.send_message(Tick(tick.n + 1))
 
 
+class Reviewer(Executor):
+    """Stages the ``draft`` and asks for its approval; ``"approve"`` yields the draft, any other
+    answer asks again about the draft with the answer appended."""
+
+    @handler
+    async def draft(self, text: str, ctx: WorkflowContext[str, str]) -> None:
+        ctx.set_state("draft", text)
+        await ctx.request_info(Approval(text), str)
+
+    @response_handler
+    async def decided(self, request: Approval, answer: str, ctx: WorkflowContext[str, str]) -> None:
+        if answer == "approve":
+            ctx.set_state("approved", request.draft)
+            await ctx.yield_output(request.draft)
+        else:
+            await ctx.request_info(Approval(f"{request.draft} ({answer})"), str)
+
+
 class AsksThenFails(Executor):
     """Asks for input, then fails: its superstep is aborted with the request in it."""
 
@@ -55,3 +83,29 @@ def reopen(url: str, store: Any) -> EventStore:
     """The store as another process would open it (the memory store has no other process)."""
     opened: EventStore = store if url.startswith("memory") else open_store(url)
     return opened
+
+
+def counting(
+    store: EventStore,
+    instance_id: str = "count",
+    *,
+    fail_at: int | None = None,
+    limit: int = 5,
+    **options: Any,
+) -> Workflow:
+    """A ``Counter`` sending ticks to itself up to ``limit`` on ``store``'s instance
+    ``instance_id``; ``options`` (a clock, an id factory...) go to the ``WorkflowBuilder``."""
+    counter = Counter("counter", limit, fail_at=fail_at)
+    return (
+        WorkflowBuilder(start_executor=counter, store=store, instance_id=instance_id, **options)
+        .add_edge(counter, counter)
+        .build()
+    )
+
+
+def reviewing(store: EventStore, instance_id: str = "r", **options: Any) -> Workflow:
+    """A ``Reviewer`` alone on ``store``'s instance ``instance_id``; ``options`` go to the
+    ``WorkflowBuilder``."""
+    return WorkflowBuilder(
+        start_executor=Reviewer("reviewer"), store=store, instance_id=instance_id, **options
+    ).build()

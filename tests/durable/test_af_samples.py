@@ -35,11 +35,7 @@ from kernel import (  # port: was `from agent_framework import ...`
     open_store,
     response_handler,
 )
-
-
-def reopen(url: str, store: EventStore) -> EventStore:
-    """The store as a later process would open it (the memory store has no other process)."""
-    return store if url.startswith("memory") else open_store(url)
+from tests.durable.helpers import reopen
 
 
 def run_types(wf: Workflow) -> list[str]:

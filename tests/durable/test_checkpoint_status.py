@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from kernel import EventStore, checkpoint_statuses, open_store, record_response
-from tests.durable.test_requests import build as build_reviewer
-from tests.durable.test_resume import Tick
-from tests.durable.test_resume import build as build_counter
+from tests.durable.helpers import Tick, counting, reviewing
 
 
 def _compared(store: EventStore, instance: str, wf: Any) -> list[Any]:
@@ -31,10 +29,10 @@ def _compared(store: EventStore, instance: str, wf: Any) -> list[Any]:
 async def test_a_failed_run_then_resumed_to_its_end(store_url):
     store = open_store(store_url)
     with pytest.raises(RuntimeError):
-        await build_counter(store, fail_at=3).run(Tick(1))
-    assert _compared(store, "count", build_counter(store)) == ["superseded", "resumable"]
-    await build_counter(store).resume()
-    statuses = _compared(store, "count", build_counter(store))
+        await counting(store, fail_at=3).run(Tick(1))
+    assert _compared(store, "count", counting(store)) == ["superseded", "resumable"]
+    await counting(store).resume()
+    statuses = _compared(store, "count", counting(store))
     assert statuses[-1] == "completed"
     assert set(statuses[:-1]) == {"superseded"}
     assert len(statuses) == 5
@@ -42,14 +40,14 @@ async def test_a_failed_run_then_resumed_to_its_end(store_url):
 
 async def test_a_run_waiting_for_input_and_answered(store_url):
     store = open_store(store_url)
-    (request,) = (await build_reviewer(store).run("v1")).pending_requests
-    assert _compared(store, "r", build_reviewer(store)) == ["awaiting_input"]
+    (request,) = (await reviewing(store).run("v1")).pending_requests
+    assert _compared(store, "r", reviewing(store)) == ["awaiting_input"]
     record_response(store, request.run_id, request.request_id, "approve", instance_id="r")
     # the response run committed nothing: whether messages wait needs the graph
-    assert _compared(store, "r", build_reviewer(store)) == [None]
-    assert build_reviewer(store).checkpoints()[-1].status == "resumable"
-    await build_reviewer(store).resume()
-    assert _compared(store, "r", build_reviewer(store)) == ["superseded", "completed"]
+    assert _compared(store, "r", reviewing(store)) == [None]
+    assert reviewing(store).checkpoints()[-1].status == "resumable"
+    await reviewing(store).resume()
+    assert _compared(store, "r", reviewing(store)) == ["superseded", "completed"]
 
 
 def test_an_instance_without_checkpoints_has_none(store_url):

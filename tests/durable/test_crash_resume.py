@@ -277,7 +277,7 @@ def read_log(url: str, instance_id: str, durability: str) -> tuple[list[EventBas
     store = open_store(url, create=False)
     try:
         events = store.read(instance_id)
-        state = crash_worker.build(store, instance_id, durability).committed_state()
+        state = crash_worker.crashy(store, instance_id, durability).committed_state()
         replayed = {k: store.codec.decode(v) for k, v in replayed_state(events).items()}
         return events, state, replayed
     finally:

@@ -83,7 +83,7 @@ async def step(n: int, ctx: WorkflowContext[int]) -> None:
     ctx.set_state("n", n)
 
 
-def build(store: Any, instance_id: str = "i") -> Any:
+def stepping(store: Any, instance_id: str = "i") -> Any:
     return WorkflowBuilder(start_executor=step, store=store, instance_id=instance_id).build()
 
 
@@ -91,7 +91,7 @@ async def test_a_lease_that_could_not_be_released_is_taken_back_by_the_next_run(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with open_store(store_url) as store:
-        wf = build(store)
+        wf = stepping(store)
         release = store.release_lease
 
         def full(instance_id: str, holder: str) -> None:
@@ -101,10 +101,10 @@ async def test_a_lease_that_could_not_be_released_is_taken_back_by_the_next_run(
         await wf.run(1)  # the run completes; giving its lease back fails
         assert store.read_lease("i") is not None
         monkeypatch.setattr(store, "release_lease", release)
-        await build(store).run(2)  # another workflow object on the same store: not refused
+        await stepping(store).run(2)  # another workflow object on the same store: not refused
         assert store.read_lease("i") is None
         assert store.stranded_leases == {}
-        assert build(store).committed_state() == {"n": 2}
+        assert stepping(store).committed_state() == {"n": 2}
         assert not any(isinstance(e, RunAbandoned) for e in store.read("i"))
 
 
@@ -124,6 +124,6 @@ async def test_a_live_run_of_the_same_process_is_still_refused(store_url: str) -
         running = asyncio.create_task(first.run(1))
         await inside.wait()  # the first run holds the lease
         with pytest.raises(RunInProgressError):
-            await build(store).run(2)
+            await stepping(store).run(2)
         gate.set()
         await running

@@ -35,7 +35,7 @@ async def step(n: int, ctx: WorkflowContext[int]) -> None:
         await ctx.send_message(n + 1)
 
 
-def build(store: object, instance_id: str = "leased") -> object:
+def looping(store: object, instance_id: str = "leased") -> object:
     return (
         WorkflowBuilder(start_executor=step, store=store, instance_id=instance_id)  # type: ignore[arg-type]
         .add_edge(step, step)
@@ -114,7 +114,7 @@ async def test_an_expired_lease_of_another_host_is_taken_over_and_its_superstep_
     run_id, superstep_id = open_run_of_a_dead_host(store, "leased")
     lease_of(store, "leased", "far-away-host:4242", expired=True)
 
-    wf = build(store)
+    wf = looping(store)
     await wf.run(1)  # type: ignore[attr-defined]
 
     events = wf.events()  # type: ignore[attr-defined]
@@ -135,7 +135,7 @@ async def test_a_live_lease_of_another_host_refuses_a_run_and_recover_leaves_it(
     before = store.read("leased")
 
     with pytest.raises(RunInProgressError, match="far-away-host:4242"):
-        await build(store).run(1)  # type: ignore[attr-defined]
+        await looping(store).run(1)  # type: ignore[attr-defined]
     assert recover(store, "leased") == []
     assert store.read("leased") == before
 

@@ -21,14 +21,11 @@ from kernel import (
     replay,
     response_handler,
 )
-from tests.durable.helpers import Approval, Counter, Tick
+from tests.durable.helpers import Approval, Counter, Reviewer, Tick
 
 
-class Reviewer(Executor):
-    @handler
-    async def draft(self, text: str, ctx: WorkflowContext[str, str]) -> None:
-        ctx.set_state("draft", text)
-        await ctx.request_info(Approval(text), str)
+class Stamper(Reviewer):
+    """A ``Reviewer`` that takes any answer: it yields the draft stamped with it."""
 
     @response_handler
     async def decided(self, request: Approval, answer: str, ctx: WorkflowContext[str, str]) -> None:
@@ -197,7 +194,7 @@ async def test_a_run_that_does_not_converge_replays_its_failed_event() -> None:
 
 async def test_requests_and_the_run_that_answers_them_replay(store_url: str) -> None:
     store = open_store(store_url)
-    wf = WorkflowBuilder(start_executor=Reviewer("reviewer"), store=store, instance_id="r").build()
+    wf = WorkflowBuilder(start_executor=Stamper("reviewer"), store=store, instance_id="r").build()
     asking, _ = await live(wf.run("v1", stream=True))
     (request,) = [e for e in asking if e.type == "request_info"]
     assert request.data == Approval("v1")

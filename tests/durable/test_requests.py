@@ -2,53 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from kernel import (
-    Executor,
     ResponseError,
     WorkflowBuilder,
-    WorkflowContext,
-    handler,
     open_store,
-    response_handler,
 )
-from tests.durable.helpers import Approval, AsksThenFails, reopen
-
-
-class Reviewer(Executor):
-    @handler
-    async def draft(self, text: str, ctx: WorkflowContext[str, str]) -> None:
-        ctx.set_state("draft", text)
-        await ctx.request_info(Approval(text), str)
-
-    @response_handler
-    async def decided(self, request: Approval, answer: str, ctx: WorkflowContext[str, str]) -> None:
-        if answer == "approve":
-            ctx.set_state("approved", request.draft)
-            await ctx.yield_output(request.draft)
-        else:
-            await ctx.request_info(Approval(f"{request.draft} ({answer})"), str)
-
-
-def build(store: Any) -> Any:
-    return WorkflowBuilder(
-        start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-    ).build()
+from tests.durable.helpers import Approval, AsksThenFails, reopen, reviewing
 
 
 async def test_a_request_waits_in_the_log_and_a_later_process_answers_it(store_url: str) -> None:
     store = open_store(store_url)
-    first = await build(store).run("v1")
+    first = await reviewing(store).run("v1")
     assert first.status == "awaiting_input"
     (request,) = first.pending_requests
     assert request.data == Approval("v1")
     assert [e.request_id for e in first.get_request_info_events()] == [request.request_id]
-    assert [e.type for e in build(store).events()][-1] == "run_awaiting_input"
+    assert [e.type for e in reviewing(store).events()][-1] == "run_awaiting_input"
 
-    later = build(reopen(store_url, store))
+    later = reviewing(reopen(store_url, store))
     assert [r.request_id for r in later.pending_requests()] == [request.request_id]
     assert later.checkpoints()[-1].status == "awaiting_input"
     revised = await later.run(responses={request.request_id: "shorter"})
@@ -63,7 +36,7 @@ async def test_a_request_waits_in_the_log_and_a_later_process_answers_it(store_u
 
 async def test_bad_responses_are_refused_and_nothing_is_appended(store_url: str) -> None:
     store = open_store(store_url)
-    wf = build(store)
+    wf = reviewing(store)
     (request,) = (await wf.run("v1")).pending_requests
     before = len(wf.events())
     with pytest.raises(ResponseError, match="must be a str; got a int"):

@@ -34,13 +34,9 @@ from kernel import (
     open_store,
     response_handler,
 )
+from tests.durable.helpers import reopen
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def reopen(url: str, store: EventStore) -> EventStore:
-    """The store as a later process would open it (the memory store has no other process)."""
-    return store if url.startswith("memory") else open_store(url)
 
 
 def of_type(wf: Workflow, kind: str) -> list[Any]:

@@ -20,8 +20,7 @@ from kernel import (
     record_response,
     response_handler,
 )
-from tests.durable.helpers import Approval, Counter, Tick, reopen
-from tests.durable.test_requests import Reviewer
+from tests.durable.helpers import Approval, Tick, counting, reopen, reviewing
 
 
 class TwoQuestions(Executor):
@@ -43,22 +42,13 @@ class TwoQuestions(Executor):
         await ctx.yield_output(f"{request.draft}={answer}")
 
 
-def build(store: Any, executor: Executor, instance_id: str = "q") -> Any:
-    return WorkflowBuilder(start_executor=executor, store=store, instance_id=instance_id).build()
-
-
-def counting(store: Any, instance_id: str = "count", *, fail_at: int | None = None) -> Any:
-    counter = Counter("counter", 5, fail_at=fail_at)
-    return (
-        WorkflowBuilder(start_executor=counter, store=store, instance_id=instance_id)
-        .add_edge(counter, counter)
-        .build()
-    )
+def asking_two(store: Any) -> Any:
+    return WorkflowBuilder(start_executor=TwoQuestions("two"), store=store, instance_id="q").build()
 
 
 async def test_a_recorded_response_is_delivered_by_the_next_resume(store_url: str) -> None:
     store = open_store(store_url)
-    first = await build(store, Reviewer("reviewer")).run("v1")
+    first = await reviewing(store, "q").run("v1")
     (request,) = first.pending_requests
     recorded = record_response(store, request.run_id, request.request_id, "approve")
 
@@ -66,7 +56,7 @@ async def test_a_recorded_response_is_delivered_by_the_next_resume(store_url: st
     assert [e.type for e in events] == ["run_started", "response_received", "run_awaiting_input"]
     assert events[0].continues == request.run_id
     assert events[1].value == "approve"
-    later = build(reopen(store_url, store), Reviewer("reviewer"))
+    later = reviewing(reopen(store_url, store), "q")
     assert later.pending_requests() == []
     result = await later.resume()
     assert result.get_outputs() == ["v1"]
@@ -75,14 +65,14 @@ async def test_a_recorded_response_is_delivered_by_the_next_resume(store_url: st
 
 async def test_two_requests_answered_one_at_a_time_then_resumed(store_url: str) -> None:
     store = open_store(store_url)
-    first = await build(store, TwoQuestions("two")).run("x")
+    first = await asking_two(store).run("x")
     a, b = first.pending_requests
     one = record_response(store, a.run_id, a.request_id, "yes")
     with pytest.raises(ResponseError, match="already answered"):
         record_response(store, one.run_id, a.request_id, "again")
     with pytest.raises(ResponseError, match="must be a int; got a str"):
         record_response(store, one.run_id, b.request_id, "7")
-    wf = build(store, TwoQuestions("two"))
+    wf = asking_two(store)
     assert [r.request_id for r in wf.pending_requests()] == [b.request_id]
     record_response(store, one.run_id, b.request_id, 7)
     result = await wf.resume()
@@ -98,11 +88,11 @@ async def test_a_new_message_after_a_recorded_response_is_refused_until_resumed(
     approval never delivered). It is refused, naming the response and ``resume()``; nothing is
     appended; ``resume()`` then delivers it, after which a new message runs."""
     store = open_store(store_url)
-    first = await build(store, Reviewer("reviewer")).run("v1")
+    first = await reviewing(store, "q").run("v1")
     (request,) = first.pending_requests
     recorded = record_response(store, request.run_id, request.request_id, "approve")
     version = store.version("q")
-    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    wf = reviewing(reopen(store_url, store), "q")
     with pytest.raises(PendingRequestsError) as refused:
         await wf.run("O-2")
     message = str(refused.value)
@@ -122,10 +112,10 @@ async def test_a_recorded_response_given_up_on_purpose(store_url: str) -> None:
     """``supersede_requests=True`` starts the new run anyway: the recorded response is given up
     (it stays in the log) and the new run asks afresh."""
     store = open_store(store_url)
-    first = await build(store, Reviewer("reviewer")).run("v1")
+    first = await reviewing(store, "q").run("v1")
     (request,) = first.pending_requests
     record_response(store, request.run_id, request.request_id, "approve")
-    wf = build(reopen(store_url, store), Reviewer("reviewer"))
+    wf = reviewing(reopen(store_url, store), "q")
     second = await wf.run("O-2", supersede_requests=True)
     assert second.status == "awaiting_input"
     assert "approved" not in wf.committed_state()
@@ -133,7 +123,7 @@ async def test_a_recorded_response_given_up_on_purpose(store_url: str) -> None:
 
 async def test_refusals_append_nothing(store_url: str) -> None:
     store = open_store(store_url)
-    first = await build(store, Reviewer("reviewer")).run("v1")
+    first = await reviewing(store, "q").run("v1")
     (request,) = first.pending_requests
     version = store.version("q")
     with pytest.raises(ResponseError, match="no pending request 'nope'"):
@@ -150,9 +140,9 @@ async def test_fork_at_appends_what_workflow_fork_appends(store_url: str) -> Non
     with pytest.raises(RuntimeError):
         await counting(store, fail_at=4).run(Tick(1))
     origin = counting(store)
-    waiting = await build(store, Reviewer("reviewer"), "r").run("v1")
+    waiting = await reviewing(store).run("v1")
     assert waiting.status == "awaiting_input"
-    reviewer = build(store, Reviewer("reviewer"), "r")
+    reviewer = reviewing(store)
     points: list[tuple[Any, Any, str]] = [
         (origin, c.checkpoint_id, "count") for c in origin.checkpoints()
     ]
@@ -174,7 +164,7 @@ async def test_a_forks_inherited_request_is_answered_on_the_fork(store_url: str)
     on there, as ``run(responses=...)`` on the fork's workflow does), and the origin still waits.
     """
     store = open_store(store_url)
-    first = await build(store, Reviewer("reviewer")).run("v1")
+    first = await reviewing(store, "q").run("v1")
     (request,) = first.pending_requests
     fork_at(store, "q", store.version("q"), "q-b")
     recorded = record_response(
@@ -183,9 +173,9 @@ async def test_a_forks_inherited_request_is_answered_on_the_fork(store_url: str)
     assert recorded.instance_id == "q-b"
     started = store.read("q-b", after=recorded.first_position - 1)[0]
     assert started.continues == request.run_id
-    origin = build(store, Reviewer("reviewer"))
+    origin = reviewing(store, "q")
     assert [r.request_id for r in origin.pending_requests()] == [request.request_id]
-    fork = build(reopen(store_url, store), Reviewer("reviewer"), "q-b")
+    fork = reviewing(reopen(store_url, store), "q-b")
     assert fork.pending_requests() == []
     assert (await fork.resume()).get_outputs() == ["v1"]
     assert fork.committed_state() == {"draft": "v1", "approved": "v1"}

@@ -16,16 +16,7 @@ from kernel import (
     open_store,
     response_handler,
 )
-from tests.durable.helpers import Approval, Counter, Tick, reopen
-
-
-def build(store: Any, *, fail_at: int | None = None, limit: int = 5) -> Any:
-    counter = Counter("counter", limit, fail_at=fail_at)
-    return (
-        WorkflowBuilder(start_executor=counter, store=store, instance_id="count")
-        .add_edge(counter, counter)
-        .build()
-    )
+from tests.durable.helpers import Approval, Counter, Tick, counting, reopen
 
 
 async def test_a_failed_run_resumes_in_a_new_workflow_to_the_uninterrupted_result(
@@ -33,8 +24,8 @@ async def test_a_failed_run_resumes_in_a_new_workflow_to_the_uninterrupted_resul
 ) -> None:
     store = open_store(store_url)
     with pytest.raises(RuntimeError, match="boom at 3"):
-        await build(store, fail_at=3).run(Tick(1))
-    fresh = build(reopen(store_url, store))
+        await counting(store, fail_at=3).run(Tick(1))
+    fresh = counting(reopen(store_url, store))
     checkpoints = fresh.checkpoints()
     assert [c.index for c in checkpoints] == [1, 2]
     assert checkpoints[-1].status == "resumable"
@@ -52,11 +43,11 @@ async def test_a_failed_run_resumes_in_a_new_workflow_to_the_uninterrupted_resul
 
 async def test_resume_continues_the_named_run_and_streams_only_new_events(store_url: str) -> None:
     store = open_store(store_url)
-    wf = build(store, fail_at=4)
+    wf = counting(store, fail_at=4)
     with pytest.raises(RuntimeError):
         await wf.run(Tick(1))
     failed_run = next(e for e in wf.events() if e.type == "run_started").run_id
-    fresh = build(reopen(store_url, store))
+    fresh = counting(reopen(store_url, store))
     seen = [(e.type, e.superstep, e.data) async for e in fresh.resume(failed_run, stream=True)]
     assert [s for t, s, _ in seen if t == "superstep_started"] == [4, 5]
     assert [d for t, _, d in seen if t == "output"] == [4, 5]
@@ -65,7 +56,7 @@ async def test_resume_continues_the_named_run_and_streams_only_new_events(store_
 
 async def test_an_older_checkpoint_is_refused_with_a_pointer_to_fork(store_url: str) -> None:
     store = open_store(store_url)
-    wf = build(store, fail_at=4)
+    wf = counting(store, fail_at=4)
     with pytest.raises(RuntimeError):
         await wf.run(Tick(1))
     first = wf.checkpoints()[0]
@@ -78,7 +69,7 @@ async def test_an_older_checkpoint_is_refused_with_a_pointer_to_fork(store_url: 
 
 
 async def test_a_completed_run_has_nothing_to_resume(store_url: str) -> None:
-    wf = build(open_store(store_url))
+    wf = counting(open_store(store_url))
     await wf.run(Tick(1))
     before = len(wf.events())
     with pytest.raises(ResumeError, match="nothing left to do"):
@@ -88,25 +79,25 @@ async def test_a_completed_run_has_nothing_to_resume(store_url: str) -> None:
 
 async def test_a_run_superseded_by_a_later_commit_is_refused(store_url: str) -> None:
     store = open_store(store_url)
-    wf = build(store, fail_at=3)
+    wf = counting(store, fail_at=3)
     with pytest.raises(RuntimeError):
         await wf.run(Tick(1))
     first_run = next(e for e in wf.events() if e.type == "run_started").run_id
-    await build(store).run(Tick(10))  # commits after the failed run
+    await counting(store).run(Tick(10))  # commits after the failed run
     with pytest.raises(ResumeError, match=r"cannot be continued.*[Ff]ork"):
-        await build(store).resume(first_run)
+        await counting(store).resume(first_run)
 
 
 async def test_fork_at_a_checkpoint_resumes_in_the_fork_and_leaves_the_origin(
     store_url: str,
 ) -> None:
     store = open_store(store_url)
-    wf = build(store, fail_at=4)
+    wf = counting(store, fail_at=4)
     with pytest.raises(RuntimeError):
         await wf.run(Tick(1))
     origin_events = wf.events()
     second = wf.checkpoints()[1]
-    fork = build(store).fork(at=second.checkpoint_id, instance_id="count-fork")
+    fork = counting(store).fork(at=second.checkpoint_id, instance_id="count-fork")
     assert fork.committed_state() == {"count": 2}
     assert fork.checkpoints()[-1].checkpoint_id == second.checkpoint_id
     result = await fork.resume()
@@ -177,7 +168,7 @@ async def test_fork_takes_the_time_travel_points_and_refuses_inside_a_superstep(
     from projections import AtPosition, AtSuperstep, AtTime, InsideSuperstep
 
     store = open_store("memory://")
-    wf = build(store, limit=3)
+    wf = counting(store, limit=3)
     await wf.run(Tick(1))
     first, second, _ = wf.checkpoints()
     at_step = wf.fork(at=AtSuperstep(second.checkpoint_id), instance_id="f1")

@@ -46,7 +46,7 @@ class Count(Executor):
             await ctx.send_message(n + 1)
 
 
-def counting(store: EventStore, instance_id: str, limit: int) -> Workflow:
+def count_to(store: EventStore, instance_id: str, limit: int) -> Workflow:
     start = Count(limit)
     return (
         WorkflowBuilder(start, store=store, instance_id=instance_id).add_edge(start, start).build()
@@ -102,7 +102,7 @@ async def until(condition: threading.Event) -> None:
 async def test_runs_that_are_ready_together_share_one_commit(sqlite_store: EventStore) -> None:
     store = sqlite_store
     gate = Gate(store)
-    workflows = [counting(store, f"w{i}", 3) for i in range(8)]
+    workflows = [count_to(store, f"w{i}", 3) for i in range(8)]
     runs = [asyncio.create_task(wf.run(1)) for wf in workflows]
     await until(gate.entered)
     await queued(store, 7)  # the other runs reach their commit and queue behind the first
@@ -130,7 +130,7 @@ async def test_a_run_cancelled_while_its_commit_is_in_flight_records_the_commit_
 ) -> None:
     store = sqlite_store
     gate = Gate(store)
-    wf = counting(store, "w", 3)
+    wf = count_to(store, "w", 3)
     run = asyncio.create_task(wf.run(1))
     await until(gate.entered)
     run.cancel()
@@ -147,7 +147,7 @@ async def test_a_run_cancelled_while_its_commit_is_in_flight_records_the_commit_
     assert aborted.superstep_id != committed.superstep_id  # the next one, never the landed one
     assert isinstance(events[-1], RunCancelled)
     assert wf.committed_state() == {"n": 1}
-    result = await counting(store, "w", 3).run(1)  # the instance goes on as usual
+    result = await count_to(store, "w", 3).run(1)  # the instance goes on as usual
     assert result.status == "completed"
 
 
@@ -157,7 +157,7 @@ async def test_a_failed_transaction_fails_every_run_in_it_and_each_records_its_a
     store = sqlite_store
     gate = Gate(store)
     gate.fail_with = sqlite3.OperationalError("disk I/O error")
-    workflows = [counting(store, f"w{i}", 3) for i in range(3)]
+    workflows = [count_to(store, f"w{i}", 3) for i in range(3)]
     runs = [asyncio.create_task(wf.run(1)) for wf in workflows]
     await until(gate.entered)
     await queued(store, 2)
@@ -169,12 +169,12 @@ async def test_a_failed_transaction_fails_every_run_in_it_and_each_records_its_a
         assert wf.committed_state() == {}
         assert kinds(wf.events())[-1] == "run_failed"
     gate.fail_with = None
-    assert (await counting(store, "w0", 3).run(1)).status == "completed"
+    assert (await count_to(store, "w0", 3).run(1)).status == "completed"
 
 
 async def test_closing_the_store_commits_what_is_queued(sqlite_url: str) -> None:
     store = open_store(sqlite_url)
-    result = await counting(store, "w", 2).run(1)
+    result = await count_to(store, "w", 2).run(1)
     assert result.status == "completed"
     store.close()
     with open_store(sqlite_url, create=False) as reopened:
@@ -187,7 +187,7 @@ async def test_a_batch_queued_as_the_idle_committer_stops_is_still_committed(
     store = sqlite_store
     monkeypatch.setattr("kernel._store._group.IDLE_SECONDS", 0.05)
     committer = store.group_committer()
-    first = counting(store, "w", 1)
+    first = count_to(store, "w", 1)
     assert (await first.run(1)).status == "completed"
     log = LogBuilder("v", clock=ticking_clock())
     log.start_run()

@@ -70,7 +70,7 @@ async def async_by_size(n: int, targets: list[str]) -> list[str]:
     return [low] if n < 10 else [audit, high]
 
 
-def build(store: Any, selection: Any, **kwargs: Any) -> Any:
+def dispatching(store: Any, selection: Any, **kwargs: Any) -> Any:
     start = Dispatch("dispatch")
     return (
         WorkflowBuilder(start_executor=start, store=store, **kwargs)
@@ -83,7 +83,7 @@ def build(store: Any, selection: Any, **kwargs: Any) -> Any:
 
 async def test_the_selected_targets_receive_the_message_each_once(store_url: str) -> None:
     calls = Calls()
-    wf = build(open_store(store_url), calls)
+    wf = dispatching(open_store(store_url), calls)
     small = await wf.run(3)
     large = await wf.run(42)
     assert small.get_outputs() == ["low:3"]
@@ -95,13 +95,13 @@ async def test_the_selected_targets_receive_the_message_each_once(store_url: str
 
 
 async def test_an_async_selection_function_is_awaited(store_url: str) -> None:
-    wf = build(open_store(store_url), async_by_size)
+    wf = dispatching(open_store(store_url), async_by_size)
     assert (await wf.run(3)).get_outputs() == ["low:3"]
     assert sorted((await wf.run(50)).get_outputs()) == ["audit:50", "high:50"]
 
 
 async def test_selecting_nobody_delivers_the_message_nowhere(store_url: str) -> None:
-    wf = build(open_store(store_url), Calls())
+    wf = dispatching(open_store(store_url), Calls())
     result = await wf.run(0)
     assert result.status == "completed"
     assert result.get_outputs() == []
@@ -125,7 +125,7 @@ async def test_a_selection_outside_the_targets_fails_the_superstep(
     def bad(n: int, targets: list[str]) -> Any:
         return picked
 
-    wf = build(open_store(store_url), bad)
+    wf = dispatching(open_store(store_url), bad)
     with pytest.raises(RoutingError, match=r"selection function .*bad") as raised:
         await wf.run(3)
     assert says in str(raised.value)
@@ -261,7 +261,7 @@ async def test_the_builder_refuses_a_selection_it_cannot_call_and_bad_targets() 
 
 
 def test_message_staged_records_the_selection_for_audits() -> None:
-    wf = build(open_store("memory://"), Calls())
+    wf = dispatching(open_store("memory://"), Calls())
     asyncio.run(wf.run(12))
     (sent,) = [e for e in wf.events() if isinstance(e, MessageStaged)]
     assert (sent.source, sent.targets) == ("dispatch", ["audit", "high"])

@@ -43,13 +43,13 @@ class Flaky(Executor):
         await ctx.yield_output("ok")
 
 
-def build(store: Any, start: Executor, **options: Any) -> WorkflowBuilder:
+def builder_for(store: Any, start: Executor, **options: Any) -> WorkflowBuilder:
     return WorkflowBuilder(start_executor=start, store=store, instance_id="orders-42", **options)
 
 
 @pytest.mark.parametrize("durability", ["superstep", "write"])
 async def test_failed_superstep_never_leaks_into_a_later_successful_run(store, durability):
-    wf = build(store, Flaky(id="flaky"), durability=durability).build()
+    wf = builder_for(store, Flaky(id="flaky"), durability=durability).build()
 
     with pytest.raises(RuntimeError, match="boom"):
         await wf.run(Msg(fail=True))
@@ -69,11 +69,11 @@ async def test_failed_superstep_never_leaks_into_a_later_successful_run(store, d
 
 
 async def test_a_fresh_workflow_object_on_the_same_instance_sees_no_leak(store):
-    wf = build(store, Flaky(id="flaky")).build()
+    wf = builder_for(store, Flaky(id="flaky")).build()
     with pytest.raises(RuntimeError):
         await wf.run(Msg(fail=True))
 
-    again = build(store, Flaky(id="flaky")).build()
+    again = builder_for(store, Flaky(id="flaky")).build()
     await again.run(Msg())
 
     assert again.committed_state() == {"visits": 1}
@@ -129,7 +129,7 @@ async def log_seen_when_cancelled(
 async def test_cancelling_the_caller_mid_superstep_aborts_it_before_propagating(store):
     started = asyncio.Event()
     blocker = Blocker("blocker", started, write_when_cancelled=True)
-    wf = build(store, blocker).build()
+    wf = builder_for(store, blocker).build()
 
     async def caller() -> None:
         await wf.run(Msg())
@@ -178,7 +178,7 @@ async def test_a_sibling_writing_after_another_failed_never_counts(store):
     writer = WritesAroundTheFailure("writer", wrote)
     source = Source("source")
     failer = FailsAfter("failer", wrote, "fast failure")
-    wf = build(store, source).add_fan_out_edges(source, [failer, writer]).build()
+    wf = builder_for(store, source).add_fan_out_edges(source, [failer, writer]).build()
 
     with pytest.raises(ValueError, match="fast failure"):
         await wf.run(Msg())
@@ -193,7 +193,7 @@ async def test_a_sibling_writing_after_another_failed_never_counts(store):
 
 
 async def test_consumer_cancelled_while_failure_events_are_yielded(store):
-    wf = build(store, Flaky(id="flaky")).build()
+    wf = builder_for(store, Flaky(id="flaky")).build()
     received: list[str] = []
 
     async def consume() -> None:
@@ -214,7 +214,7 @@ async def test_consumer_cancelled_while_failure_events_are_yielded(store):
 
 async def test_consumer_cancelled_while_waiting_for_the_next_event(store):
     started = asyncio.Event()
-    wf = build(store, Blocker("blocker", started)).build()
+    wf = builder_for(store, Blocker("blocker", started)).build()
 
     async def consume() -> None:
         async for _ in wf.run(Msg(), stream=True):
@@ -227,7 +227,7 @@ async def test_consumer_cancelled_while_waiting_for_the_next_event(store):
 
 
 async def test_stream_dropped_after_executor_failed_then_a_new_run_at_once(store):
-    wf = build(store, Flaky(id="flaky")).build()
+    wf = builder_for(store, Flaky(id="flaky")).build()
 
     stream = wf.run(Msg(fail=True), stream=True)
     async for event in stream:
@@ -261,7 +261,7 @@ class BlocksOnce(Executor):
 
 async def test_stream_dropped_mid_superstep_is_aborted_as_abandoned_before_the_next_run(store):
     started = asyncio.Event()
-    wf = build(store, BlocksOnce("blocker", started)).build()
+    wf = builder_for(store, BlocksOnce("blocker", started)).build()
 
     stream = wf.run(Msg(), stream=True)
     async for event in stream:
@@ -281,13 +281,13 @@ async def test_stream_dropped_mid_superstep_is_aborted_as_abandoned_before_the_n
 
 async def test_a_live_run_holds_the_instance_against_any_other_workflow_object(store):
     started = asyncio.Event()
-    first = build(store, Blocker("blocker", started), durability="write").build()
+    first = builder_for(store, Blocker("blocker", started), durability="write").build()
     stream = first.run(Msg(), stream=True)
     while (await anext(stream)).type != "executor_invoked":
         pass  # the run hands over one event at a time
     await started.wait()
 
-    other = build(store, Flaky(id="flaky")).build()  # knows nothing of the first object's run
+    other = builder_for(store, Flaky(id="flaky")).build()  # knows nothing of the first object's run
     before = kinds(other.events())
     with pytest.raises(RunInProgressError, match=r"is being run by .*lease expires") as refused:
         await other.run(Msg())
@@ -302,14 +302,14 @@ async def test_a_live_run_holds_the_instance_against_any_other_workflow_object(s
 
 async def test_an_unfinished_run_whose_lease_was_released_is_closed_by_the_next_run(store):
     started = asyncio.Event()
-    first = build(store, Blocker("blocker", started), durability="write").build()
+    first = builder_for(store, Blocker("blocker", started), durability="write").build()
     stream = first.run(Msg(), stream=True)
     while (await anext(stream)).type != "executor_invoked":
         pass
     await started.wait()
     store.release_lease(first.instance_id, store.read_lease(first.instance_id).holder)
 
-    other = build(store, Flaky(id="flaky")).build()
+    other = builder_for(store, Flaky(id="flaky")).build()
     await other.run(Msg())
 
     assert fate_of(other, "before") == ["aborted:abandoned"]
@@ -331,7 +331,7 @@ async def test_delete_staged_in_an_aborted_superstep_leaves_the_committed_value(
                 raise RuntimeError("after delete")
             ctx.set_state("keep", {"v": 1})
 
-    wf = build(store, Deleter("deleter")).build()
+    wf = builder_for(store, Deleter("deleter")).build()
     await wf.run(Msg())
     with pytest.raises(RuntimeError):
         await wf.run(Msg(fail=True))
@@ -352,7 +352,7 @@ class Unencodable(Executor):
 
 
 async def test_a_value_that_cannot_be_encoded_aborts_the_superstep_and_the_next_run_works(store):
-    wf = build(store, Unencodable("enc")).build()
+    wf = builder_for(store, Unencodable("enc")).build()
 
     with pytest.raises(EncodingError) as caught:
         await wf.run(Msg(fail=True))
@@ -377,7 +377,7 @@ async def test_writes_from_a_task_that_outlives_its_superstep_are_refused(store)
 
             leaked.append(asyncio.create_task(later()))
 
-    wf = build(store, Spawner("spawner")).build()
+    wf = builder_for(store, Spawner("spawner")).build()
     await wf.run(Msg())
     with pytest.raises(StateWriteRejectedError, match="already committed"):
         await leaked[0]

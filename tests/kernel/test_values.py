@@ -1,7 +1,7 @@
 """Messages, outputs and state must be storable: each kind of value either comes back exactly
 from the log (read by a store opened anew), or is refused clearly and early.
 
-"Early" is ``build()`` when a handler's annotations name a class the log can never hold, and the
+"Early" is ``keeping()`` when a handler's annotations name a class the log can never hold, and the
 ``send_message`` / ``set_state`` / ``yield_output`` call otherwise, before anything is appended
 for the value. Nothing is ever pickled.
 """
@@ -163,7 +163,7 @@ class Keeper(Executor):
         await ctx.yield_output(message)
 
 
-def build(store: EventStore, instance: str) -> Any:
+def keeping(store: EventStore, instance: str) -> Any:
     keeper = Keeper("keeper")
     return (
         WorkflowBuilder(start_executor=keeper, store=store, instance_id=instance)
@@ -177,10 +177,10 @@ async def test_each_supported_value_comes_back_exactly_from_a_reopened_store(
     opener: Any, name: str
 ) -> None:
     value = ROUND_TRIPS[name]
-    result = await build(opener(), "values").run(value)
+    result = await keeping(opener(), "values").run(value)
     assert result.outputs == [value]
 
-    reader = build(opener(), "values")  # a new store object on the same file (SQLite)
+    reader = keeping(opener(), "values")  # a new store object on the same file (SQLite)
     back = reader.committed_state()["value"]
     assert back == value
     assert type(back) is type(value)
@@ -259,7 +259,7 @@ async def test_the_run_input_is_refused_before_anything_is_appended(opener: Any)
     assert wf.events() == []
 
 
-# -- refused by build() --------------------------------------------------------------------------
+# -- refused by keeping() --------------------------------------------------------------------------
 
 
 @dataclass

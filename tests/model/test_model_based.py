@@ -102,7 +102,7 @@ from tests.model.workflow import (
     InjectedFailure,
     Spec,
     act,
-    build,
+    workflow_of,
 )
 
 KEYS = ("a", "b", "c")
@@ -339,7 +339,7 @@ class KernelMachine(RuleBasedStateMachine):
             if instance_id in self.workflows:  # what its handlers noticed is checked now
                 assert not self.workflows[instance_id][1].mismatches
             hooks = Hooks()
-            wf = build(self.store, instance_id, self.spec, self.durability, hooks)
+            wf = workflow_of(self.store, instance_id, self.spec, self.durability, hooks)
             self.workflows[instance_id] = (wf, hooks)
         return self.workflows[instance_id]
 

@@ -211,7 +211,7 @@ class Spec:
         )
 
 
-def build(
+def workflow_of(
     store: EventStore, instance_id: str, spec: Spec, durability: Any, hooks: Hooks
 ) -> Workflow:
     """The workflow of ``spec`` on ``store``'s instance ``instance_id``."""
@@ -263,7 +263,7 @@ async def _killed(
         MarkerTrap(store, STORE_POINTS[armed.at], armed.index)
     else:
         hooks.arm(armed)
-    wf = build(store, instance_id, Spec.from_json(spec), durability, hooks)
+    wf = workflow_of(store, instance_id, Spec.from_json(spec), durability, hooks)
     await act(wf, json.loads(action))
 
 

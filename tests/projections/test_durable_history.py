@@ -34,16 +34,7 @@ from projections import (
     history_of,
     state_at,
 )
-from tests.durable.helpers import AsksThenFails
-from tests.durable.test_requests import Reviewer
-from tests.durable.test_resume import Tick
-from tests.durable.test_resume import build as build_counter
-
-
-def build_reviewer(store: Any, instance_id: str = "r") -> Any:
-    return WorkflowBuilder(
-        start_executor=Reviewer("reviewer"), store=store, instance_id=instance_id
-    ).build()
+from tests.durable.helpers import AsksThenFails, Tick, counting, reviewing
 
 
 def projected(store: Any, *names: str) -> Projector:
@@ -57,7 +48,7 @@ def projected(store: Any, *names: str) -> Projector:
 
 async def test_a_run_waiting_for_input_shows_its_pending_requests_until_answered(store_url):
     store = open_store(store_url)
-    wf = build_reviewer(store)
+    wf = reviewing(store)
     first = await wf.run("v1")
     (request,) = first.pending_requests
 
@@ -93,7 +84,7 @@ async def test_a_run_answered_and_continued_no_longer_waits_in_the_fold_and_the_
     lists the run that continues it), in the pure fold and in the materialized view alike, the
     view folded page by page as the log grew."""
     store = open_store(store_url)
-    wf = build_reviewer(store)
+    wf = reviewing(store)
     projector = Projector(store, ["history"], page_size=2)
     (request,) = (await wf.run("v1")).pending_requests
     projector.catch_up()
@@ -120,7 +111,7 @@ async def test_a_run_that_recorded_a_response_is_answered_in_the_fold_and_the_vi
     ``awaiting_input``, in the fold and the view alike; ``continued`` once resumed, and
     ``superseded`` if a new run gives its response up."""
     store = open_store(store_url)
-    wf = build_reviewer(store)
+    wf = reviewing(store)
     projector = Projector(store, ["history"], page_size=2)
     (request,) = (await wf.run("v1")).pending_requests
     record_response(store, request.run_id, request.request_id, "approve")
@@ -165,7 +156,7 @@ async def test_a_request_of_an_aborted_superstep_never_waits(store_url):
 
 async def test_a_new_run_ends_the_wait_as_the_kernel_does(store_url):
     store = open_store(store_url)
-    wf = build_reviewer(store)
+    wf = reviewing(store)
     (request,) = (await wf.run("v1")).pending_requests
     assert [r.request_id for r in fold_history(wf.events()).pending_requests()] == [
         request.request_id
@@ -265,8 +256,8 @@ def test_a_request_counts_only_if_staged_before_its_superstep_commits():
 async def test_a_resumed_run_shows_its_lineage_both_ways(store_url):
     store = open_store(store_url)
     with pytest.raises(RuntimeError, match="boom at 3"):
-        await build_counter(store, fail_at=3).run(Tick(1))
-    wf = build_counter(store)
+        await counting(store, fail_at=3).run(Tick(1))
+    wf = counting(store)
     checkpoint = wf.checkpoints()[-1].checkpoint_id
     await wf.resume()
 
@@ -290,11 +281,11 @@ async def test_a_resumed_run_shows_its_lineage_both_ways(store_url):
 async def _forked(store: Any) -> tuple[Any, Any, str]:
     """Instance ``count`` fails at 4; ``count-fork`` is forked after its second superstep and
     resumed there. Returns the origin, the fork, and the checkpoint forked at."""
-    origin = build_counter(store, fail_at=4)
+    origin = counting(store, fail_at=4)
     with pytest.raises(RuntimeError):
         await origin.run(Tick(1))
     second = origin.checkpoints()[1].checkpoint_id
-    fork = build_counter(store).fork(at=second, instance_id="count-fork")
+    fork = counting(store).fork(at=second, instance_id="count-fork")
     await fork.resume()
     return origin, fork, second
 
@@ -335,10 +326,10 @@ async def test_a_fork_shows_its_origin_and_the_origin_lists_its_forks(store_url)
 
 async def test_blame_of_a_forked_value_names_the_fork_and_its_origin(store_url):
     store = open_store(store_url)
-    origin = build_counter(store, fail_at=4)
+    origin = counting(store, fail_at=4)
     with pytest.raises(RuntimeError):
         await origin.run(Tick(1))
-    fork = build_counter(store).fork(at=origin.checkpoints()[1].checkpoint_id, instance_id="f")
+    fork = counting(store).fork(at=origin.checkpoints()[1].checkpoint_id, instance_id="f")
     fork_position = fork.events()[0].origin_position
 
     blame = fold_blame(fork.events())
@@ -396,7 +387,7 @@ async def test_time_travel_diff_and_bisect_on_a_forked_instance(store_url):
 
 async def test_the_history_view_moved_to_a_new_table_folded_from_the_start(store_url):
     store = open_store(store_url)
-    wf = build_reviewer(store)
+    wf = reviewing(store)
     await wf.run("v1")
     projector = Projector(store, ["history"])
     assert HistoryView().table == "steplog_view_history_v3"
@@ -414,7 +405,7 @@ async def test_the_history_view_moved_to_a_new_table_folded_from_the_start(store
 
 async def test_a_fork_of_a_waiting_run_shows_the_requests_it_inherited(store_url):
     store = open_store(store_url)
-    origin = build_reviewer(store)
+    origin = reviewing(store)
     await origin.run("v1")
     fork = origin.fork(at=origin.checkpoints()[-1].checkpoint_id, instance_id="r-fork")
 

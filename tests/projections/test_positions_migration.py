@@ -7,14 +7,17 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from kernel import ROW_SHIFT, open_store
+from kernel import open_store
+from kernel._store._eventstore import ROW_SHIFT
 from kernel.testing import LogBuilder
 from projections import HistoryView, Projector, history_of
+from projections._views import _sqlbackends
 
 DATA = Path(__file__).parent.parent / "data"
 
 
 def test_positions_tracked_in_row_ids_are_carried_over_once(tmp_path: Path) -> None:
+    assert _sqlbackends.ROW_SHIFT == ROW_SHIFT  # the views' copy of the kernel's row format
     path = tmp_path / "format1.db"
     shutil.copyfile(DATA / "format1.db", path)
     url = f"sqlite:///{path}"

@@ -73,13 +73,11 @@ def test_a_run_that_recorded_a_response_is_answered_not_waiting(tmp_path: Path) 
     ``answered: resume() continues``, and a search for waiting runs does not find it."""
     import asyncio
 
-    from kernel import WorkflowBuilder, open_store, record_response
-    from tests.durable.test_requests import Reviewer
+    from kernel import open_store, record_response
+    from tests.durable.helpers import reviewing
 
     with open_store(f"sqlite:///{tmp_path / 'answered.db'}") as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="r"
-        ).build()
+        wf = reviewing(store)
         (request,) = asyncio.run(wf.run("v1")).pending_requests
         recorded = record_response(store, request.run_id, request.request_id, "approve")
         with TestClient(create_app(store), base_url=LOCAL) as ui:
@@ -558,13 +556,11 @@ def test_a_run_answered_and_continued_is_listed_as_continued_not_waiting(tmp_pat
     as continued, by the run that went on, and a search for waiting runs no longer finds it."""
     import asyncio
 
-    from kernel import WorkflowBuilder, open_store
-    from tests.durable.test_requests import Reviewer
+    from kernel import open_store
+    from tests.durable.helpers import reviewing
 
     with open_store(f"sqlite:///{tmp_path}/answered.db") as store:
-        wf = WorkflowBuilder(
-            start_executor=Reviewer("reviewer"), store=store, instance_id="order"
-        ).build()
+        wf = reviewing(store, "order")
         (request,) = asyncio.run(wf.run("v1")).pending_requests
         asyncio.run(wf.run(responses={request.request_id: "approve"}))
         first, second = [e.run_id for e in wf.events() if e.type == "run_started"]
