@@ -107,6 +107,7 @@ from kernel._ops._recovery import RecoveredRun, recover
 from kernel._ops._replay import RecordedError, replay
 from kernel._ops._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._ops._respond import RecordedResponse, fork_at, record_response
+from kernel._ops._settings import InstanceSettings
 from kernel._ops._subworkflow import (
     SubworkflowLinks,
     SubWorkflowRequestMessage,
@@ -187,6 +188,7 @@ __all__ = [
     "IdFactory",
     "InfoRequested",
     "InstanceForked",
+    "InstanceSettings",
     "InvalidBatchError",
     "Keyring",
     "Lease",
