@@ -47,17 +47,10 @@ from kernel._codec._chain import ChainHead, ChainProblem, ChainReport
 from kernel._codec._cipher import FROM_ENV, KEYS_ENV, Keyring
 from kernel._codec._values import ValueCodec
 from kernel._define._context import WorkflowContext
-from kernel._define._executor import (
-    Executor,
-    FunctionExecutor,
-    HandlerSpec,
-    ResponseHandlerSpec,
-    WorkflowMessage,
-    executor,
-    handler,
-    response_handler,
-)
+from kernel._define._executor import Executor, WorkflowMessage, handler, response_handler
+from kernel._define._functions import FunctionExecutor, executor
 from kernel._define._graph import Case, Default
+from kernel._define._signatures import HandlerSpec, ResponseHandlerSpec
 from kernel._log._events import (
     EVENT_TYPES,
     RUN_END_TYPES,

@@ -20,12 +20,8 @@ from kernel._base._errors import (
 )
 from kernel._base._ids import check_id
 from kernel._codec._valuetypes import value_classes
-from kernel._define._executor import (
-    Executor,
-    FunctionExecutor,
-    check_storable_types,
-    require_storable,
-)
+from kernel._define._executor import Executor, check_storable_types, require_storable
+from kernel._define._functions import FunctionExecutor
 from kernel._define._graph import (
     Case,
     Condition,

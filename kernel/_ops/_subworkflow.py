@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from kernel._base._errors import DefinitionError, EncodingError, ExecutionError, StoreError
 from kernel._base._ids import MAX_ID_BYTES
-from kernel._define._executor import Executor, HandlerSpec, ResponseHandlerSpec
+from kernel._define._executor import Executor
+from kernel._define._signatures import HandlerSpec, ResponseHandlerSpec
 from kernel._log._events import InstanceForked, SubworkflowRan, SubworkflowStarted, SuperstepEvent
 from kernel._log._fold import SuperstepFold, folds
 from kernel._log._requests import PendingRequest, Response
