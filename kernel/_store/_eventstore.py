@@ -1,39 +1,27 @@
-"""The event store port, and ``open_store``.
+"""``EventStore``: events appended to instance streams and read back exactly, over a ``RowBackend``.
 
-One stream per workflow instance. The adapters (``_store_memory``, ``_store_sqlite``,
-``_store_postgres``) wrap eventsourcing's application recorders (the SQLite and PostgreSQL ones are
-subclasses with faster inserts and reads, which pass eventsourcing's own recorder test cases) and
-pass one contract suite (``tests/store``).
+One stream per workflow instance. The store does what is the same on every database (checking and
+encoding batches, decoding and checking rows against the hash chain and the store's integrity mark,
+paging the global log, leases as values) and reaches the database only through its ``RowBackend``
+(``_backend``), which an adapter (``_memory``, ``_sqlite``, ``_postgres``) implements.
+``open_store`` (``_factory``) picks the adapter by URL.
 
-Every driver and eventsourcing error is translated at this edge into the ``StoreError`` tree, by
-class, through one table per adapter (``PERSISTENCE_ERRORS`` plus the driver's classes): the first
-row whose class the error is an instance of gives the ``StoreError`` class. An adapter may refine
-the class and add a hint from the driver's error code (never from the message text).
+Every driver and eventsourcing error is translated at the backend's edge into the ``StoreError``
+tree, by class, through one table per adapter (``RowBackend.errors``).
 """
 
 from __future__ import annotations
 
-import gc
+import functools
 import itertools
-import os
-import re
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Self
 
-from eventsourcing.persistence import (
-    ApplicationRecorder,
-    IntegrityError,
-    InterfaceError,
-    OperationalError,
-    PersistenceError,
-    StoredEvent,
-)
+from eventsourcing.persistence import ApplicationRecorder, StoredEvent
 
 from kernel._base._errors import (
     ConcurrencyConflictError,
@@ -47,7 +35,6 @@ from kernel._base._errors import (
     StoreUnavailableError,
 )
 from kernel._base._ids import check_id
-from kernel._base._urls import hide, mask_url, split_url
 from kernel._codec._chain import (
     ChainHead,
     ChainProblem,
@@ -57,43 +44,32 @@ from kernel._codec._chain import (
     link_problem,
     tail_problem,
 )
-from kernel._codec._cipher import (
-    FROM_ENV,
-    KEYS_ENV,
-    Keyring,
-    KeyringChoice,
-    is_sealed,
-    keyring_from,
-)
-from kernel._codec._mapper import (
-    BATCH_CODES,
-    ChainedRow,
-    EventMapper,
-    RowLink,
-    _place,
-    genesis,
-    row_count,
-)
+from kernel._codec._cipher import KEYS_ENV, Keyring, is_sealed
+from kernel._codec._mapper import ChainedRow, EventMapper, RowLink, genesis, row_count
 from kernel._codec._values import ValueCodec
 from kernel._log._events import EVENT_TYPES, EventBase
+from kernel._store._backend import RowBackend
 from kernel._store._lease import Lease, from_micros, lease_expiry, to_micros
+from kernel._store._records import (
+    ROW_EVENTS,
+    ROW_SHIFT,
+    Prepared,
+    Recorded,
+    global_positions,
+)
+from kernel._store._scan import ROWS_PER_LOOK, Scan, bulk, codes_pattern, row_may_hold
 
 if TYPE_CHECKING:
     from kernel._store._group import GroupCommitter
 
 __all__ = [
-    "DEFAULT_STORE_ENV",
-    "PERSISTENCE_ERRORS",
-    "ErrorTable",
+    "ENCRYPTION_MARK",
+    "INTEGRITY_MARK",
+    "STORE_SCHEMA_VERSION",
     "EventStore",
-    "Prepared",
-    "Recorded",
-    "driver_error",
-    "error_class",
-    "open_store",
+    "newer_schema",
 ]
 
-DEFAULT_STORE_ENV = "STEPLOG_STORE"
 ENCRYPTION_MARK = "encryption"
 """The meta key that marks an encrypted store (its value names the cipher)."""
 INTEGRITY_MARK = "integrity"
@@ -107,105 +83,29 @@ the hash chain, and the store keeps each chain's head. Older rows stay readable,
 store is read as it is and restamped by its next writer (so that an older steplog, which would
 write rows without hashes after chained ones, no longer opens it)."""
 
-ROW_SHIFT = 20
-"""A row's events have global positions ``(row id << ROW_SHIFT) + offset in the row``."""
-ROW_EVENTS = 1 << ROW_SHIFT
-"""The most events one append (one row) may hold."""
 ROWS_PER_READ = 128
 """Rows fetched per query of the global log, while a page fills."""
 
 
-def global_positions(row_id: int, count: int) -> list[int]:
-    """The global positions of the ``count`` events of row ``row_id``."""
-    base = row_id << ROW_SHIFT
-    return list(range(base, base + count))
+def newer_schema(stamped: object, *, where: str) -> bool:
+    """Whether the schema version stamped in the meta table of the store at ``where`` is newer
+    than this steplog's; a stamp that is not a whole number is a ``StoreError``."""
+    text = str(stamped)
+    if not (text.isascii() and text.isdigit()):
+        raise StoreError(f"{where} has a malformed schema version {text!r:.40} in its meta table")
+    return int(text) > STORE_SCHEMA_VERSION
 
 
-ErrorTable = tuple[tuple[type[BaseException], type[StoreError]], ...]
-"""Rows ``(foreign error class, StoreError class)``, most specific class first."""
-
-PERSISTENCE_ERRORS: ErrorTable = (
-    (OperationalError, StoreUnavailableError),  # the server or file went away, a lock timed out
-    (InterfaceError, StoreUnavailableError),  # no connection could be made
-    (PersistenceError, StoreError),  # IntegrityError, ProgrammingError, DataError, ...
-)
-"""eventsourcing's PEP-249 classes (its datastores map sqlite3 and psycopg errors to them)."""
-
-
-def error_class(error: BaseException, table: ErrorTable) -> type[StoreError] | None:
-    """The ``StoreError`` class of the first row of ``table`` that ``error`` is an instance of."""
-    for foreign, ours in table:
-        if isinstance(error, foreign):
-            return ours
-    return None
-
-
-def driver_error(error: BaseException, driver: type[BaseException]) -> BaseException | None:
-    """``error`` or its first cause that is a ``driver`` error (eventsourcing wraps them)."""
-    seen: BaseException | None = error
-    for _ in range(8):  # a cause chain is short; never loop on a cycle
-        if seen is None or isinstance(seen, driver):
-            return seen
-        seen = seen.__cause__
-    return None
-
-
-class _Scan:
-    """Where a scan of the global log is: the global position its last page ended at (where the
-    next page begins), the newest row it entered (rows after the last event returned may have
-    been passed already: a ``types`` filter keeps none of their events), and the last row it
-    entered of each instance (``from_start``: it began at the log's start, so an instance's
-    first row must begin its stream)."""
-
-    __slots__ = ("end", "entered", "from_start", "links")
-
-    def __init__(self, end: int, links: dict[str, RowLink], *, from_start: bool) -> None:
-        self.end = end
-        self.entered = 0
-        self.links = links
-        self.from_start = from_start
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A batch checked and encoded for ``EventStore.append_prepared``: its one row (None for an
-    empty batch)."""
-
-    instance_id: str
-    expected_version: int
-    count: int
-    row: StoredEvent | None
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """An event with its position in the store's global order (ids may have gaps)."""
-
-    global_position: int
-    event: EventBase
-
-
-class EventStore(ABC):
+class EventStore:
     """Appends events to instance streams atomically, and reads them back exactly.
 
-    Instances are made by ``open_store``. All methods are synchronous and thread-safe; they raise
-    only ``StoreError`` subclasses. Each adapter implements the abstract methods, and may replace
-    the recorder calls of the others with faster ones.
+    Instances are made by ``open_store``, each over the ``RowBackend`` of its adapter (the adapters'
+    stores only build their backend). All methods are synchronous and thread-safe; they raise only
+    ``StoreError`` subclasses.
     """
-
-    _errors: ClassVar[ErrorTable] = PERSISTENCE_ERRORS
-    """How foreign errors become ``StoreError``s: adapters put their driver's classes first."""
 
     url: str
     """The store's URL, its password (if any) masked as ``***`` (``_base._urls.mask_url``)."""
-
-    _secrets: tuple[str, ...] = ()
-    """The URL's password, as ``kernel._base._urls.url_secrets`` gives it: hidden from every message
-    made of a driver's text (``_store_error``)."""
-
-    shares_commits: ClassVar[bool] = False
-    """Whether concurrent runs should append their commit batches through the store's
-    ``group_committer()``: true where a commit costs an fsync (SQLite, PostgreSQL)."""
 
     _committer: GroupCommitter | None = None
 
@@ -213,10 +113,11 @@ class EventStore(ABC):
     """Set by ``close()``. A class default, so ``_translated`` also serves an adapter's setup
     before ``EventStore.__init__`` runs."""
 
-    def __init__(
-        self, recorder: ApplicationRecorder, *, url: str, mapper: EventMapper | None = None
-    ):
-        self._recorder = recorder
+    def __init__(self, backend: RowBackend, *, url: str, mapper: EventMapper | None = None):
+        self._backend = backend
+        self.shares_commits: bool = backend.shares_commits
+        """Whether concurrent runs should append their commit batches through the store's
+        ``group_committer()``: true where a commit costs an fsync (SQLite, PostgreSQL)."""
         self._mapper = mapper or EventMapper()
         self.codec = ValueCodec()
         """The codec shared by everything that writes or reads values through this store."""
@@ -225,15 +126,12 @@ class EventStore(ABC):
         self._insert_lock = threading.Lock()
         self._heads_cache: dict[str, tuple[int, bytes]] = {}
         """Each instance's chain head as this store last wrote it: ``(position, hash)``."""
-        self._memory_heads: dict[str, tuple[int, bytes]] = {}
-        """The recorded heads of the memory store (the SQL adapters keep them in a table)."""
         self._encrypted = False
         self._marks = IntegrityMark()
         """What this store's rows must be (``_settle_marks``); no rule until it is opened."""
         self._mark_problem: ChainProblem | None = None
         """What is wrong with the store's integrity mark (read with ``allow_broken_chain``)."""
-        self._memory_meta: dict[str, str] = {}
-        self._scan: _Scan | None = None
+        self._scan: Scan | None = None
         """The global scan the last ``read_all`` page ended (see ``read_all``)."""
         self.chain_problems: list[ChainProblem] = []
         """What reads found wrong with the chain, when opened with ``allow_broken_chain``."""
@@ -254,16 +152,16 @@ class EventStore(ABC):
         self._mapper.keyring = keyring
         if allow_broken_chain:
             self._mapper.on_broken = self._note_broken
-        text = self._read_meta(INTEGRITY_MARK)
+        text = self._meta(INTEGRITY_MARK)
         parsed = None if text is None else IntegrityMark.from_text(text)
         mark = None if parsed is None else parsed[0]
-        marked = self._read_meta(ENCRYPTION_MARK) is not None
+        marked = self._meta(ENCRYPTION_MARK) is not None
         # A mark that says sealed (tagged or not), or a sealed newest row, says encrypted too:
         # deleting the meta row ``encryption`` must not turn encryption off.
         marked = marked or (mark is not None and mark.plain is not None)
         if keyring is None and create and (marked or self._newest_row_sealed()):
             raise StoreConfigError(
-                f"{self._where()} is encrypted: open it with its keys to write to it ({KEYS_ENV}, "
+                f"{self._where} is encrypted: open it with its keys to write to it ({KEYS_ENV}, "
                 "or steplog's --keys-file FILE; in Python, open_store(url, "
                 "keyring=Keyring.from_text(...)), or create=False to only read what is not sealed)"
             )
@@ -293,10 +191,10 @@ class EventStore(ABC):
             if mark is not None and tag and keyring.tag_matches(tag, mark.message()) is True:
                 self._marks = mark
                 if writes and mark.plain is not None:  # put back a deleted encryption mark
-                    self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+                    self._set_meta(ENCRYPTION_MARK, "aes-256-gcm")
                     self._encrypted = True
                 return
-            encrypted = self._encrypted or self._first_sealed_row() is not None
+            encrypted = self._encrypted or self._backend.first_sealed_row() is not None
             if mark is not None and tag and keyring.tag_matches(tag, mark.message()) is None:
                 # Tagged with a key not in the keyring: wrong keys, or a forged tag. Reading
                 # goes on with every row having to be sealed (rows sealed with that key say
@@ -322,10 +220,10 @@ class EventStore(ABC):
                 self._marks = IntegrityMark(chained, None)
                 return
             with self._translated("read the global log"):
-                plain = self._plain_positions()
+                plain = self._backend.last_positions()
             # The mark first: a store marked encrypted without its mark would be refused.
             self._record_marks(IntegrityMark(chained, plain))
-            self._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
+            self._set_meta(ENCRYPTION_MARK, "aes-256-gcm")
             self._encrypted = True
             return
         if malformed:
@@ -348,7 +246,7 @@ class EventStore(ABC):
             "",
             0,
             "mark altered",
-            f"the integrity mark of {self._where()} (meta key {INTEGRITY_MARK!r}) cannot be "
+            f"the integrity mark of {self._where} (meta key {INTEGRITY_MARK!r}) cannot be "
             f"believed: {why}. Someone without the key may have altered or removed it, to have "
             "plain or unchained rows read as if written before the key or the chain. A store "
             "encrypted by a steplog older than this mark gets it from 'steplog "
@@ -361,19 +259,49 @@ class EventStore(ABC):
         """Write ``mark`` to the meta table (tagged with the current key, if any)."""
         keyring = self._mapper.keyring
         tag = "" if keyring is None else keyring.tag(mark.message())
-        self._replace_meta(INTEGRITY_MARK, mark.to_text(tag))
+        self._set_meta(INTEGRITY_MARK, mark.to_text(tag), replace=True)
         self._marks = mark
+
+    def _meta(self, key: str) -> str | None:
+        """A value of the store's meta table (None: not set)."""
+        with self._translated("read the meta table"):
+            return self._backend.read_meta(key)
+
+    def _set_meta(self, key: str, value: str, *, replace: bool = False) -> None:
+        """Set a meta value if it is not set yet (``replace``: always)."""
+        with self._translated("write the meta table"):
+            self._backend.write_meta(key, value, replace=replace)
+
+    def _mark_encrypted(self) -> tuple[IntegrityMark, bool]:
+        """Mark the store encrypted, for ``rekey`` (``_rekey``): record the ``IntegrityMark``
+        its rows are then checked against (tagged with the current key), then the encryption
+        mark. Returns that mark, and whether the store was not marked encrypted before.
+
+        The mark lists the rows written plain (each instance's last position so far) when the
+        store gets its first key; when its mark cannot be believed, none (every row must be
+        sealed)."""
+        marks = self._marks
+        if self._mark_problem is not None:
+            marks = IntegrityMark(self._computed_marks().chained_from, {})
+        elif marks.plain is None:
+            with self._translated("read the global log"):
+                marks = IntegrityMark(marks.chained_from, self._backend.last_positions())
+        newly = self._meta(ENCRYPTION_MARK) is None
+        self._record_marks(marks)
+        self._set_meta(ENCRYPTION_MARK, "aes-256-gcm")
+        self._encrypted = True
+        return marks, newly
 
     def _computed_marks(self) -> IntegrityMark:
         """The ``IntegrityMark`` the rows of a plain store give (``_settle_marks``): one look
         at the log in row order up to its first chained row."""
         keyring = self._mapper.keyring
         with self._translated("read the global log"):
-            last = self._newest_row_id()
+            last = self._backend.newest_row_id()
             chained_at = None
             after = 0
             while chained_at is None:
-                rows = self._select_rows(after, ROWS_PER_READ, None)
+                rows = self._backend.select_rows(after=after, limit=ROWS_PER_READ, upto=None)
                 for row_id, instance_id, position, topic, state in rows:
                     if keyring is None and is_sealed(bytes(state)):
                         chained_at = row_id  # cannot be looked into: its readers will say
@@ -390,34 +318,12 @@ class EventStore(ABC):
                 after = rows[-1][0]
         return IntegrityMark(last if chained_at is None else chained_at - 1, None)
 
-    def _plain_positions(self) -> dict[str, int]:
-        """Each instance's last position (what a plain store's rows hold when it gets its first
-        key); adapters ask the database in one grouped query."""
-        found: dict[str, int] = {}
-        for instance_id in self.instances():
-            version = self._version_or_none(instance_id)
-            if version:
-                found[instance_id] = version
-        return found
-
     def _newest_row_sealed(self) -> bool:
         """Whether the store's newest row is sealed (one row read)."""
         with self._translated("read the newest row"):
-            last = self._newest_row_id()
-            rows = self._select_rows(last - 1, 1, None) if last > 0 else []
+            last = self._backend.newest_row_id()
+            rows = self._backend.select_rows(after=last - 1, limit=1, upto=None) if last > 0 else []
         return bool(rows) and is_sealed(bytes(rows[0][4]))
-
-    def _first_sealed_row(self) -> int | None:
-        """The id of the store's first sealed row (None: none); adapters ask the database."""
-        after = 0
-        while True:
-            rows = self._select_rows(after, ROWS_PER_READ, None)
-            for row_id, _, _, _, state in rows:
-                if is_sealed(bytes(state)):
-                    return row_id
-            if len(rows) < ROWS_PER_READ:
-                return None
-            after = rows[-1][0]
 
     def _refuse(self, problem: ChainProblem) -> None:
         """Raise ``problem`` as a ``LogIntegrityError``, or note it when broken chains are read."""
@@ -439,7 +345,7 @@ class EventStore(ABC):
             return None
         if row_id is None and unchained and mark.chained_from:
             with self._translated(f"read the row of {instance_id!r}#{link.last}"):
-                row_id = self._row_id(instance_id, link.last)
+                row_id = self._backend.row_id(instance_id, link.last)
         found = row_id if row_id is not None else 1 << 62
         unchained = unchained and found > (mark.chained_from or 0)
         return form_problem(instance_id, link, chained=not unchained, sealed=not unsealed)
@@ -452,30 +358,10 @@ class EventStore(ABC):
         if problem is not None:
             self._refuse(problem)
 
-    def _row_id(self, instance_id: str, last_position: int) -> int | None:
-        """The id of the row of ``instance_id`` ending at ``last_position`` (None: no such row);
-        adapters look it up by their index."""
-        for note in self._recorder.select_notifications(start=1, limit=1 << 30):
-            if note.originator_id == instance_id and note.originator_version == last_position:
-                return int(note.id)
-        return None
-
     def _note_broken(self, error: LogIntegrityError) -> None:
         problem = ChainProblem.of(error, error.instance_id or "", error.position or 0)
         if problem not in self.chain_problems:
             self.chain_problems.append(problem)
-
-    def _read_meta(self, key: str) -> str | None:
-        """A value of the store's meta table (the memory store keeps a dict)."""
-        return self._memory_meta.get(key)
-
-    def _write_meta(self, key: str, value: str) -> None:
-        """Set a meta value that is not set yet (a set one is left as it is)."""
-        self._memory_meta.setdefault(key, value)
-
-    def _replace_meta(self, key: str, value: str) -> None:
-        """Set a meta value, replacing the one set."""
-        self._memory_meta[key] = value
 
     @property
     def keyring(self) -> Keyring | None:
@@ -497,24 +383,20 @@ class EventStore(ABC):
         if self._marks.plain is not None:  # encrypted: the rows its mark lists as plain
             return bool(self._marks.plain)
         with self._translated("read the first row"):
-            first = self._select_rows(0, 1, None)
+            first = self._backend.select_rows(after=0, limit=1, upto=None)
         return bool(first) and not is_sealed(bytes(first[0][4]))
-
-    def _newer_schema(self, stamped: object) -> bool:
-        """Whether the schema version stamped in the store's meta table is newer than this
-        steplog's; a stamp that is not a whole number is a ``StoreError``."""
-        text = str(stamped)
-        if not (text.isascii() and text.isdigit()):
-            raise StoreError(
-                f"{self.url} has a malformed schema version {text!r:.40} in its meta table"
-            )
-        return int(text) > STORE_SCHEMA_VERSION
 
     @property
     def recorder(self) -> ApplicationRecorder:
         """eventsourcing's application recorder behind this store, for tools and tests that work
         on stored records (``StoredEvent``) directly, bypassing ``append``'s checks."""
-        return self._recorder
+        return self._backend.recorder
+
+    @property
+    def backend(self) -> RowBackend:
+        """The ``RowBackend`` this store keeps its rows in (``kernel._store._backend``): for
+        maintenance (``rekey``, ``compact_store``) and tests of the port itself."""
+        return self._backend
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -538,15 +420,17 @@ class EventStore(ABC):
             return []
         row = self._row(instance_id, events, expected_version)
         try:  # not self._translated(): this is the hot path
-            row_id = self._insert_row(instance_id, expected_version, row)
+            (outcome,) = self._backend.insert_rows([(instance_id, expected_version, row)])
         except Exception as error:
             self._not_landed(instance_id, row)
-            translated = self._store_error(error, f"append to {instance_id!r}")
+            translated = self._backend.translate_error(error, f"append to {instance_id!r}")
             if translated is error:
                 raise
             raise translated from error
-        self._after_append(instance_id)
-        return global_positions(row_id, len(events))
+        if isinstance(outcome, ConcurrencyConflictError):
+            self._not_landed(instance_id, row)
+            raise outcome
+        return global_positions(outcome, len(events))
 
     def append_many(
         self, batches: Sequence[tuple[str, Sequence[EventBase], int]]
@@ -579,7 +463,7 @@ class EventStore(ABC):
         rows = [(b.instance_id, b.expected_version, b.row) for b in batches if b.row is not None]
         try:
             with self._translated(f"append {len(rows)} batches"):
-                outcomes = iter(self._insert_rows(rows) if rows else [])
+                outcomes = iter(self._backend.insert_rows(rows) if rows else [])
         except BaseException:
             for instance_id, _, row in rows:
                 self._not_landed(instance_id, row)
@@ -594,7 +478,6 @@ class EventStore(ABC):
                 self._not_landed(batch.instance_id, batch.row)
                 results.append(outcome)
                 continue
-            self._after_append(batch.instance_id)
             results.append(global_positions(outcome, batch.count))
         return results
 
@@ -610,7 +493,7 @@ class EventStore(ABC):
             )
         if self._encrypted and self._mapper.keyring is None:
             raise StoreConfigError(
-                f"cannot append to {instance_id!r}: {self._where()} is encrypted and this store "
+                f"cannot append to {instance_id!r}: {self._where} is encrypted and this store "
                 f"was opened without its keys ({KEYS_ENV})"
             )
         row = self._mapper.to_row(events, self._chain_previous(instance_id, expected_version))
@@ -629,7 +512,9 @@ class EventStore(ABC):
         if cached is not None and cached[0] == expected_version:
             return cached[1]
         with self._translated(f"read the chain head of {instance_id!r}"):
-            rows = self._select_stream(instance_id, expected_version - 1, expected_version, 1)
+            rows = self._backend.select_stream(
+                instance_id, after=expected_version - 1, upto=expected_version, limit=1
+            )
         if not rows or rows[0][0] != expected_version:
             raise ConcurrencyConflictError(
                 instance_id, expected_version, self._version_or_none(instance_id)
@@ -648,48 +533,10 @@ class EventStore(ABC):
             if cached is not None and cached[1] == row.head:
                 del self._heads_cache[instance_id]
 
-    def _insert_row(self, instance_id: str, expected_version: int, row: StoredEvent) -> int:
-        """Insert ``row`` iff the stream's version is ``expected_version``, atomically; its row
-        id. Otherwise raise ``ConcurrencyConflictError``, having written nothing.
-
-        This default (the memory store's) checks the version under a lock, then inserts through
-        the recorder; the SQL adapters check it in the insert statement."""
-        with self._insert_lock:
-            actual = self._stream_version(instance_id)
-            if actual != expected_version:
-                raise ConcurrencyConflictError(instance_id, expected_version, actual)
-            try:
-                ids = self._recorder.insert_events([row])
-            except IntegrityError as error:
-                raise ConcurrencyConflictError(
-                    instance_id, expected_version, self._version_or_none(instance_id)
-                ) from error
-            if isinstance(row, ChainedRow):
-                self._memory_heads[instance_id] = (row.originator_version, row.head)
-            return int(ids[0]) if ids else self.last_row_id()
-
-    def _insert_rows(
-        self, rows: Sequence[tuple[str, int, StoredEvent]]
-    ) -> list[int | ConcurrencyConflictError]:
-        """Insert every ``(instance_id, expected_version, row)`` in one transaction, each iff its
-        stream is at its expected version; each row's id, or its conflict. This default inserts
-        them one by one (the memory store has no commit to share)."""
-        outcomes: list[int | ConcurrencyConflictError] = []
-        for instance_id, expected, row in rows:
-            try:
-                outcomes.append(self._insert_row(instance_id, expected, row))
-            except ConcurrencyConflictError as conflict:
-                outcomes.append(conflict)
-        return outcomes
-
     def last_row_id(self) -> int:
-        """The id of the newest row (0 for an empty store)."""
-        return int(self._recorder.max_notification_id() or 0)
-
-    def _newest_row_id(self) -> int:
-        """The id of the newest committed row, settled or not (``last_row_id`` where every
-        committed row is settled): where the rows written before a key end (``IntegrityMark``)."""
-        return self.last_row_id()
+        """The id of the newest row a reader may pass (0 for an empty store)."""
+        with self._translated("read the global log"):
+            return self._backend.last_row_id()
 
     @staticmethod
     def _check_batch(instance_id: str, events: Sequence[EventBase], expected_version: int) -> None:
@@ -708,9 +555,6 @@ class EventStore(ABC):
                     f"{event.position}; after version {expected_version} it must be "
                     f"{expected_version + offset}"
                 )
-
-    def _after_append(self, instance_id: str) -> None:  # noqa: B027 - optional, empty by default
-        """Hook for adapters that wake followers in-process."""
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -735,8 +579,10 @@ class EventStore(ABC):
             if limit < 1:
                 return []
             upto = after + limit if upto is None else min(upto, after + limit)
-        with self._translated(f"read {instance_id!r}"), _bulk():
-            rows = self._select_stream(instance_id, after or None, upto, limit)
+        with self._translated(f"read {instance_id!r}"), bulk():
+            rows = self._backend.select_stream(
+                instance_id, after=after or None, upto=upto, limit=limit
+            )
             if not rows:
                 return []
             events, _ = self._decode_run(instance_id, rows, after, upto, wanted)
@@ -799,11 +645,11 @@ class EventStore(ABC):
         for (_, upto), (after, _) in itertools.pairwise(windows):
             if after < upto:
                 raise StoreConfigError(f"read_ranges: windows overlap at position {after}")
-        with self._translated(f"read {instance_id!r}"), _bulk():
+        with self._translated(f"read {instance_id!r}"), bulk():
             events: list[EventBase] = []
             read: list[list[RowLink]] = []
             for (after, upto), rows in zip(
-                windows, self._select_windows(instance_id, windows), strict=True
+                windows, self._backend.select_windows(instance_id, windows), strict=True
             ):
                 found, links = self._decode_run(instance_id, rows, after, upto, wanted)
                 events += found
@@ -819,7 +665,7 @@ class EventStore(ABC):
             if links[0].first > 1:
                 around.append((links[0].first - 2, links[0].first - 1))
             around.append((links[-1].last, links[-1].last + 1))
-        neighbours = self._select_windows(instance_id, around)
+        neighbours = self._backend.select_windows(instance_id, around)
         n = 0
         for links in windows:
             pairs: list[tuple[RowLink, RowLink]] = []
@@ -870,11 +716,13 @@ class EventStore(ABC):
         needle = codes_pattern(wanted)
         keyring = self._mapper.keyring
         events: list[EventBase] = []
-        with self._translated(f"read {instance_id!r}"), _bulk():
+        with self._translated(f"read {instance_id!r}"), bulk():
             decode = self._mapper.decode_row
             start = after
             while True:
-                rows = self._select_stream(instance_id, start or None, upto, _ROWS_PER_LOOK)
+                rows = self._backend.select_stream(
+                    instance_id, after=start or None, upto=upto, limit=ROWS_PER_LOOK
+                )
                 for last, topic, state in rows:
                     if row_may_hold(instance_id, last, topic, state, wanted, needle, keyring):
                         links: list[RowLink] = []
@@ -889,31 +737,9 @@ class EventStore(ABC):
                             links=links,
                         )
                         self._check_form(instance_id, links[0], state)
-                if len(rows) < _ROWS_PER_LOOK or (upto is not None and rows[-1][0] >= upto):
+                if len(rows) < ROWS_PER_LOOK or (upto is not None and rows[-1][0] >= upto):
                     return events
                 start = rows[-1][0]
-
-    def _select_windows(
-        self, instance_id: str, windows: Sequence[tuple[int, int]]
-    ) -> list[list[tuple[int, str, bytes]]]:
-        """``_select_stream`` of each window; adapters may read them all in one query."""
-        return [self._select_stream(instance_id, after, upto) for after, upto in windows]
-
-    def _select_stream(
-        self, instance_id: str, after: int | None, upto: int | None, limit: int | None = None
-    ) -> list[tuple[int, str, bytes]]:
-        """The stream's rows ``(last position, topic, state)`` holding positions in
-        ``(after, upto]``: those whose last position is after ``after``, up to and including the
-        first whose last position reaches ``upto``; at most ``limit`` rows. In order."""
-        stored = self._recorder.select_events(instance_id, gt=after)
-        rows: list[tuple[int, str, bytes]] = []
-        for s in stored:
-            rows.append((s.originator_version, s.topic, s.state))
-            if (upto is not None and s.originator_version >= upto) or (
-                limit is not None and len(rows) >= limit
-            ):
-                break
-        return rows
 
     @staticmethod
     def _wanted(types: Collection[str]) -> frozenset[str] | None:
@@ -927,19 +753,11 @@ class EventStore(ABC):
 
     # -- the hash chain ---------------------------------------------------------------------
 
-    def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
-        """The recorded chain heads ``{instance: (position, hash)}`` (one instance's, if
-        named); adapters keep them in a table written with each row."""
-        if instance_id is None:
-            return dict(self._memory_heads)
-        found = self._memory_heads.get(instance_id)
-        return {} if found is None else {instance_id: found}
-
     def chain_head(self, instance_id: str) -> ChainHead | None:
         """The instance's recorded chain head (None: none recorded), to export: held elsewhere,
         it lets ``verify_chain(heads=...)`` prove later that nothing up to it changed."""
         with self._translated(f"read the chain head of {instance_id!r}"):
-            found = self._select_heads(instance_id).get(instance_id)
+            found = self._backend.select_heads(instance_id).get(instance_id)
         return None if found is None else ChainHead(instance_id, found[0], found[1].hex())
 
     def event_hash(self, instance_id: str, position: int) -> bytes | None:
@@ -951,7 +769,9 @@ class EventStore(ABC):
         if position < 1:
             return None
         with self._translated(f"read {instance_id!r}#{position}"):
-            rows = self._select_stream(instance_id, position - 1, position, 1)
+            rows = self._backend.select_stream(
+                instance_id, after=position - 1, upto=position, limit=1
+            )
             if not rows or rows[0][0] < position:
                 return None
             last, topic, state = rows[0]
@@ -977,7 +797,7 @@ class EventStore(ABC):
         if self._mark_problem is not None:
             report.problems.append(self._mark_problem)
         with self._translated("verify the hash chain"):
-            recorded = self._select_heads(instance_id)
+            recorded = self._backend.select_heads(instance_id)
             wanted: dict[str, list[ChainHead]] = {}
             for head in heads:
                 if instance_id is None or head.instance_id == instance_id:
@@ -1003,7 +823,9 @@ class EventStore(ABC):
         after = 0
         by_position = {head.position: head for head in heads}
         while True:
-            rows = self._select_stream(instance_id, after or None, None, ROWS_PER_READ)
+            rows = self._backend.select_stream(
+                instance_id, after=after or None, upto=None, limit=ROWS_PER_READ
+            )
             for last, topic, state in rows:
                 after = last
                 links: list[RowLink] = []
@@ -1055,10 +877,12 @@ class EventStore(ABC):
             # The log is read to its end; its head is read after it, so that a writer appending
             # meanwhile (a row and its head in one transaction) is seen as having written more,
             # read next, never as rows past the head or as a truncated tail.
-            recorded = self._select_heads(instance_id).get(instance_id)
+            recorded = self._backend.select_heads(instance_id).get(instance_id)
             if recorded is None or recorded[0] <= after:
                 break
-            if not self._select_stream(instance_id, after or None, None, 1):
+            if not self._backend.select_stream(
+                instance_id, after=after or None, upto=None, limit=1
+            ):
                 break  # the head is past the last row: the tail was removed
         problem = tail_problem(instance_id, before, recorded)
         if problem is not None:
@@ -1100,13 +924,8 @@ class EventStore(ABC):
         """The position of the stream's last event, 0 when the stream is empty."""
         check_id(instance_id, "instance id", StoreConfigError, limit=None)
         with self._translated(f"read the version of {instance_id!r}"):
-            version = self._stream_version(instance_id)
+            version = self._backend.stream_version(instance_id)
         return version
-
-    def _stream_version(self, instance_id: str) -> int:
-        """The stream's version, read from the recorder (its last row's last position)."""
-        last = self._recorder.select_events(instance_id, desc=True, limit=1)
-        return last[0].originator_version if last else 0
 
     def _version_or_none(self, instance_id: str) -> int | None:
         try:
@@ -1140,14 +959,16 @@ class EventStore(ABC):
         after_row = (after >> ROW_SHIFT) - 1 if after else 0
         scan, self._scan = self._scan, None  # taken: a concurrent reader starts its own
         if scan is None or scan.end != after:
-            scan = _Scan(after, {}, from_start=not after)
+            scan = Scan(after, {}, from_start=not after)
         try:
-            with self._translated("read the global log"), _bulk():
+            with self._translated("read the global log"), bulk():
                 while len(page) < limit:
                     # Rows are read a few at a time (a row usually holds a whole superstep, so a
                     # page needs far fewer rows than events); a short read means no more.
                     wanted_rows = min(limit - len(page), ROWS_PER_READ)
-                    rows = self._select_rows(after_row, wanted_rows, upto_row)
+                    rows = self._backend.select_rows(
+                        after=after_row, limit=wanted_rows, upto=upto_row
+                    )
                     for row_id, instance_id, last, topic, state in rows:
                         self._page_row(
                             page, row_id, instance_id, last, topic, state, after, upto, wanted, scan
@@ -1175,7 +996,7 @@ class EventStore(ABC):
         after: int,
         upto: int | None,
         wanted: frozenset[str] | None,
-        scan: _Scan,
+        scan: Scan,
     ) -> None:
         """Add the events of one row that fall in ``(after, upto]`` (global) to ``page``; check
         that a row entered from its start links up with the instance's row before it."""
@@ -1204,23 +1025,12 @@ class EventStore(ABC):
                     self._mapper.on_broken(problem.error())
             scan.links[instance_id] = link
 
-    def _select_rows(
-        self, after_row: int, limit: int, upto_row: int | None
-    ) -> list[tuple[int, str, int, str, bytes]]:
-        """Rows ``(row id, instance id, last position, topic, state)`` of the global log with
-        ``after_row < row id <= upto_row``, by row id, at most ``limit``; only rows that a reader
-        may pass (on PostgreSQL, only those of settled transactions)."""
-        notes = self._recorder.select_notifications(
-            start=after_row, limit=limit, stop=upto_row, inclusive_of_start=False
-        )
-        return [(n.id, str(n.originator_id), n.originator_version, n.topic, n.state) for n in notes]
-
     def _last_row(self) -> tuple[int, str, int, str] | None:
         """``(row id, instance id, last position, topic)`` of the newest row a reader may pass."""
-        last = self.last_row_id()
+        last = self._backend.last_row_id()
         if not last:
             return None
-        rows = self._select_rows(last - 1, 1, last)
+        rows = self._backend.select_rows(after=last - 1, limit=1, upto=last)
         return None if not rows else rows[0][:4]
 
     def iter_all(
@@ -1267,14 +1077,20 @@ class EventStore(ABC):
                 if stop.is_set():
                     return
             if len(page) < page_size:
-                self._wait_for_appends(position, poll_interval, stop)
+                self._backend.wait_for_appends(
+                    newer=functools.partial(self._moved_past, position),
+                    timeout=poll_interval,
+                    stop=stop,
+                )
 
-    def _wait_for_appends(self, position: int, timeout: float, stop: threading.Event) -> None:
-        stop.wait(timeout)
+    def _moved_past(self, position: int) -> bool:
+        """Whether the log holds an event after global ``position``."""
+        return self.last_position() > position
 
-    @abstractmethod
     def instances(self) -> list[str]:
         """The ids of every instance with at least one event, sorted."""
+        with self._translated("list instances"):
+            return self._backend.instances()
 
     # -- leases -------------------------------------------------------------------------------
     # One lease per instance: who may advance it, and until when (see ``kernel._store._lease``). The
@@ -1309,7 +1125,9 @@ class EventStore(ABC):
                 )
             stale = (replace.holder, to_micros(replace.expires))
         with self._lease_call(f"acquire the lease on {instance_id!r}"):
-            taken = self._acquire_lease(instance_id, holder, to_micros(expires), stale)
+            taken = self._backend.acquire_lease(
+                instance_id, holder, expires=to_micros(expires), replace=stale
+            )
         return Lease(instance_id, holder, expires) if taken else None
 
     def renew_lease(
@@ -1319,20 +1137,20 @@ class EventStore(ABC):
         (taken over, or released)."""
         expires = lease_expiry(now, ttl)
         with self._lease_call(f"renew the lease on {instance_id!r}"):
-            renewed = self._renew_lease(instance_id, holder, to_micros(expires))
+            renewed = self._backend.renew_lease(instance_id, holder, expires=to_micros(expires))
         return Lease(instance_id, holder, expires) if renewed else None
 
     def release_lease(self, instance_id: str, holder: str) -> None:
         """Delete the lease on ``instance_id`` if ``holder`` has it; otherwise change nothing."""
         with self._lease_call(f"release the lease on {instance_id!r}"):
-            self._release_lease(instance_id, holder)
+            self._backend.release_lease(instance_id, holder)
 
     def read_lease(self, instance_id: str) -> Lease | None:
         """The lease on ``instance_id``, expired or not; ``None`` when there is none. Reading
         never writes: a store made before leases existed, opened with ``create=False``, has no
         leases table and reads ``None``."""
         with self._translated(f"read the lease on {instance_id!r}"):
-            row = self._read_lease(instance_id)
+            row = self._backend.read_lease(instance_id)
         return None if row is None else Lease(instance_id, row[0], from_micros(row[1]))
 
     @contextmanager
@@ -1345,41 +1163,15 @@ class EventStore(ABC):
             raise
         except StoreError as error:
             try:
-                missing = self._leases_missing()
+                missing = self._backend.leases_missing()
             except Exception:
                 missing = False
             if not missing:
                 raise
             raise StoreError(
-                f"cannot {action}: {self._where()} has no leases table (it was made by an older "
+                f"cannot {action}: {self._where} has no leases table (it was made by an older "
                 "steplog and opened with create=False); open it once with create=True to add it"
             ) from error
-
-    def _acquire_lease(
-        self, instance_id: str, holder: str, expires: int, replace: tuple[str, int] | None
-    ) -> bool:
-        """Write ``(holder, expires)`` if the row is missing, is ``holder``'s, or is exactly
-        ``replace`` (holder, expires); whether it was written. One atomic statement."""
-        raise self._no_leases()
-
-    def _renew_lease(self, instance_id: str, holder: str, expires: int) -> bool:
-        """Set ``expires`` on ``holder``'s row; whether there was one."""
-        raise self._no_leases()
-
-    def _release_lease(self, instance_id: str, holder: str) -> None:
-        """Delete ``holder``'s row, if there is one."""
-        raise self._no_leases()
-
-    def _read_lease(self, instance_id: str) -> tuple[str, int] | None:
-        """``(holder, expires)`` of the row, or ``None``; never writes, never creates a table."""
-        raise self._no_leases()
-
-    def _leases_missing(self) -> bool:
-        """Whether the store lacks its leases table (an old store opened with create=False)."""
-        return False
-
-    def _no_leases(self) -> StoreError:
-        return StoreError(f"{type(self).__name__} ({self._where()}) keeps no leases")
 
     def group_committer(self) -> GroupCommitter:
         """The store's one ``GroupCommitter`` (``kernel._store._group``), made on first use."""
@@ -1393,15 +1185,15 @@ class EventStore(ABC):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release connections. The store cannot be used afterwards."""
-        self._stop_committer()
-        self._closed = True
-
-    def _stop_committer(self) -> None:
-        """Commit what the group committer holds, and stop it (before connections close)."""
+        """Commit what the group committer holds, then release connections. The store cannot
+        be used afterwards; closing it again does nothing."""
+        if self._closed:
+            return
         committer = self._committer
         if committer is not None:
             committer.close()
+        self._backend.close()
+        self._closed = True
 
     def __enter__(self) -> Self:
         return self
@@ -1419,189 +1211,26 @@ class EventStore(ABC):
 
     # -- error translation --------------------------------------------------------------------
 
-    @contextmanager
-    def _translated(self, action: str) -> Iterator[None]:
-        """Run a recorder call, turning any driver or eventsourcing error into a ``StoreError``."""
-        if self._closed:
-            raise StoreUnavailableError(f"cannot {action}: the store {self.url} is closed")
-        try:
-            yield
-        except Exception as error:
-            translated = self._store_error(error, action)
-            if translated is error:
-                raise
-            raise translated from error
-
-    def _store_error(self, error: Exception, action: str) -> Exception:
-        """``error`` in the ``StoreError`` tree; our own errors and unknown ones come back as is."""
-        if isinstance(error, StepLogError):
-            return error
-        kind = error_class(error, self._errors)
-        if kind is None:
-            return error
-        kind, hint = self._refine(error, kind)
-        text = hide(" ".join(str(error).split()), self._secrets) or type(error).__name__
-        message = f"cannot {action} in {self._where()}: {text}"
-        return kind(f"{message}; {hint}" if hint else message)
-
-    def _refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
-        """The class and a hint for ``error``, from the driver's error code where it has one."""
-        return kind, ""
-
+    @property
     def _where(self) -> str:
         """The store, as error messages name it."""
-        return self.url
+        return self._backend.where
 
+    def classify_error(self, error: BaseException) -> type[StoreError] | None:
+        """The ``StoreError`` class a foreign (driver or eventsourcing) error becomes at this
+        store's edge, or None when ``error`` is not one (steplog's own errors included).
 
-_ROWS_PER_LOOK = 4096  # rows per query of ``find_events``: most are looked at and dropped
-_JSON_SPACE = rb"[ \t\n\r]*"
+        The one rule for programs that share the store's database (materialized views): a
+        ``StoreDamagedError`` means the database is damaged (waiting will not help); another
+        ``StoreUnavailableError`` means contention that outlasted the waits or a lost
+        connection (retrying may help); any other class, a statement that failed."""
+        found = self._backend.classify_error(error)
+        return None if found is None else found[0]
 
-
-def codes_pattern(types: Collection[str]) -> re.Pattern[bytes]:
-    """What a batch row's JSON must contain to hold an event of ``types``: an array opening with
-    one of their type codes (every schema version's), JSON whitespace allowed where JSON allows
-    it, and ``-0`` for ``0`` (JSON reads it as the integer 0)."""
-    codes = sorted(str(code) for code, (name, _) in enumerate(BATCH_CODES) if name in types)
-    if not codes:
-        return re.compile(rb"(?!)")  # matches nothing: no row holds such an event
-    alternatives = b"|".join(c.encode() for c in codes)
-    return re.compile(
-        rb"\[" + _JSON_SPACE + rb"-?(?:" + alternatives + rb")" + _JSON_SPACE + rb"[,\]]"
-    )
-
-
-def row_may_hold(
-    instance_id: str,
-    last: int,
-    topic: str,
-    state: bytes,
-    types: Collection[str],
-    needle: re.Pattern[bytes],
-    keyring: Keyring | None,
-) -> bool:
-    """Whether the row ``(instance_id, last, topic, state)`` may hold an event of ``types``
-    (``needle``: their ``codes_pattern``), by its bytes: False only if it holds none. A row
-    that cannot be looked at so (an event row, a sealed row that does not open, not bytes) may
-    hold one: decoding it tells, or says what is wrong with it."""
-    if type(topic) is not str or not topic.isdigit():
-        return type(topic) is not str or topic.partition("@")[0] in types
-    if type(state) is not bytes:
-        if not isinstance(state, bytes | bytearray | memoryview):
-            return True
-        state = bytes(state)
-    if is_sealed(state):
-        if keyring is None:
-            return True
-        try:
-            state = keyring.open(state, _place(instance_id, last, topic), f"row {instance_id!r}")
-        except (StepLogError, ValueError):  # decoding the row raises the right error
-            return True
-    return needle.search(state) is not None
-
-
-@contextmanager
-def _bulk() -> Iterator[None]:
-    """Hold the cyclic garbage collector off while a read builds many objects at once.
-
-    Decoded events hold no reference cycles, but every allocation of a long read counts towards
-    the collector's thresholds, and its full passes over a growing heap made reading 700,000
-    events 40 % slower. Collection resumes, as it was, when the read ends.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def open_store(
-    url: str | None = None,
-    *,
-    create: bool = True,
-    read_only: bool = False,
-    keyring: KeyringChoice = FROM_ENV,
-    allow_broken_chain: bool = False,
-    **options: Any,
-) -> EventStore:
-    """Open the event store at ``url``.
-
-    ``memory://`` keeps events in this process; ``sqlite:///relative.db`` and
-    ``sqlite:////absolute/path.db`` use a SQLite file;
-    ``postgresql://user[:password]@host[:port]/database[?schema=name]`` uses PostgreSQL, in the
-    ``public`` schema unless one is named. Without a URL, ``$STEPLOG_STORE`` is used, else memory.
-
-    With ``create=True`` (the default) a store that does not exist is created: the SQLite file and
-    its tables, the PostgreSQL schema and tables. With ``create=False`` nothing is ever created
-    (no file, no schema, no table, no row): a missing store raises ``StoreNotFoundError``. Use it
-    for programs that only read. A ``memory://`` store is always new and empty.
-
-    SQLite: a file that holds another application's tables (and no steplog store) is refused with
-    ``StoreConfigError``, leaving it untouched, unless ``adopt=True`` is passed (steplog then adds
-    its tables and switches the file to WAL mode). ``sqlite:///path.db?mode=ro`` opens a store
-    read-only (never creating it); so does ``create=False`` when this user cannot write the file
-    or its directory.
-
-    ``read_only=True`` opens the store only to read, and implies ``create=False``: a SQLite file
-    is opened as with ``?mode=ro`` (SQLite's ``mode=ro``; ``immutable=1`` where the directory
-    or mount is read-only), so it is never written, its write-ahead log is read but never folded
-    into it (no checkpoint), and no file is removed; the empty ``-wal`` and the ``-shm`` that
-    SQLite makes to read a WAL-mode file are removed on ``close`` if they were not there before
-    and no other connection uses them (docs/cli.md, "Reading never writes"). Elsewhere it is
-    ``create=False``. The CLI's reading commands and ``steplog ui`` open their store so.
-
-    A password in the URL is never shown: ``store.url``, ``repr(store)`` and every error message
-    show it as ``***`` (the user name is kept).
-
-    With a ``keyring`` (``Keyring``), rows are written encrypted and read back with its keys; a
-    store once written with a key refuses writers without one. By default (``kernel.FROM_ENV``)
-    the keys are those in ``$STEPLOG_KEYS``, so that a program opening its store by URL encrypts
-    as the CLI and the builder's default store do; ``keyring=None`` opens it without keys, even
-    when ``$STEPLOG_KEYS`` is set (``kernel._codec._cipher.keyring_from`` is the rule). Every read
-    checks the hash chain and raises ``LogIntegrityError`` at the first event that does not match
-    its hash or row that does not link up; ``allow_broken_chain=True`` reads such a log anyway,
-    noting each problem in ``store.chain_problems`` for the reader to show.
-
-    Raises ``StoreConfigError`` for a URL that is wrong or malformed (naming what is wrong), or
-    keys that are not keys, ``StoreUnavailableError`` when the database cannot be reached or
-    opened (``StoreDamagedError``, one of those, when its file is damaged; ``StoreNotFoundError``,
-    another, when it does not exist and ``create`` is false), and ``SchemaVersionError`` when it
-    was written by a newer steplog.
-    """
-    if url is None:
-        url = os.environ.get(DEFAULT_STORE_ENV) or "memory://"
-    if not isinstance(url, str) or not url.strip():
-        shown = mask_url(url) if isinstance(url, str) else url
-        raise StoreConfigError(f"a store URL must be a non-empty string, got {shown!r}")
-    keys = keyring_from(keyring, os.environ)
-    create = create and not read_only
-    scheme = split_url(url).scheme.lower()
-    store: EventStore
-    if scheme == "memory":
-        from kernel._store._memory import MemoryStore
-
-        store = MemoryStore(url, create=create, **options)
-    elif scheme == "sqlite":
-        from kernel._store._sqlite import SQLiteStore
-
-        store = SQLiteStore(url, create=create, read_only=read_only, **options)
-    elif scheme in ("postgresql", "postgres"):
-        from kernel._store._postgres import PostgresStore
-
-        store = PostgresStore(url, create=create, **options)
-    else:
-        raise _unknown_scheme(scheme, url)
-    try:
-        store._configure(keyring=keys, allow_broken_chain=allow_broken_chain, create=create)
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
-def _unknown_scheme(scheme: str, url: str) -> StoreConfigError:
-    return StoreConfigError(
-        f"unknown store URL {mask_url(url)!r}: use memory://, sqlite:///path/to/file.db or "
-        "postgresql://user@host:port/database"
-    )
+    @contextmanager
+    def _translated(self, action: str) -> Iterator[None]:
+        """Run backend calls, turning any driver or eventsourcing error into a ``StoreError``."""
+        if self._closed:
+            raise StoreUnavailableError(f"cannot {action}: the store {self.url} is closed")
+        with self._backend.translated(action):
+            yield

@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote
@@ -39,16 +39,20 @@ from kernel._base._errors import (
 )
 from kernel._base._urls import hide, mask_url, split_url, url_secrets
 from kernel._codec._cipher import MAGIC
-from kernel._store._eventstore import (
+from kernel._store._backend import (
     PERSISTENCE_ERRORS,
-    STORE_SCHEMA_VERSION,
     ErrorTable,
-    EventStore,
+    Insert,
+    LogRow,
+    RowBackend,
+    RowChange,
+    StreamRow,
     driver_error,
     error_class,
 )
+from kernel._store._eventstore import STORE_SCHEMA_VERSION, EventStore, newer_schema
 
-__all__ = ["PostgresRecorder", "PostgresStore", "postgres_params"]
+__all__ = ["PostgresBackend", "PostgresRecorder", "PostgresStore", "postgres_params"]
 
 EVENTS_TABLE = "steplog_events"
 HEADS_TABLE = "steplog_heads"
@@ -476,15 +480,11 @@ class _OwnRows:
             self._checked = max(self._checked, row_id)
 
 
-class PostgresStore(EventStore):
-    """Events in a PostgreSQL schema, shared by any number of processes.
+class PostgresBackend(RowBackend):
+    """Rows in a PostgreSQL schema (``PostgresStore`` says how it is opened). Appends of
+    different instances commit in parallel; reads of the global log see settled rows only."""
 
-    With ``create=True`` the schema, tables and append function are created when missing (processes
-    take turns on an advisory lock). With ``create=False`` the server is only asked whether the
-    schema holds steplog's tables: no DDL, no lock, no row; ``StoreNotFoundError`` when it does not.
-    """
-
-    _errors = POSTGRES_ERRORS
+    errors = POSTGRES_ERRORS
     shares_commits = True
 
     def __init__(
@@ -495,10 +495,7 @@ class PostgresStore(EventStore):
         pool_size: int = 2,
         max_overflow: int = 4,
         connect_timeout: float = 5.0,
-        **options: Any,
     ) -> None:
-        if options:
-            raise StoreConfigError(f"unknown PostgreSQL store options: {sorted(options)}")
         params = postgres_params(url)
         self._params = params
         self._local = threading.local()  # each following thread's LISTEN connection
@@ -506,7 +503,8 @@ class PostgresStore(EventStore):
         self._listeners_lock = threading.Lock()
         self.schema: str = params["schema"]
         self.url = mask_url(url)
-        self._secrets = url_secrets(url)
+        self.where = self.url
+        self.secrets = url_secrets(url)
         with self._setup_turn(connect_timeout, create=create):
             self._open(pool_size, max_overflow, connect_timeout, create=create)
 
@@ -514,7 +512,7 @@ class PostgresStore(EventStore):
         self, pool_size: int, max_overflow: int, connect_timeout: float, *, create: bool
     ) -> None:
         params = self._params
-        self._ds = PostgresDatastore(
+        self.datastore = self._ds = PostgresDatastore(
             dbname=params["dbname"],
             host=params["host"],
             port=params["port"],
@@ -527,11 +525,11 @@ class PostgresStore(EventStore):
             originator_id_type="text",
         )
         try:
-            with self._translated("open the store"):
+            with self.translated("open the store"):
                 recorder = PostgresRecorder(self._ds, events_table_name=EVENTS_TABLE)
-            super().__init__(recorder, url=self.url)
+            self.recorder: PostgresRecorder = recorder
             self._channel = recorder.channel_name
-            with self._translated("create the tables" if create else "open the store"):
+            with self.translated("create the tables" if create else "open the store"):
                 if create:
                     recorder.create_table()
                     self._stamp_schema_version()
@@ -571,11 +569,11 @@ class PostgresStore(EventStore):
         try:
             conn = self._connect(connect_timeout)
         except psycopg.Error as error:
-            kind = error_class(error, self._errors) or StoreUnavailableError
-            kind, hint = self._refine(error, kind)
+            kind = error_class(error, self.errors) or StoreUnavailableError
+            kind, hint = self.refine(error, kind)
             if self._database_is_missing(connect_timeout):
                 kind, hint = _SQLSTATE_HINTS["3D000"]
-            text = hide(" ".join(str(error).split()), self._secrets)
+            text = hide(" ".join(str(error).split()), self.secrets)
             raise kind(
                 f"cannot reach PostgreSQL for {self.url}: {text}; {hint or _SERVER}"
             ) from error
@@ -598,8 +596,8 @@ class PostgresStore(EventStore):
                         )
                     }
             except psycopg.Error as error:
-                kind, hint = self._refine(error, error_class(error, self._errors) or StoreError)
-                text = hide(" ".join(str(error).split()), self._secrets)
+                kind, hint = self.refine(error, error_class(error, self.errors) or StoreError)
+                text = hide(" ".join(str(error).split()), self.secrets)
                 raise kind(
                     f"cannot prepare schema {self.schema!r} in {self.url}: {text}"
                     + (f"; {hint}" if hint else "")
@@ -660,32 +658,31 @@ class PostgresStore(EventStore):
         with self._ds.transaction(commit=False) as cursor:
             cursor.execute(sql.SQL("SELECT value FROM {} WHERE key='schema_version'").format(table))
             row = cursor.fetchone()
-        if row is not None and self._newer_schema(row["value"]):
+        if row is not None and newer_schema(row["value"], where=self.url):
             raise SchemaVersionError(
                 f"PostgreSQL store {self.url} was written by a newer steplog (store schema version "
                 f"{row['value']}; this steplog knows up to {STORE_SCHEMA_VERSION}); upgrade steplog"
             )
 
-    @property
-    def datastore(self) -> PostgresDatastore:
-        """eventsourcing's datastore behind this store: its connections and transactions, for
-        programs (such as materialized views) that keep their own tables in the same database."""
-        return self._ds
-
     def instances(self) -> list[str]:
         statement = sql.SQL("SELECT DISTINCT originator_id FROM {} ORDER BY 1").format(
             sql.Identifier(self.schema, EVENTS_TABLE)
         )
-        with self._translated("list instances"), self._ds.transaction() as cursor:
+        with self._ds.transaction() as cursor:
             cursor.execute(statement)
             return [row["originator_id"] for row in cursor.fetchall()]
 
-    def _select_stream(
-        self, instance_id: str, after: int | None, upto: int | None, limit: int | None = None
-    ) -> list[tuple[int, str, bytes]]:
-        """The rows holding ``(after, upto]``, by the primary key (instance, last position): the
-        first row past ``after`` up to the first one that reaches ``upto``. No settled filter: a
-        stream's order is its positions, and a row is read only once committed."""
+    def select_stream(
+        self,
+        instance_id: str,
+        *,
+        after: int | None = None,
+        upto: int | None = None,
+        limit: int | None = None,
+    ) -> list[StreamRow]:
+        """By the primary key (instance, last position): the first row past ``after`` up to the
+        first one that reaches ``upto``. No settled filter: a stream's order is its positions,
+        and a row is read only once committed."""
         table = sql.Identifier(self.schema, EVENTS_TABLE)
         statement = sql.SQL(
             "SELECT originator_version, topic, state FROM {} "
@@ -706,7 +703,7 @@ class PostgresStore(EventStore):
             found = conn.execute(statement, params, prepare=True).fetchall()
         return [(row["originator_version"], row["topic"], bytes(row["state"])) for row in found]
 
-    def _stream_version(self, instance_id: str) -> int:
+    def stream_version(self, instance_id: str) -> int:
         statement = sql.SQL(
             "SELECT max(originator_version) AS version FROM {} WHERE originator_id = %s"
         ).format(sql.Identifier(self.schema, EVENTS_TABLE))
@@ -716,29 +713,23 @@ class PostgresStore(EventStore):
 
     # -- meta and chain heads ---------------------------------------------------------------
 
-    def _read_meta(self, key: str) -> str | None:
+    def read_meta(self, key: str) -> str | None:
         statement = sql.SQL("SELECT value FROM {} WHERE key = %s").format(
             sql.Identifier(self.schema, META_TABLE)
         )
-        with self._translated("read the meta table"), self._ds.get_connection() as conn:
+        with self._ds.get_connection() as conn:
             row = conn.execute(statement, (key,)).fetchone()
         return None if row is None else str(row["value"])
 
-    def _write_meta(self, key: str, value: str) -> None:
-        statement = sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO NOTHING").format(
+    def write_meta(self, key: str, value: str, *, replace: bool = False) -> None:
+        conflict = "DO UPDATE SET value = EXCLUDED.value" if replace else "DO NOTHING"
+        statement = sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) " + conflict).format(
             sql.Identifier(self.schema, META_TABLE)
         )
-        with self._translated("write the meta table"), self._ds.get_connection() as conn:
+        with self._ds.get_connection() as conn:
             conn.execute(statement, (key, value))
 
-    def _replace_meta(self, key: str, value: str) -> None:
-        statement = sql.SQL(
-            "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(sql.Identifier(self.schema, META_TABLE))
-        with self._translated("write the meta table"), self._ds.get_connection() as conn:
-            conn.execute(statement, (key, value))
-
-    def _first_sealed_row(self) -> int | None:
+    def first_sealed_row(self) -> int | None:
         statement = sql.SQL(
             "SELECT min(notification_id) AS found FROM {} WHERE substring(state from 1 for 4) = %s"
         ).format(sql.Identifier(self.schema, EVENTS_TABLE))
@@ -746,7 +737,7 @@ class PostgresStore(EventStore):
             row = conn.execute(statement, (MAGIC,)).fetchone()
         return None if row is None or row["found"] is None else int(row["found"])
 
-    def _newest_row_id(self) -> int:
+    def newest_row_id(self) -> int:
         # Not the settled prefix (``last_row_id``): a row committed while an older transaction
         # elsewhere on the server is still open was written before the key all the same.
         statement = sql.SQL("SELECT coalesce(max(notification_id), 0) AS last FROM {}").format(
@@ -756,7 +747,7 @@ class PostgresStore(EventStore):
             row = conn.execute(statement).fetchone()
         return 0 if row is None else int(row["last"])
 
-    def _plain_positions(self) -> dict[str, int]:
+    def last_positions(self) -> dict[str, int]:
         statement = sql.SQL(
             "SELECT originator_id, max(originator_version) AS last FROM {} GROUP BY originator_id"
         ).format(sql.Identifier(self.schema, EVENTS_TABLE))
@@ -764,7 +755,7 @@ class PostgresStore(EventStore):
             rows = conn.execute(statement).fetchall()
         return {str(row["originator_id"]): int(row["last"]) for row in rows}
 
-    def _row_id(self, instance_id: str, last_position: int) -> int | None:
+    def row_id(self, instance_id: str, last_position: int) -> int | None:
         statement = sql.SQL(
             "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"
         ).format(sql.Identifier(self.schema, EVENTS_TABLE))
@@ -772,7 +763,7 @@ class PostgresStore(EventStore):
             row = conn.execute(statement, (instance_id, last_position)).fetchone()
         return None if row is None else int(row["notification_id"])
 
-    def _select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
+    def select_heads(self, instance_id: str | None = None) -> dict[str, tuple[int, bytes]]:
         heads = sql.Identifier(self.schema, HEADS_TABLE)
         with self._ds.get_connection() as conn:
             found = conn.execute(
@@ -795,30 +786,22 @@ class PostgresStore(EventStore):
 
     # -- appends ------------------------------------------------------------------------------
 
-    def _insert_row(self, instance_id: str, expected_version: int, row: StoredEvent) -> int:
-        """One call of ``steplog_append``: the compare-and-set on the stream's heads row and the
-        insert, in one transaction and one round trip."""
-        (outcome,) = self._insert_rows([(instance_id, expected_version, row)])
-        if isinstance(outcome, ConcurrencyConflictError):
-            raise outcome
-        return outcome
-
-    def _insert_rows(
-        self, rows: Sequence[tuple[str, int, StoredEvent]]
-    ) -> list[int | ConcurrencyConflictError]:
+    def insert_rows(self, rows: Sequence[Insert]) -> list[int | ConcurrencyConflictError]:
         """Every row in one call of ``steplog_append``: one transaction, one commit. A row whose
         stream has moved comes back ``NULL`` (nothing of it written) and becomes its conflict,
         with the stream's version read afterwards."""
         columns = append_columns(rows)
-        recorder = self._recorder
-        assert isinstance(recorder, PostgresRecorder)
+        recorder = self.recorder
         with self._ds.get_connection() as conn:  # autocommit: the call is the transaction
             found = conn.execute(recorder.append_sql, columns, prepare=True).fetchone()
         written: list[int | None] = [] if found is None else found["written"]
         outcomes: list[int | ConcurrencyConflictError] = []
         for (instance_id, expected, _), row_id in zip(rows, written, strict=True):
             if row_id is None:
-                actual = self._version_or_none(instance_id)
+                try:
+                    actual: int | None = self.stream_version(instance_id)
+                except Exception:  # the conflict is the answer; its version is a courtesy
+                    actual = None
                 outcomes.append(ConcurrencyConflictError(instance_id, expected, actual))
             else:
                 outcomes.append(int(row_id))
@@ -827,17 +810,14 @@ class PostgresStore(EventStore):
 
     # -- the global log -----------------------------------------------------------------------
 
-    def _select_rows(
-        self, after_row: int, limit: int, upto_row: int | None
-    ) -> list[tuple[int, str, int, str, bytes]]:
+    def select_rows(self, *, after: int = 0, limit: int, upto: int | None = None) -> list[LogRow]:
         """Settled rows only (``SETTLED``): a prefix of the log by row id, so a reader that
         moves past a row never misses one committed later below it."""
         self._settle_own_rows()
-        recorder = self._recorder
-        assert isinstance(recorder, PostgresRecorder)
+        recorder = self.recorder
         params: tuple[Any, ...] = (
-            after_row,
-            _MAX_ID if upto_row is None else upto_row,
+            after,
+            _MAX_ID if upto is None else upto,
             True,
             [],
             limit,
@@ -857,7 +837,7 @@ class PostgresStore(EventStore):
 
     def last_row_id(self) -> int:
         self._settle_own_rows()
-        return super().last_row_id()
+        return int(self.recorder.max_notification_id() or 0)
 
     def _settle_own_rows(self) -> None:
         """Wait (briefly) until the rows this store appended are settled, so that its own global
@@ -868,8 +848,7 @@ class PostgresStore(EventStore):
         long transaction holds it back. So the wait is bounded by ``OWN_ROWS_WAIT``, once per
         appended row; past it, reads return the settled prefix without the row, which readers
         get later, in order. No query at all when nothing was appended since the last check."""
-        recorder = self._recorder
-        assert isinstance(recorder, PostgresRecorder)
+        recorder = self.recorder
         written = recorder.own_rows.pending()
         if not written:
             return
@@ -881,7 +860,9 @@ class PostgresStore(EventStore):
                 return
             time.sleep(0.001)
 
-    def _wait_for_appends(self, position: int, timeout: float, stop: threading.Event) -> None:
+    def wait_for_appends(
+        self, *, newer: Callable[[], bool], timeout: float, stop: threading.Event
+    ) -> None:
         listener = getattr(self._local, "listener", None)
         if listener is None:
             try:
@@ -893,7 +874,7 @@ class PostgresStore(EventStore):
             self._local.listener = listener
             with self._listeners_lock:
                 self._listeners.append(listener)
-        if self.last_position() > position:
+        if newer():
             return
         try:
             for _ in listener.notifies(timeout=timeout, stop_after=1):
@@ -918,8 +899,8 @@ class PostgresStore(EventStore):
     def _leases(self) -> sql.Identifier:
         return sql.Identifier(self.schema, LEASES_TABLE)
 
-    def _acquire_lease(
-        self, instance_id: str, holder: str, expires: int, replace: tuple[str, int] | None
+    def acquire_lease(
+        self, instance_id: str, holder: str, *, expires: int, replace: tuple[str, int] | None
     ) -> bool:
         stale_holder, stale_expires = replace if replace is not None else (None, None)
         statement = sql.SQL(_ACQUIRE_SQL).format(table=self._leases)
@@ -927,21 +908,21 @@ class PostgresStore(EventStore):
         with self._ds.get_connection() as conn:  # autocommit: one statement, one transaction
             return conn.execute(statement, params).fetchone() is not None
 
-    def _renew_lease(self, instance_id: str, holder: str, expires: int) -> bool:
+    def renew_lease(self, instance_id: str, holder: str, *, expires: int) -> bool:
         statement = sql.SQL(
             "UPDATE {} SET expires = %s WHERE instance_id = %s AND holder = %s RETURNING holder"
         ).format(self._leases)
         with self._ds.get_connection() as conn:
             return conn.execute(statement, (expires, instance_id, holder)).fetchone() is not None
 
-    def _release_lease(self, instance_id: str, holder: str) -> None:
+    def release_lease(self, instance_id: str, holder: str) -> None:
         statement = sql.SQL("DELETE FROM {} WHERE instance_id = %s AND holder = %s").format(
             self._leases
         )
         with self._ds.get_connection() as conn:
             conn.execute(statement, (instance_id, holder))
 
-    def _read_lease(self, instance_id: str) -> tuple[str, int] | None:
+    def read_lease(self, instance_id: str) -> tuple[str, int] | None:
         statement = sql.SQL("SELECT holder, expires FROM {} WHERE instance_id = %s").format(
             self._leases
         )
@@ -952,21 +933,33 @@ class PostgresStore(EventStore):
             row = conn.execute(statement, (instance_id,)).fetchone()
         return None if row is None else (str(row["holder"]), int(row["expires"]))
 
-    def _leases_missing(self) -> bool:
+    def leases_missing(self) -> bool:
         with self._ds.get_connection() as conn:
             return not conn.execute(_TABLES_SQL, (self.schema, [LEASES_TABLE])).fetchall()
 
-    def close(self) -> None:
-        if not self._closed:
-            self._stop_committer()
-            with self._listeners_lock:
-                listeners, self._listeners = self._listeners, []
-            for listener in listeners:
-                listener.close()
-            self._ds.close()
-        super().close()
+    def rewrite_rows(self, changes: Sequence[RowChange]) -> list[bool]:
+        update = sql.SQL(
+            "UPDATE {} SET topic = %s, state = %s "
+            "WHERE originator_id = %s AND originator_version = %s AND state = %s"
+        ).format(sql.Identifier(self.schema, EVENTS_TABLE))
+        with self._ds.get_connection() as conn, conn.transaction():
+            return [conn.execute(update, change).rowcount == 1 for change in changes]
 
-    def _refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
+    def compact(self, *, tables: Sequence[str] = ()) -> None:
+        """``VACUUM FULL`` of the events table and of ``tables`` (of the store's schema), which
+        drops the old row versions an ``UPDATE`` leaves behind."""
+        with self._ds.get_connection() as conn:
+            for name in [EVENTS_TABLE, *tables]:
+                conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(self.schema, name)))
+
+    def close(self) -> None:
+        with self._listeners_lock:
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.close()
+        self._ds.close()
+
+    def refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
         if isinstance(driver_error(error, PoolTimeout), PoolTimeout):
             return StoreUnavailableError, f"no connection within the timeout; {_SERVER}"
         cause = driver_error(error, psycopg.Error)
@@ -979,3 +972,42 @@ class PostgresStore(EventStore):
         if not isinstance(state, str):
             return kind, _SERVER if kind is StoreUnavailableError else ""
         return _SQLSTATE_HINTS.get(state) or _SQLSTATE_HINTS.get(state[:2]) or (kind, "")
+
+
+class PostgresStore(EventStore):
+    """Events in a PostgreSQL schema, shared by any number of processes.
+
+    With ``create=True`` the schema, tables and append function are created when missing (processes
+    take turns on an advisory lock). With ``create=False`` the server is only asked whether the
+    schema holds steplog's tables: no DDL, no lock, no row; ``StoreNotFoundError`` when it does not.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        pool_size: int = 2,
+        max_overflow: int = 4,
+        connect_timeout: float = 5.0,
+        **options: Any,
+    ) -> None:
+        if options:
+            raise StoreConfigError(f"unknown PostgreSQL store options: {sorted(options)}")
+        backend = PostgresBackend(
+            url,
+            create=create,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            connect_timeout=connect_timeout,
+        )
+        self._postgres = backend
+        self.schema: str = backend.schema
+        """The PostgreSQL schema the store's tables are in."""
+        super().__init__(backend, url=backend.url)
+
+    @property
+    def datastore(self) -> PostgresDatastore:
+        """eventsourcing's datastore behind this store: its connections and transactions, for
+        programs (such as materialized views) that keep their own tables in the same database."""
+        return self._postgres.datastore
