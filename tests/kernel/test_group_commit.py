@@ -61,7 +61,7 @@ class Gate:
         self.entered = threading.Event()
         self.rounds: list[int] = []
         self.fail_with: BaseException | None = None
-        insert = store._insert_rows
+        insert = store.backend.insert_rows
 
         def gated(rows: Sequence[Any]) -> Any:
             self.entered.set()
@@ -71,7 +71,7 @@ class Gate:
                 raise self.fail_with
             return insert(rows)
 
-        store._insert_rows = gated  # type: ignore[method-assign]
+        store.backend.insert_rows = gated  # type: ignore[method-assign]
 
 
 @pytest.fixture
