@@ -18,11 +18,11 @@ join of a ``VALUES`` list on the primary key, each row an index lookup), and the
 are kept until the commit and written then, 300 per ``INSERT ... ON CONFLICT DO UPDATE``, in the
 transaction that moves the position; a failure anywhere rolls all of it back.
 
-Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
-serialization failure, deadlock, lock not available) and a lost connection become
+Driver errors are classified by the store's own rule (``EventStore.classify_error``): what it
+calls unavailable (contention that outlasted the waits, a lost connection) becomes
 ``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); a damaged database
-(``StoreDamagedError.detects``, the kernel's own rule) becomes ``StoreDamagedError``, which
-nothing retries; any other driver error becomes ``ProjectionError``.
+becomes ``StoreDamagedError``, which nothing retries; any other driver error becomes
+``ProjectionError``.
 
 Locks (``lock``): on SQLite a hidden lock file beside the database (``.<file>.<name>.lock``,
 locked with ``flock``; the OS releases it when the process dies), which exists only while it is
@@ -33,13 +33,12 @@ held on a connection of the store's pool (the server releases it when the sessio
 from __future__ import annotations
 
 import os
-import sqlite3
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ from kernel import (
     ProjectionError,
     StepLogError,
     StoreDamagedError,
+    StoreError,
     StoreUnavailableError,
 )
 from projections._views._backends import (
@@ -90,10 +90,6 @@ POSITIONS_FORMAT_ROW = "#positions"
 POSITIONS_FORMAT = 2
 """2: global positions of batch rows, ``(row id << kernel.ROW_SHIFT) + offset``."""
 
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-"""SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
-_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
-"""PostgreSQL SQLSTATEs of contention: serialization failure, deadlock, lock not available."""
 _DAMAGED_HINT = (
     "the database is damaged (its file is not a database, or its pages or data are malformed); "
     "waiting will not help: restore it from a backup"
@@ -217,8 +213,17 @@ class _SQLBackend(ViewBackend):
     sql_claim_select = ""
     sql_exists = ""
 
-    def __init__(self, datastore: Any, url: str, *, keyring: Keyring | None = None) -> None:
+    def __init__(
+        self,
+        datastore: Any,
+        url: str,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
+    ) -> None:
         self._datastore = datastore
+        self._classify = classify
+        """The store's rule for driver errors (``EventStore.classify_error``)."""
         self.keyring = keyring
         """The store's keys: documents are sealed with them (None: plain JSON text)."""
         self._url = url
@@ -300,14 +305,15 @@ class _SQLBackend(ViewBackend):
         except StepLogError:
             raise
         except Exception as error:
-            if not self._is_driver_error(error):
+            kind = self._classify(error)
+            if kind is None:
                 raise
             text = " ".join(str(error).split())
-            if StoreDamagedError.detects(error):
+            if issubclass(kind, StoreDamagedError):
                 raise StoreDamagedError(
                     f"cannot {action} in {self._url}: {text}; {_DAMAGED_HINT}"
                 ) from error
-            if self._is_contention(error):
+            if issubclass(kind, StoreUnavailableError):
                 raise StoreUnavailableError(
                     f"cannot {action} in {self._url}: {text}; {_CONTENTION_HINT}"
                 ) from error
@@ -316,23 +322,6 @@ class _SQLBackend(ViewBackend):
     def _transaction(self, *, commit: bool) -> Any:
         """A transaction of the datastore (a context manager yielding a cursor)."""
         return self._datastore.transaction(commit=commit)
-
-    def _is_driver_error(self, error: Exception) -> bool:
-        from eventsourcing.persistence import PersistenceError
-
-        return isinstance(error, PersistenceError | sqlite3.Error)
-
-    def _is_contention(self, error: BaseException) -> bool:
-        """Whether ``error`` (or the driver error it wraps) is contention or a lost connection."""
-        from eventsourcing.persistence import ConnectionUnavailableError
-
-        return isinstance(error, ConnectionUnavailableError) or any(
-            self._contended(cause) for cause in _causes(error)
-        )
-
-    def _contended(self, cause: BaseException) -> bool:
-        code = getattr(cause, "sqlite_errorcode", None)
-        return isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
     def ensure(self, table: str) -> None:
         if table in self._ready:
@@ -580,10 +569,18 @@ class SQLiteViewBackend(_SQLBackend):
     sql_exists = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
 
     def __init__(
-        self, datastore: Any, url: str, path: Path, *, keyring: Keyring | None = None
+        self,
+        datastore: Any,
+        url: str,
+        path: Path,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
+        write_transaction: Callable[[], AbstractContextManager[Any]],
     ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
+        super().__init__(datastore, url, keyring=keyring, classify=classify)
         self._path = path
+        self._write_transaction = write_transaction
 
     @contextmanager
     def _transaction(self, *, commit: bool) -> Iterator[Any]:
@@ -593,15 +590,8 @@ class SQLiteViewBackend(_SQLBackend):
             with self._datastore.transaction(commit=False) as cursor:
                 yield cursor
             return
-        with self._datastore.get_connection(commit=True) as connection:
-            cursor = connection.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                connection.rollback()
-                raise
-            connection.commit()
+        with self._write_transaction() as cursor:  # the store's (``SQLiteStore.write_transaction``)
+            yield cursor
 
     @contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[bool]:
@@ -695,9 +685,15 @@ class PostgresViewBackend(_SQLBackend):
     sql_exists = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname=%s AND tablename=%s"
 
     def __init__(
-        self, datastore: Any, url: str, schema: str, *, keyring: Keyring | None = None
+        self,
+        datastore: Any,
+        url: str,
+        schema: str,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
     ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
+        super().__init__(datastore, url, keyring=keyring, classify=classify)
         self._schema = schema
 
     def name(self, table: str) -> str:
@@ -705,21 +701,6 @@ class PostgresViewBackend(_SQLBackend):
 
     def _exists_params(self, table: str) -> tuple[str, ...]:
         return (self._schema, table)
-
-    def _is_driver_error(self, error: Exception) -> bool:
-        import psycopg
-
-        return super()._is_driver_error(error) or isinstance(error, psycopg.Error)
-
-    def _contended(self, cause: BaseException) -> bool:
-        import psycopg
-
-        if not isinstance(cause, psycopg.Error):
-            return False
-        state = cause.sqlstate
-        if state is None:  # no answer from the server: the connection was lost
-            return isinstance(cause, psycopg.OperationalError)
-        return state in _PG_CONTENTION or state.startswith("08")
 
     def _lock_positions(self, cursor: Any, tables: Sequence[str]) -> None:
         cursor.execute(
@@ -774,17 +755,20 @@ def backend_for(store: EventStore) -> ViewBackend:
                 backend = _memory_backends[store] = MemoryViewBackend()
             return backend
     if isinstance(store, kernel.SQLiteStore):
-        return SQLiteViewBackend(store.datastore, store.url, store.path, keyring=store.keyring)
+        return SQLiteViewBackend(
+            store.datastore,
+            store.url,
+            store.path,
+            keyring=store.keyring,
+            classify=store.classify_error,
+            write_transaction=store.write_transaction,
+        )
     if isinstance(store, kernel.PostgresStore):
-        return PostgresViewBackend(store.datastore, store.url, store.schema, keyring=store.keyring)
+        return PostgresViewBackend(
+            store.datastore,
+            store.url,
+            store.schema,
+            keyring=store.keyring,
+            classify=store.classify_error,
+        )
     raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from (eventsourcing wraps the driver's)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__

@@ -64,6 +64,8 @@ class Gate:
         insert = store.backend.insert_rows
 
         def gated(rows: Sequence[Any]) -> Any:
+            if threading.current_thread().name != "steplog-group-commit":
+                return insert(rows)  # a run's own append (its start, its end): not a round
             self.entered.set()
             self.opened.wait(10)
             self.rounds.append(len(rows))
