@@ -42,6 +42,7 @@ class Appender(Protocol):
         """Append the batches in one transaction; each one's global positions, or its conflict."""
         ...
 
+
 IDLE_SECONDS = 0.5
 """How long the committer thread waits for a batch before it ends."""
 

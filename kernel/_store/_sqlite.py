@@ -4,6 +4,10 @@ Each append is one transaction, committed with SQLite's default ``synchronous=FU
 appended superstep survives a power cut. The fast paths (one ``executemany`` per append, pages of
 the global log read as plain rows) live in ``SQLiteRecorder``, a subclass of eventsourcing's
 recorder that passes eventsourcing's own recorder test cases.
+
+Longer than 600 lines because ``SQLiteBackend`` is one class: opening a file (which is most of it:
+read-only, foreign and older files), rows, chain heads, meta values, leases and maintenance share
+one datastore. The file around the store is ``_sqlitefile``; the recorder, ``_sqliterecorder``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from kernel._store._backend import (
     StreamRow,
     driver_error,
 )
-from kernel._store._eventstore import STORE_SCHEMA_VERSION, EventStore, newer_schema
+from kernel._store._core import STORE_SCHEMA_VERSION, newer_schema
+from kernel._store._eventstore import EventStore
 from kernel._store._sqlitefile import (
     ALL_TABLES,
     CHAIN_TABLE,
