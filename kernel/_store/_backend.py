@@ -280,7 +280,8 @@ class RowBackend(ABC):
         """Wait up to ``timeout`` seconds for an append (or ``stop``); return at once when
         ``newer()`` says the log already moved. This default only waits: backends that can be
         told (in-process, LISTEN/NOTIFY) wake at the append."""
-        stop.wait(timeout)
+        if not newer():
+            stop.wait(timeout)
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections; the backend is not used afterwards."""

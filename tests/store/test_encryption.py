@@ -390,9 +390,11 @@ def test_the_builders_default_store_takes_the_keys_of_steplog_keys(sqlite_url, m
     monkeypatch.setenv(KEYS_ENV, key)
     monkeypatch.setenv(DEFAULT_STORE_ENV, sqlite_url)
     intake = Intake(id="intake")
-    workflow = WorkflowBuilder(start_executor=intake, instance_id="b").add_edge(
-        intake, Charge(id="charge")
-    ).build()
+    workflow = (
+        WorkflowBuilder(start_executor=intake, instance_id="b")
+        .add_edge(intake, Charge(id="charge"))
+        .build()
+    )
     asyncio.run(workflow.run({"card": SECRET}))
     workflow.store.close()
     assert leaks_in_sqlite(sqlite_url) == []
