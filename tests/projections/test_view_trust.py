@@ -91,7 +91,9 @@ def test_blame_through_the_key_index_refuses_a_forged_row_the_log_refuses(
 
 
 def _stored(store: EventStore, last: int) -> tuple[str, bytes]:
-    (row,) = [r for r in store.backend.select_stream(INSTANCE, after=last - 1, upto=last) if r[0] == last]
+    (row,) = [
+        r for r in store.backend.select_stream(INSTANCE, after=last - 1, upto=last) if r[0] == last
+    ]
     return row[1], row[2]
 
 
