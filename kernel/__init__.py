@@ -117,13 +117,10 @@ from kernel._run._emit import (
 )
 from kernel._run._ledger import Checkpoint, CheckpointStatus
 from kernel._run._runner import RunResult
-from kernel._store._eventstore import (
-    DEFAULT_STORE_ENV,
-    EventStore,
-    Recorded,
-    open_store,
-)
+from kernel._store._eventstore import EventStore
+from kernel._store._factory import DEFAULT_STORE_ENV, open_store
 from kernel._store._lease import Lease
+from kernel._store._records import Recorded
 from kernel._store._rekey import RekeyReport, compact_store, rekey
 
 if typing.TYPE_CHECKING:

@@ -41,7 +41,8 @@ from kernel._define._graph import (
 from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings
 from kernel._ops._workflow import Durability, Workflow
 from kernel._run._instance import LeasePolicy
-from kernel._store._eventstore import EventStore, open_store
+from kernel._store._eventstore import EventStore
+from kernel._store._factory import open_store
 
 __all__ = ["WorkflowBuilder"]
 

@@ -21,13 +21,27 @@ import contextlib
 import copy
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from kernel._base._errors import StoreUnavailableError
-from kernel._store._eventstore import EventStore, Prepared
+from kernel._base._errors import ConcurrencyConflictError, StoreUnavailableError
+from kernel._store._records import Prepared
 
-__all__ = ["GroupCommitter"]
+__all__ = ["Appender", "GroupCommitter"]
+
+
+class Appender(Protocol):
+    """What a ``GroupCommitter`` appends through (an ``EventStore``)."""
+
+    url: str
+
+    def append_prepared(
+        self, batches: Sequence[Prepared]
+    ) -> list[list[int] | ConcurrencyConflictError]:
+        """Append the batches in one transaction; each one's global positions, or its conflict."""
+        ...
+
 
 IDLE_SECONDS = 0.5
 """How long the committer thread waits for a batch before it ends."""
@@ -52,7 +66,7 @@ class GroupCommitter:
     store (and its connections) alive.
     """
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: Appender) -> None:
         self._store = weakref.ref(store)
         self._url = store.url
         self._queue: list[_Waiting] = []

@@ -21,16 +21,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kernel._base._clock import system_clock
 from kernel._base._errors import ExecutionError, RunInProgressError, StoreConfigError, StoreError
 from kernel._store._owner import presumed_reason
 
-if TYPE_CHECKING:
-    from kernel._store._eventstore import EventStore
-
-__all__ = ["Lease", "LeaseKeeper", "from_micros", "lease_expiry", "to_micros"]
+__all__ = ["Lease", "LeaseKeeper", "LeaseStore", "from_micros", "lease_expiry", "to_micros"]
 
 _log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -53,6 +50,39 @@ class Lease:
     def expired(self, now: datetime) -> bool:
         """Whether the lease has run out at ``now``."""
         return now >= self.expires
+
+
+class LeaseStore(Protocol):
+    """What a ``LeaseKeeper`` keeps its lease in (an ``EventStore``)."""
+
+    stranded_leases: dict[str, str]
+    """Leases a keeper of this store could not give back: instance id -> holder."""
+
+    def acquire_lease(
+        self,
+        instance_id: str,
+        holder: str,
+        *,
+        ttl: float,
+        now: datetime,
+        replace: Lease | None = None,
+    ) -> Lease | None:
+        """The lease taken (free, ``holder``'s, or exactly ``replace``), or None."""
+        ...
+
+    def renew_lease(
+        self, instance_id: str, holder: str, *, ttl: float, now: datetime
+    ) -> Lease | None:
+        """The lease extended, or None when it is no longer ``holder``'s."""
+        ...
+
+    def release_lease(self, instance_id: str, holder: str) -> None:
+        """Delete the lease if ``holder`` has it."""
+        ...
+
+    def read_lease(self, instance_id: str) -> Lease | None:
+        """The lease on ``instance_id``, or None."""
+        ...
 
 
 def to_micros(moment: datetime) -> int:
@@ -103,7 +133,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: EventStore,
+        store: LeaseStore,
         instance_id: str,
         *,
         owner: str,

@@ -32,11 +32,8 @@ an ``UPDATE`` leaves in the table until vacuumed.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -45,7 +42,8 @@ from kernel._codec._chain import IntegrityMark
 from kernel._codec._cipher import Keyring, is_sealed
 from kernel._codec._mapper import RowMapper
 from kernel._codec._rows import place, row_count
-from kernel._store._eventstore import ENCRYPTION_MARK, EventStore
+from kernel._store._backend import LogRow, RowChange
+from kernel._store._eventstore import EventStore
 
 __all__ = ["RekeyReport", "compact_store", "rekey"]
 
@@ -54,10 +52,6 @@ ROWS_PER_TRANSACTION = 500
 _KEY_ID = slice(4, 12)
 """Where a sealed value names its key (``_codec._cipher``: magic, then the key's fingerprint)."""
 
-Row = tuple[int, str, int, str, bytes]
-"""A row of the global log: row id, instance id, last position, topic, state."""
-Change = tuple[str, bytes, str, int, bytes]
-"""A rewrite: new topic, new state, instance id, last position, the state it must still hold."""
 _RESEALED, _SEALED, _CONVERTED = "resealed", "sealed", "converted"
 
 
@@ -112,31 +106,19 @@ def rekey(
     if rows_per_transaction < 1:
         raise StoreConfigError(f"rows_per_transaction must be >= 1, got {rows_per_transaction}")
     report = RekeyReport(key=keyring.current.hex())
-    marks = store._marks
-    if store._mark_problem is not None:  # a mark not believed: every row must be sealed
-        with store._translated("read the global log"):
-            marks = IntegrityMark(store._computed_marks().chained_from, {})
-    elif marks.plain is None:  # a plain store gets its first key: its rows so far were plain
-        with store._translated("read the global log"):
-            marks = IntegrityMark(marks.chained_from, store._plain_positions())
-    if store._read_meta(ENCRYPTION_MARK) is None:
-        report.marked = True
-    # The mark first (tagged with the current key), then the encryption mark.
-    store._record_marks(marks)
-    store._write_meta(ENCRYPTION_MARK, "aes-256-gcm")
-    store._encrypted = True
-    writer = _writer_for(store)
+    marks, report.marked = store._mark_encrypted()
+    backend = store.backend
     after = 0
     while True:
         with store._translated("read the global log"):
-            rows: list[Row] = store._select_rows(after, rows_per_transaction, None)
+            rows: list[LogRow] = backend.select_rows(after=after, limit=rows_per_transaction)
         planned = [_change(keyring, store, row, marks) for row in rows]
         report.rows += len(rows)
         changes = [(c, kind) for c, kind in planned if c is not None]
         report.current += len(planned) - len(changes)
         if changes:
             with store._translated(f"rewrite {len(changes)} rows"):
-                done = writer([c for c, _ in changes])
+                done = backend.rewrite_rows([c for c, _ in changes])
             report.transactions += 1
             for (_, kind), written in zip(changes, done, strict=True):
                 if not written:
@@ -156,8 +138,8 @@ def rekey(
 
 
 def _change(
-    keyring: Keyring, store: EventStore, row: Row, marks: IntegrityMark
-) -> tuple[Change | None, str]:
+    keyring: Keyring, store: EventStore, row: LogRow, marks: IntegrityMark
+) -> tuple[RowChange | None, str]:
     """The rewrite of one row and its kind; None when it is already sealed with the current
     key. A plain row past the point from which rows must be sealed is refused, never sealed."""
     _, instance_id, last, topic, state = row
@@ -208,116 +190,10 @@ def _as_batch_row(
     return orjson.dumps(body)
 
 
-# -- writing rows back, per adapter --------------------------------------------------------
-
-
-def _writer_for(store: EventStore) -> Callable[[Sequence[Change]], list[bool]]:
-    """The function that writes a page's changes in one transaction and says which it wrote (a
-    row whose state is no longer the one read is left alone)."""
-    from kernel._store._memory import MemoryStore
-
-    if isinstance(store, MemoryStore):
-        return lambda changes: _write_memory(store, changes)
-    from kernel._store._sqlite import SQLiteStore
-
-    if isinstance(store, SQLiteStore):
-        return lambda changes: _write_sqlite(store, changes)
-    from kernel._store._postgres import PostgresStore
-
-    if isinstance(store, PostgresStore):
-        return lambda changes: _write_postgres(store, changes)
-    raise StoreConfigError(f"cannot rekey a {type(store).__name__}: no adapter for it")
-
-
-def _write_memory(store: EventStore, changes: Sequence[Change]) -> list[bool]:
-    recorder: Any = store.recorder
-    written = []
-    with recorder._database_lock:
-        for topic, state, instance_id, last, old in changes:
-            index = recorder._stored_events_index[instance_id].get(last)
-            found = index is not None and recorder._stored_events[index].state == old
-            if found:
-                stored = recorder._stored_events[index]
-                recorder._stored_events[index] = dataclasses.replace(
-                    stored, topic=topic, state=state
-                )
-            written.append(found)
-    return written
-
-
-@contextmanager
-def _sqlite_write(store: Any) -> Iterator[Any]:
-    """A SQLite write transaction (``BEGIN IMMEDIATE``: it waits for the write lock) on a
-    connection with ``secure_delete`` on, so that the plain text a rewrite frees is zeroed in
-    the file rather than left in its free space."""
-    with store.datastore.get_connection(commit=True) as connection:
-        cursor = connection.cursor()
-        cursor.execute("PRAGMA secure_delete")
-        before = int(cursor.fetchone()[0])
-        cursor.execute("PRAGMA secure_delete=ON")
-        try:
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                connection.rollback()
-                raise
-            connection.commit()
-        finally:
-            cursor.execute(f"PRAGMA secure_delete={before}")
-
-
-def _write_sqlite(store: Any, changes: Sequence[Change]) -> list[bool]:
-    from kernel._store._sqlite import EVENTS_TABLE
-
-    update = (
-        f"UPDATE {EVENTS_TABLE} SET topic = ?, state = ? "
-        "WHERE originator_id = ? AND originator_version = ? AND state = ? RETURNING 1"
-    )
-    written = []
-    with _sqlite_write(store) as cursor:
-        for change in changes:
-            cursor.execute(update, change)
-            written.append(cursor.fetchone() is not None)
-    return written
-
-
-def _write_postgres(store: Any, changes: Sequence[Change]) -> list[bool]:
-    from psycopg import sql
-
-    from kernel._store._postgres import EVENTS_TABLE
-
-    update = sql.SQL(
-        "UPDATE {} SET topic = %s, state = %s "
-        "WHERE originator_id = %s AND originator_version = %s AND state = %s"
-    ).format(sql.Identifier(store.schema, EVENTS_TABLE))
-    with store.datastore.get_connection() as conn, conn.transaction():
-        return [conn.execute(update, change).rowcount == 1 for change in changes]
-
-
 def compact_store(store: EventStore, *, tables: Sequence[str] = ()) -> None:
     """Drop from the store's files what rewritten rows left behind (module docstring): SQLite,
     ``VACUUM`` then a WAL checkpoint that truncates the WAL file; PostgreSQL, ``VACUUM FULL``
     of the events table and of ``tables`` (more tables of its schema, such as view tables).
     Both hold the database's write lock while they run: writers wait. Memory: nothing."""
-    from kernel._store._postgres import PostgresStore
-    from kernel._store._sqlite import SQLiteStore
-
-    if isinstance(store, SQLiteStore):
-        with (
-            store._translated("compact the file"),
-            store.datastore.get_connection(commit=True) as conn,
-        ):
-            cursor = conn.cursor()
-            cursor.execute("PRAGMA secure_delete=ON")
-            cursor.execute("VACUUM")
-            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    elif isinstance(store, PostgresStore):
-        from psycopg import sql
-
-        from kernel._store._postgres import EVENTS_TABLE
-
-        names = [EVENTS_TABLE, *tables]
-        with store._translated("vacuum the tables"), store.datastore.get_connection() as conn:
-            for name in names:
-                conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(store.schema, name)))
+    with store._translated("compact the store"):
+        store.backend.compact(tables=tables)

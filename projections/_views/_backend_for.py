@@ -35,7 +35,20 @@ def backend_for(store: EventStore) -> ViewBackend:
                 backend = _memory_backends[store] = MemoryViewBackend()
             return backend
     if isinstance(store, kernel.SQLiteStore):
-        return SQLiteViewBackend(store.datastore, store.url, store.path, keyring=store.keyring)
+        return SQLiteViewBackend(
+            store.datastore,
+            store.url,
+            store.path,
+            keyring=store.keyring,
+            classify=store.classify_error,
+            write_transaction=store.write_transaction,
+        )
     if isinstance(store, kernel.PostgresStore):
-        return PostgresViewBackend(store.datastore, store.url, store.schema, keyring=store.keyring)
+        return PostgresViewBackend(
+            store.datastore,
+            store.url,
+            store.schema,
+            keyring=store.keyring,
+            classify=store.classify_error,
+        )
     raise ProjectionError(f"no view backend for {type(store).__name__}: pass backend= explicitly")

@@ -8,7 +8,7 @@ one of its errors is looked at, so importing this module never loads it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,15 +20,11 @@ from tenacity import (
     wait_random,
 )
 
-from kernel import Keyring
+from kernel import Keyring, StoreError
 from projections._views._backends import check_table
 from projections._views._sqlbackends import _SQLBackend
 
 __all__ = ["PostgresViewBackend"]
-
-_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
-"""PostgreSQL SQLSTATEs of contention: serialization failure, deadlock, lock not available."""
-
 
 class PostgresViewBackend(_SQLBackend):
     """View tables in the store's PostgreSQL schema."""
@@ -39,9 +35,15 @@ class PostgresViewBackend(_SQLBackend):
     sql_exists = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname=%s AND tablename=%s"
 
     def __init__(
-        self, datastore: Any, url: str, schema: str, *, keyring: Keyring | None = None
+        self,
+        datastore: Any,
+        url: str,
+        schema: str,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
     ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
+        super().__init__(datastore, url, keyring=keyring, classify=classify)
         self._schema = schema
 
     def name(self, table: str) -> str:
@@ -49,21 +51,6 @@ class PostgresViewBackend(_SQLBackend):
 
     def _exists_params(self, table: str) -> tuple[str, ...]:
         return (self._schema, table)
-
-    def _is_driver_error(self, error: Exception) -> bool:
-        import psycopg
-
-        return super()._is_driver_error(error) or isinstance(error, psycopg.Error)
-
-    def _contended(self, cause: BaseException) -> bool:
-        import psycopg
-
-        if not isinstance(cause, psycopg.Error):
-            return False
-        state = cause.sqlstate
-        if state is None:  # no answer from the server: the connection was lost
-            return isinstance(cause, psycopg.OperationalError)
-        return state in _PG_CONTENTION or state.startswith("08")
 
     def _lock_positions(self, cursor: Any, tables: Sequence[str]) -> None:
         cursor.execute(

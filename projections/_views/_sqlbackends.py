@@ -20,11 +20,11 @@ join of a ``VALUES`` list on the primary key, each row an index lookup), and the
 are kept until the commit and written then, 300 per ``INSERT ... ON CONFLICT DO UPDATE``, in the
 transaction that moves the position; a failure anywhere rolls all of it back.
 
-Driver errors: contention that outlasted the waits (SQLite busy or locked; PostgreSQL
-serialization failure, deadlock, lock not available) and a lost connection become
+Driver errors are classified by the store's own rule (``EventStore.classify_error``): what it
+calls unavailable (contention that outlasted the waits, a lost connection) becomes
 ``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); a damaged database
-(``StoreDamagedError.detects``, the kernel's own rule) becomes ``StoreDamagedError``, which
-nothing retries; any other driver error becomes ``ProjectionError``.
+becomes ``StoreDamagedError``, which nothing retries; any other driver error becomes
+``ProjectionError``.
 
 Locks (``lock``): on SQLite a hidden lock file beside the database (``.<file>.<name>.lock``,
 locked with ``flock``; the OS releases it when the process dies), which exists only while it is
@@ -34,9 +34,8 @@ held on a connection of the store's pool (the server releases it when the sessio
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +47,7 @@ from kernel import (
     ProjectionError,
     StepLogError,
     StoreDamagedError,
+    StoreError,
     StoreUnavailableError,
 )
 from projections._views._backends import (
@@ -81,8 +81,6 @@ private ``ROW_SHIFT``; ``test_positions_migration`` checks that the two agree). 
 format 1 (a one-event row's id) is carried over to format 2 by this shift, so it is fixed like a
 table format."""
 
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-"""SQLite's primary result codes for contention (extended codes keep them in the low byte)."""
 _DAMAGED_HINT = (
     "the database is damaged (its file is not a database, or its pages or data are malformed); "
     "waiting will not help: restore it from a backup"
@@ -206,8 +204,17 @@ class _SQLBackend(ViewBackend):
     sql_claim_select = ""
     sql_exists = ""
 
-    def __init__(self, datastore: Any, url: str, *, keyring: Keyring | None = None) -> None:
+    def __init__(
+        self,
+        datastore: Any,
+        url: str,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
+    ) -> None:
         self._datastore = datastore
+        self._classify = classify
+        """The store's rule for driver errors (``EventStore.classify_error``)."""
         self.keyring = keyring
         """The store's keys: documents are sealed with them (None: plain JSON text)."""
         self._url = url
@@ -289,14 +296,15 @@ class _SQLBackend(ViewBackend):
         except StepLogError:
             raise
         except Exception as error:
-            if not self._is_driver_error(error):
+            kind = self._classify(error)
+            if kind is None:
                 raise
             text = " ".join(str(error).split())
-            if StoreDamagedError.detects(error):
+            if issubclass(kind, StoreDamagedError):
                 raise StoreDamagedError(
                     f"cannot {action} in {self._url}: {text}; {_DAMAGED_HINT}"
                 ) from error
-            if self._is_contention(error):
+            if issubclass(kind, StoreUnavailableError):
                 raise StoreUnavailableError(
                     f"cannot {action} in {self._url}: {text}; {_CONTENTION_HINT}"
                 ) from error
@@ -305,23 +313,6 @@ class _SQLBackend(ViewBackend):
     def _transaction(self, *, commit: bool) -> Any:
         """A transaction of the datastore (a context manager yielding a cursor)."""
         return self._datastore.transaction(commit=commit)
-
-    def _is_driver_error(self, error: Exception) -> bool:
-        from eventsourcing.persistence import PersistenceError
-
-        return isinstance(error, PersistenceError | sqlite3.Error)
-
-    def _is_contention(self, error: BaseException) -> bool:
-        """Whether ``error`` (or the driver error it wraps) is contention or a lost connection."""
-        from eventsourcing.persistence import ConnectionUnavailableError
-
-        return isinstance(error, ConnectionUnavailableError) or any(
-            self._contended(cause) for cause in _causes(error)
-        )
-
-    def _contended(self, cause: BaseException) -> bool:
-        code = getattr(cause, "sqlite_errorcode", None)
-        return isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
     def ensure(self, table: str) -> None:
         if table in self._ready:
@@ -556,12 +547,3 @@ class _SQLBackend(ViewBackend):
     def _consistent_reads(self, cursor: Any) -> None:
         """Make the reads of this transaction see one snapshot (SQLite always does)."""
 
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from (eventsourcing wraps the driver's)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kernel import Keyring, ProjectionError
+from kernel import Keyring, ProjectionError, StoreError
 from projections._views._backends import check_table
 from projections._views._sqlbackends import _SQLBackend
 
@@ -36,10 +36,18 @@ class SQLiteViewBackend(_SQLBackend):
     sql_exists = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
 
     def __init__(
-        self, datastore: Any, url: str, path: Path, *, keyring: Keyring | None = None
+        self,
+        datastore: Any,
+        url: str,
+        path: Path,
+        *,
+        keyring: Keyring | None = None,
+        classify: Callable[[BaseException], type[StoreError] | None],
+        write_transaction: Callable[[], AbstractContextManager[Any]],
     ) -> None:
-        super().__init__(datastore, url, keyring=keyring)
+        super().__init__(datastore, url, keyring=keyring, classify=classify)
         self._path = path
+        self._write_transaction = write_transaction
 
     @contextmanager
     def _transaction(self, *, commit: bool) -> Iterator[Any]:
@@ -49,15 +57,8 @@ class SQLiteViewBackend(_SQLBackend):
             with self._datastore.transaction(commit=False) as cursor:
                 yield cursor
             return
-        with self._datastore.get_connection(commit=True) as connection:
-            cursor = connection.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-            except BaseException:
-                connection.rollback()
-                raise
-            connection.commit()
+        with self._write_transaction() as cursor:  # the store's (``SQLiteStore.write_transaction``)
+            yield cursor
 
     @contextmanager
     def lock(self, name: str, timeout: float) -> Iterator[bool]:

@@ -359,7 +359,7 @@ def sqlite_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ``"cleaner"``: it reads nothing, and writes nothing to the file)."""
     opened: list[str] = []
     connect = sqlite3.connect
-    remove = getattr(_store_sqlite, "_remove_reader_files", None)
+    remove = getattr(_store_sqlite, "remove_reader_files", None)
 
     def recording(database: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
         opened.append(str(database))
@@ -372,7 +372,7 @@ def sqlite_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             remove(path)
 
     monkeypatch.setattr(sqlite3, "connect", recording)
-    monkeypatch.setattr(_store_sqlite, "_remove_reader_files", cleaner, raising=False)
+    monkeypatch.setattr(_store_sqlite, "remove_reader_files", cleaner, raising=False)
     return opened
 
 

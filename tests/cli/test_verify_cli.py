@@ -336,7 +336,7 @@ def test_verify_names_a_truncated_tail_and_reports_the_chain_and_the_views(
     from kernel import open_store
 
     with open_store(log.url, create=False) as store:  # CLEAN, written last, ends the log
-        rows = store._select_stream(CLEAN, 9, 15)  # the row holding #10..15
+        rows = store.backend.select_stream(CLEAN, after=9, upto=15)  # the row holding #10..15
         last, topic, state = rows[-1]
         head = store._mapper.row_link(CLEAN, last, topic, state).head
         end = store.last_position()

@@ -306,7 +306,7 @@ class MarkerTrap:
         if store.url.startswith("sqlite"):
             # SQLite: the store opens the transaction and inserts the batch's row with
             # _insert_checked inside it; die after the row is written, before COMMIT.
-            insert = store._insert_checked  # type: ignore[attr-defined]
+            insert = store.backend._insert_checked  # type: ignore[attr-defined]
 
             def insert_then_die(cursor: Any, *args: Any) -> Any:
                 row_id = insert(cursor, *args)
@@ -314,7 +314,7 @@ class MarkerTrap:
                     die()
                 return row_id
 
-            store._insert_checked = insert_then_die  # type: ignore[attr-defined]
+            store.backend._insert_checked = insert_then_die  # type: ignore[attr-defined]
             return
         # PostgreSQL: an append is one CALL of a procedure that commits; here the same write
         # function runs inside an explicit transaction that never commits.
@@ -322,7 +322,7 @@ class MarkerTrap:
 
         from kernel._store._postgres import WRITE_FUNCTION, append_columns
 
-        insert_rows = store._insert_rows  # type: ignore[attr-defined]
+        insert_rows = store.backend.insert_rows
         write = sql.SQL("SELECT {}(%s, %s, %s, %s, %s, %s) AS written").format(
             sql.Identifier(store.schema, WRITE_FUNCTION)  # type: ignore[attr-defined]
         )
@@ -338,7 +338,7 @@ class MarkerTrap:
                 die()
             raise AssertionError("unreachable: the process is dead")
 
-        store._insert_rows = insert_in_transaction  # type: ignore[attr-defined]
+        store.backend.insert_rows = insert_in_transaction  # type: ignore[method-assign]
 
 
 # -- the two modes ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from kernel import EventStore, Keyring, StoreConfigError, open_store
-from kernel._store._eventstore import codes_pattern
+from kernel._store._scan import codes_pattern
 from kernel.testing import LogBuilder
 from tests.projections.test_sensitive import fork_secrets, write_secrets
 

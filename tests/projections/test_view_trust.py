@@ -91,7 +91,9 @@ def test_blame_through_the_key_index_refuses_a_forged_row_the_log_refuses(
 
 
 def _stored(store: EventStore, last: int) -> tuple[str, bytes]:
-    (row,) = [r for r in store._select_stream(INSTANCE, last - 1, last) if r[0] == last]
+    (row,) = [
+        r for r in store.backend.select_stream(INSTANCE, after=last - 1, upto=last) if r[0] == last
+    ]
     return row[1], row[2]
 
 
@@ -206,7 +208,7 @@ def test_a_view_folded_from_a_log_since_cut_is_refused(sqlite_url: str) -> None:
     _written(sqlite_url, None, ["state", "blame"])
     with open_store(sqlite_url, create=False) as store:
         assert Projector(store, ["state"]).state(INSTANCE) == {"token": "tok-A-2"}
-        (row,) = [r for r in store._select_stream(INSTANCE, 14, 15) if r[0] == 15]
+        (row,) = [r for r in store.backend.select_stream(INSTANCE, after=14, upto=15) if r[0] == 15]
         head = store._mapper.row_link(INSTANCE, *row).head
     _view_sql(
         sqlite_url,

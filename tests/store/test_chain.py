@@ -178,7 +178,7 @@ def test_every_backend_records_heads_and_verifies_a_clean_log(store: EventStore)
 
 
 def chain_of_last(store: EventStore, instance: str) -> bytes:
-    rows = store._select_stream(instance, None, None)  # type: ignore[attr-defined]
+    rows = store.backend.select_stream(instance)
     return chain_of(rows[-1][2])[-CHAIN_BYTES:]
 
 
@@ -251,7 +251,7 @@ def test_an_encrypted_store_holds_no_plain_value_and_refuses_keyless_writers(
     log.commit()
     with open_store(durable_store_url, keyring=ring) as store:
         log.append_to(store)
-        rows = store._select_stream("e", None, None)  # type: ignore[attr-defined]
+        rows = store.backend.select_stream("e")
         assert all(b"SECRET" not in state for _, _, state in rows)
         assert store.read("e") == log.events()
         assert store.verify_chain().ok

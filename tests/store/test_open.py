@@ -30,6 +30,8 @@ from kernel import (
     StoreUnavailableError,
     open_store,
 )
+from kernel._store._backend import RowBackend
+from kernel._store._memory import MemoryBackend
 from kernel._store._postgres import postgres_params
 
 
@@ -239,11 +241,29 @@ def test_a_missing_postgres_database_is_not_found(postgres_server_url: str) -> N
 
 
 def test_the_store_port_is_abstract() -> None:
-    assert inspect.isabstract(EventStore)
-    assert EventStore.__abstractmethods__ == frozenset({"instances"})
+    assert inspect.isabstract(RowBackend)
+    assert RowBackend.__abstractmethods__ == frozenset(
+        {
+            "insert_rows",
+            "select_stream",
+            "stream_version",
+            "select_rows",
+            "last_row_id",
+            "instances",
+            "select_heads",
+            "read_meta",
+            "write_meta",
+            "acquire_lease",
+            "renew_lease",
+            "release_lease",
+            "read_lease",
+            "rewrite_rows",
+        }
+    )
 
-    class NoInstances(EventStore):  # an adapter that forgot a port method
-        pass
+    class NoInstances(MemoryBackend):  # an adapter that forgot a port method
+        instances = RowBackend.instances  # type: ignore[assignment]
 
+    NoInstances.__abstractmethods__ = frozenset({"instances"})
     with pytest.raises(TypeError, match="instances"):
-        NoInstances(MemoryStore().recorder, url="memory://")  # type: ignore[abstract]
+        EventStore(NoInstances(), url="memory://")
