@@ -21,6 +21,7 @@ from kernel._ops._fork import fork_instance
 from kernel._ops._replay import replay_events
 from kernel._run._algo import Router
 from kernel._run._emit import WorkflowEvent
+from kernel._run._hooks import RunHooks
 from kernel._run._instance import Durability, InstanceContext, LeasePolicy, read_ledger
 from kernel._run._ledger import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
 from kernel._run._runner import Continuation, Run, RunResult
@@ -53,6 +54,7 @@ class Workflow(DefinitionView):
         id_factory: IdFactory,
         lease: LeasePolicy | None = None,
         sensitive_keys: tuple[str, ...] = (),
+        hooks: tuple[RunHooks, ...] = (),
     ) -> None:
         check_id(instance_id, "instance_id", DefinitionError)
         self.graph = graph
@@ -69,6 +71,7 @@ class Workflow(DefinitionView):
             owner=process_owner(),
             lease=lease,
             sensitive_keys=sensitive_keys,
+            hooks=hooks,
         )
         self._active: Run | None = None
         self._active_stream: weakref.ref[RunStream] | None = None
@@ -377,6 +380,7 @@ class Workflow(DefinitionView):
             id_factory=self._id_factory,
             lease=self._instance.lease,
             sensitive_keys=self.sensitive_keys,
+            hooks=self._instance.hooks,
         )
 
     def __repr__(self) -> str:

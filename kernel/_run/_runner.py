@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,6 +52,7 @@ from kernel._base._errors import (
     StoreError,
 )
 from kernel._define._context import WorkflowContext
+from kernel._define._stream import WorkflowEvent, WorkflowRunState
 from kernel._log._events import (
     AbortReason,
     ErrorInfo,
@@ -73,23 +74,23 @@ from kernel._log._events import (
 )
 from kernel._log._requests import PendingRequest, Response
 from kernel._run._algo import Position
-from kernel._run._emit import (
-    Emit,
-    Put,
-    WorkflowEvent,
-    WorkflowRunState,
-    emitter,
-    framework_event,
-    silent,
+from kernel._run._emit import Emit, Put, emitter, framework_event, silent
+from kernel._run._hooks import HookChain, RunInfo, RunStatus, SuperstepInfo, chain_hooks
+from kernel._run._ledger import (
+    Continuation,
+    Ledger,
+    answer,
+    check_responses,
+    continued_run,
+    waiting,
 )
-from kernel._run._ledger import Ledger, answer, check_responses, continued_run, waiting
-from kernel._run._superstep import Superstep, SuperstepOutcome
+from kernel._run._superstep import RunScope, Superstep, SuperstepOutcome
 
 if TYPE_CHECKING:
     from kernel._log._fold import OpenRun
     from kernel._run._instance import LeaseHold, RunnerContext
 
-__all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]
+__all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]  # Continuation: _ledger's
 
 
 _FINAL_STATES = {
@@ -187,21 +188,12 @@ class RunResult:
         ]
 
 
-@dataclass(frozen=True)
-class Continuation:
-    """What a run that continues another goes on from: the run ``run_id``, or the run whose
-    resume point is ``checkpoint_id``, or (neither) the instance's last run; and the
-    ``responses`` to record and deliver."""
-
-    run_id: str | None = None
-    checkpoint_id: str | None = None
-    responses: Mapping[str, Any] = field(default_factory=dict)
-
-
 class Run:
     """One run on a workflow instance. ``drive`` executes it; ``log`` and ``flush`` write the log.
 
-    ``instance`` is all the run knows of its workflow (see ``RunnerContext``).
+    ``instance`` is all the run knows of its workflow (see ``RunnerContext``); its supersteps know
+    the run only through the ``RunScope`` it hands them. It calls the instance's hooks
+    (``RunHooks``) as it goes.
     """
 
     def __init__(
@@ -238,6 +230,14 @@ class Run:
         self._asked = False  # a request_info was emitted: the stream said so in a status
         # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
         self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
+        # Set by a sub-workflow: the parent superstep it runs in, and the executor running it.
+        self.parent: tuple[SuperstepInfo, str] | None = None
+        self._hooks: HookChain | None = chain_hooks(instance.hooks)
+        self._run_info: RunInfo | None = None  # once ``run_started`` was called
+        self._hooked_step: SuperstepInfo | None = None  # started, not yet committed or aborted
+        self._late_hook_errors: list[BaseException] = []
+        self._continues: str | None = None
+        self._end_status: RunStatus | None = None  # the run's end, once logged
         self._emit: Emit = silent
         self._clock = instance.clock
         self._instance_id = instance.instance_id
@@ -383,24 +383,93 @@ class Run:
             if self.bind_log is not None:
                 self.bind_log(self, result)
             self.result = result
-            return result
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             lost = self._lost_lease
             if lost is not None:  # the run is not ours to close any more: its taker closes it
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()  # the cancellation was ours, not the caller's
+                if self._hooks is not None:
+                    self._end_hooks("abandoned", lost)
                 raise lost from None
             if not self.finished:
                 self._record_end(self.cancel_reason or "cancelled")
+            if self._hooks is not None:
+                self._end_hooks(self._end_status or "cancelled", cancelled)
             raise
         except BaseException as error:  # SystemExit from a handler, a store error mid-superstep
             if not self.finished:
                 self._record_end("failed", error)
+            if self._hooks is not None:
+                self._end_hooks(self._end_status or "failed", error)
             raise
         finally:
             self.finished = True
             await keeper.release()
+        if self._hooks is not None:
+            late = self._end_hooks(result.status, None)
+            if late is not None:  # the run is over, as the log says; its hooks failed
+                raise late
+        return result
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _late_hook(self, name: str, *args: Any) -> None:
+        """Call hook ``name`` while the run is ending: what it raises cannot change how the run
+        ends (the log has it), so it is kept for ``_end_hooks``, never dropped."""
+        try:
+            getattr(self._hooks, name)(*args)
+        except Exception as error:
+            self._late_hook_errors.append(error)
+
+    def _hook_aborted(self, reason: AbortReason, error: BaseException | None) -> None:
+        """``superstep_aborted`` for the superstep whose ``superstep_started`` was called."""
+        step, self._hooked_step = self._hooked_step, None
+        if step is not None:
+            self._late_hook("superstep_aborted", step, reason, error)
+
+    def _hook_failed(self, step: Superstep, executor_id: str, error: BaseException) -> None:
+        """``executor_failed`` for a handler that raised ``error``; a ``message_sent`` hook's
+        error, if any, is added to it as a note."""
+        lost = step.hook_failures.pop(executor_id, None)
+        if lost is not None:
+            error.add_note(f"and a hook failed before: {lost}")
+        self._late_hook("executor_failed", step.info, executor_id, error)
+
+    def _hook_completed(self, step: Superstep, executor_id: str) -> bool:
+        """After ``executor_id``'s handler returned: fail it with what a ``message_sent`` hook
+        raised, else call ``executor_completed`` (what that raises fails it too). Returns
+        whether the executor completed."""
+        hooks = self._hooks
+        assert hooks is not None
+        error = step.hook_failures.pop(executor_id, None)
+        if error is None:
+            try:
+                hooks.executor_completed(step.info, executor_id)
+                return True
+            except Exception as raised:
+                error = raised
+        step.fail(executor_id, error)
+        self._late_hook("executor_failed", step.info, executor_id, error)
+        return False
+
+    def _end_hooks(self, status: RunStatus, error: BaseException | None) -> BaseException | None:
+        """Call ``run_ended`` (if ``run_started`` was called), then deal with what hooks raised
+        while the run was ending: added as notes to ``error``, the run's own, if it has one;
+        else the first of them is returned, for the run to raise (the others as its notes)."""
+        run, self._run_info = self._run_info, None
+        if run is not None:
+            self._late_hook("run_ended", run, status, error)
+        late, self._late_hook_errors = self._late_hook_errors, []
+        if not late:
+            return None
+        if error is not None:
+            for hook_error in late:
+                error.add_note(f"and while the run ended: {hook_error}")
+            return None
+        for hook_error in late[1:]:
+            late[0].add_note(f"and: {hook_error}")
+        return late[0]
 
     def _ended(self) -> None:
         """The run's end is in the log: give the instance's lease up at once, before the last
@@ -563,6 +632,7 @@ class Run:
             )
         if not self.kwargs:  # a continuation runs with its lineage's arguments
             self.kwargs = {k: self.codec.decode(v) for k, v in standing.kwargs.items()}
+        self._continues = line
         self._log_start(head, continues=line, checkpoint=checkpoint)
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
@@ -591,14 +661,39 @@ class Run:
 
     async def _supersteps(self, position: Position) -> RunResult:
         """Run supersteps from ``position`` (whose superstep is open in the log) to the end."""
-        emit = self._emit
+        emit, hooks = self._emit, self._hooks
+        scope = RunScope(
+            self.run_id,
+            self.instance,
+            self.kwargs,
+            self.router,
+            hooks,
+            self.log,
+            self.record,
+            self.head,
+            self._cancel_reason,
+        )
+        if hooks is not None:
+            parent, parent_executor = self.parent or (None, None)
+            self._run_info = run = RunInfo(
+                self._instance_id,
+                self.run_id,
+                self.instance.workflow_name,
+                self._continues,
+                parent,
+                parent_executor,
+            )
+            hooks.run_started(run)  # what it raises fails the run (recorded by ``drive``)
         await emit("started")
         await emit("status", state=WorkflowRunState.IN_PROGRESS)
         while True:
             superstep_id = self._open_superstep_id
             assert superstep_id is not None
-            step = Superstep(self, position.index, superstep_id)
+            step = Superstep(scope, position.index, superstep_id)
             self._open_superstep = step
+            if hooks is not None:
+                self._hooked_step = step.info
+                hooks.superstep_started(step.info)
             await emit("superstep_started", step.index, superstep_id)
             await self._execute(step, position.inbox)
             try:
@@ -637,6 +732,9 @@ class Run:
                 await emit("status", state=WorkflowRunState.FAILED)
                 await emit("failed", step.index, error=error)
                 raise error
+
+    def _cancel_reason(self) -> AbortReason | None:
+        return self.cancel_reason
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
@@ -717,7 +815,7 @@ class Run:
         self, step: Superstep, executor_id: str, messages: list[Any], *, inline: bool
     ) -> None:
         executor = self.router.graph.executors[executor_id]
-        emit = self._emit
+        emit, hooks = self._emit, self._hooks
         streaming = emit is not silent  # awaiting ``silent`` does nothing, and costs a coroutine
         record, in_flight = self.record, step.in_flight
         superstep_id = step.superstep_id
@@ -726,22 +824,38 @@ class Run:
                 return
             record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
             in_flight.add(executor_id)
-            if streaming:
+            if streaming or hooks is not None:
                 given = message.value if isinstance(message, Response) else message
+            if streaming:
                 await emit("executor_invoked", step.index, superstep_id, executor_id, given)
                 sent_before = len(step.sent)
             try:
+                if hooks is not None:  # what it raises is the executor's failure
+                    hooks.executor_invoked(step.info, executor_id, given)
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
                 if _cancelled_by_runner(step, inline=inline):
+                    if hooks is not None:
+                        self._late_hook("executor_failed", step.info, executor_id, error)
                     raise
-                step.fail(executor_id, _stray_cancellation(executor_id, error))
+                stray = _stray_cancellation(executor_id, error)
+                step.fail(executor_id, stray)
+                if hooks is not None:
+                    self._late_hook("executor_failed", step.info, executor_id, stray)
                 return
             except Exception as error:
                 step.fail(executor_id, error)
+                if hooks is not None:
+                    self._hook_failed(step, executor_id, error)
                 return
             if _cancelled_by_runner(step, inline=inline):
-                return  # it swallowed the cancellation and returned: recorded as cancelled
+                # It swallowed the cancellation and returned: recorded as cancelled.
+                if hooks is not None:
+                    cancelled = asyncio.CancelledError()
+                    self._late_hook("executor_failed", step.info, executor_id, cancelled)
+                return
+            if hooks is not None and not self._hook_completed(step, executor_id):
+                return  # a hook failed it
             in_flight.discard(executor_id)
             record(ExecutorCompleted, {**step.completed_head, "executor_id": executor_id})
             if streaming:
@@ -768,10 +882,13 @@ class Run:
             )
         self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
         self.log(RunFailed, error=info, executor_id=executor_id, superstep_id=step.superstep_id)
+        self._end_status = "failed"
         self._open_superstep_id = None
         self.finished = True
         self._flush_closing(opened)
         self._ended()
+        if self._hooks is not None:
+            self._hook_aborted("failed", error)
         emit = self._emit
         await emit("status", state=WorkflowRunState.FAILED)
         await emit("executor_failed", step.index, step.superstep_id, executor_id, error=error)
@@ -797,11 +914,14 @@ class Run:
         next_id = None
         if not after.inbox and after.requests:
             self.log(RunAwaitingInput, supersteps=step.index, requests=list(after.requests))
+            self._end_status = "awaiting_input"
         elif not after.inbox:
             self.log(RunCompleted, supersteps=step.index)
+            self._end_status = "completed"
         elif step.index >= self.instance.max_supersteps:
             error = self._convergence_error(step.index, after)
             self.log(RunFailed, error=ErrorInfo.of(error))
+            self._end_status = "failed"
         else:
             next_id = self.instance.new_id()
             self.log(SuperstepStarted, superstep_id=next_id, index=step.index + 1)
@@ -813,6 +933,8 @@ class Run:
         self._open_superstep = None
         if refused is not None:
             self.finished = True
+            if self._hooks is not None:
+                self._hook_aborted("failed", refused)
             raise refused
         self._open_superstep_id = next_id
         if next_id is None:
@@ -823,6 +945,12 @@ class Run:
                     self.outputs.append(value)
                 elif kind == "intermediate":
                     self.intermediate_outputs.append(value)
+        if self._hooks is not None:
+            self._hooked_step = None
+            if next_id is not None and not cancels:  # the run goes on: a hook's error fails it
+                self._hooks.superstep_committed(step.info)
+            else:
+                self._late_hook("superstep_committed", step.info)
         if cancels:  # the commit landed while this task was being cancelled
             if next_id is not None or not self.awaited:
                 raise asyncio.CancelledError  # the next superstep is aborted as cancelled
@@ -835,6 +963,7 @@ class Run:
         info = ErrorInfo.of(error)
         self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
         self.log(RunFailed, error=info, superstep_id=step.superstep_id)
+        self._end_status = "failed"
         self._open_superstep_id = None
 
     def _convergence_error(self, index: int, position: Position) -> ConvergenceError:
@@ -858,16 +987,26 @@ class Run:
             self.log(SuperstepAborted, superstep_id=superstep_id, reason=reason, error=info)
         if info is not None:
             self.log(RunFailed, error=info, superstep_id=superstep_id)
+            self._end_status = "failed"
         elif reason == "cancelled":
             self.log(RunCancelled, superstep_id=superstep_id)
+            self._end_status = "cancelled"
         else:
             self.log(RunAbandoned, reason="abandoned", superstep_id=superstep_id)
+            self._end_status = "abandoned"
         self._open_superstep_id = None
         self.finished = True
         # What unwinds must still propagate; if this append fails, the next run closes the run.
         with contextlib.suppress(StoreError, EncodingError):
             self._flush_closing(opened)
             self._ended()
+        hooked = self._hooked_step
+        if hooked is not None:
+            if hooked.superstep_id == superstep_id:
+                self._hook_aborted(reason, error)
+            else:  # its marker went in already ("write" durability), as committed
+                self._hooked_step = None
+                self._late_hook("superstep_committed", hooked)
 
     def _close_unfinished(self, run_id: str, superstep_id: str | None, reason: AbortReason) -> None:
         """Close a run found unfinished in the log (dropped stream, dead process)."""
