@@ -56,6 +56,14 @@ from kernel._define._executor import (
     response_handler,
 )
 from kernel._define._graph import Case, Default
+from kernel._define._stream import (
+    FRAMEWORK_EVENT_TYPES,
+    WorkflowErrorDetails,
+    WorkflowEvent,
+    WorkflowEventSource,
+    WorkflowEventType,
+    WorkflowRunState,
+)
 from kernel._log._events import (
     EVENT_TYPES,
     RUN_END_TYPES,
@@ -111,14 +119,7 @@ from kernel._ops._subworkflow import (
     SubWorkflowResponseMessage,
     WorkflowExecutor,
 )
-from kernel._run._emit import (
-    FRAMEWORK_EVENT_TYPES,
-    WorkflowErrorDetails,
-    WorkflowEvent,
-    WorkflowEventSource,
-    WorkflowEventType,
-    WorkflowRunState,
-)
+from kernel._run._hooks import RunHooks, RunInfo, SuperstepInfo
 from kernel._run._ledger import Checkpoint, CheckpointStatus
 from kernel._run._runner import RunResult
 from kernel._store._eventstore import (
@@ -220,6 +221,8 @@ __all__ = [
     "RunEvent",
     "RunFailed",
     "RunInProgressError",
+    "RunHooks",
+    "RunInfo",
     "RunResult",
     "RunStarted",
     "RunStream",
@@ -242,6 +245,7 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepEvent",
     "SuperstepFold",
+    "SuperstepInfo",
     "SuperstepStarted",
     "TypeCompatibilityError",
     "ValidationTypeEnum",

@@ -198,3 +198,9 @@ def chain_hooks(hooks: Iterable[RunHooks]) -> HookChain | None:
                 f"{type(hook).__qualname__}"
             )
     return HookChain(found) if found else None
+
+
+# The public classes report the package that exports them, not this private module.
+for _cls in (RunHooks, RunInfo, SuperstepInfo):
+    _cls.__module__ = "kernel"
+del _cls
