@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Never
 
 import pytest
@@ -97,14 +98,16 @@ class Fails(Executor):
 
 
 class Waits(Executor):
-    """Waits for ``go`` (never set: until cancelled)."""
+    """Says it ``entered``, then waits for ``go`` (never set: until cancelled)."""
 
     def __init__(self, id: str, go: asyncio.Event) -> None:
         super().__init__(id)
         self.go = go
+        self.entered = asyncio.Event()
 
     @handler
     async def run(self, n: int, ctx: WorkflowContext[Never]) -> None:
+        self.entered.set()
         await self.go.wait()
 
 
@@ -189,7 +192,7 @@ async def test_a_sibling_cancelled_by_a_failure_gets_executor_failed_first() -> 
         .with_hooks(hooks)
         .build()
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bad failed on 2"):
         await wf.run(1)
     closing = hooks.calls[-4:]
     assert sorted(closing[:2]) == [
@@ -203,11 +206,10 @@ async def test_a_sibling_cancelled_by_a_failure_gets_executor_failed_first() -> 
 
 
 async def test_a_cancelled_run_closes_every_call_it_opened() -> None:
-    hooks = Recorder()
-    wf = chain(hooks, second=Waits("waits", asyncio.Event()))
+    hooks, waits = Recorder(), Waits("waits", asyncio.Event())
+    wf = chain(hooks, second=waits)
     task = asyncio.create_task(wf.run(1))
-    while ("executor_invoked", 2, "waits", 2) not in hooks.calls:
-        await asyncio.sleep(0)
+    await waits.entered.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -236,7 +238,7 @@ class RaisesIn(Recorder):
 async def test_a_hook_raising_about_an_executor_fails_that_executor(method: str) -> None:
     hooks = RaisesIn(method)
     wf = chain(hooks)
-    with pytest.raises(ExecutionError, match=f"hook RaisesIn.{method} raised RuntimeError"):
+    with pytest.raises(ExecutionError, match=rf"hook RaisesIn\.{method} raised RuntimeError"):
         await wf.run(1)
     events = wf.events()
     assert kinds(events)[-3:] == ["executor_failed", "superstep_aborted", "run_failed"]
@@ -254,10 +256,8 @@ class Swallows(Executor):
 
     @handler
     async def run(self, n: int, ctx: WorkflowContext[int]) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the point: it cannot hide a hook's error
             await ctx.send_message(n + 1)
-        except Exception:  # noqa: BLE001 - the point: a handler cannot hide a hook's error
-            pass
 
 
 async def test_a_handler_cannot_swallow_what_message_sent_raised() -> None:
@@ -278,7 +278,7 @@ async def test_a_handler_cannot_swallow_what_message_sent_raised() -> None:
 async def test_a_hook_raising_while_the_run_goes_on_fails_the_run(method: str, at: Any) -> None:
     hooks = RaisesIn(method, at)
     wf = chain(hooks)
-    with pytest.raises(ExecutionError, match=f"RaisesIn.{method}"):
+    with pytest.raises(ExecutionError, match=rf"RaisesIn\.{method}"):
         await wf.run(1)
     events = wf.events()
     assert kinds(events)[-2:] == ["superstep_aborted", "run_failed"]
@@ -296,7 +296,7 @@ async def test_a_hook_raising_once_the_run_is_over_is_raised_and_the_log_stands(
 ) -> None:
     hooks = RaisesIn(method, at)
     wf = chain(hooks)
-    with pytest.raises(ExecutionError, match=f"RaisesIn.{method}"):
+    with pytest.raises(ExecutionError, match=rf"RaisesIn\.{method}"):
         await wf.run(1)
     assert kinds(wf.events())[-2:] == ["superstep_committed", "run_completed"]
     assert wf.committed_state() == {"out": 2}
@@ -320,7 +320,7 @@ async def test_two_hooks_are_called_in_order_and_both_even_when_the_first_raises
 
     calls.clear()
     broken = RaisesIn("run_started", calls=calls)
-    with pytest.raises(ExecutionError, match="RaisesIn.run_started"):
+    with pytest.raises(ExecutionError, match=r"RaisesIn\.run_started"):
         await chain(broken, Recorder(calls, "after")).run(1)
     assert calls[:2] == [("run_started", "hooked"), ("after", "run_started", "hooked")]
     assert calls[-1] == ("after", "run_ended", "failed", "ExecutionError")
@@ -386,10 +386,10 @@ async def test_a_resumed_run_calls_its_hooks_and_names_the_run_it_continues(
 ) -> None:
     hooks = Recorder()
     go = asyncio.Event()
-    wf = chain(hooks, second=Waits("waits", go), store=store)
+    waits = Waits("waits", go)
+    wf = chain(hooks, second=waits, store=store)
     task = asyncio.create_task(wf.run(1))
-    while ("executor_invoked", 2, "waits", 2) not in hooks.calls:
-        await asyncio.sleep(0)
+    await waits.entered.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -426,7 +426,8 @@ async def test_a_sub_workflow_s_run_calls_its_parent_s_hooks_inside_the_parent_e
     ]
     parent, child = hooks.runs
     assert child.workflow_name == "inner"
-    assert child.parent is not None and child.parent.run_id == parent.run_id
+    assert child.parent is not None
+    assert child.parent.run_id == parent.run_id
     assert (child.parent.index, child.parent_executor_id) == (2, "sub")
     assert child.instance_id.startswith(f"{parent.instance_id}/sub/")
 
