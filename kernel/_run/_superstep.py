@@ -105,7 +105,7 @@ class Superstep:
         self.in_flight: set[str] = set()
         self.cancelling = False
         self.inline_task: asyncio.Task[Any] | None = None
-        self.info = SuperstepInfo(self.instance_id, scope.run_id, index, superstep_id)
+        self._info: SuperstepInfo | None = None
         self.hooks = scope.hooks
         # Hook errors of ``message_sent``, by sender: its handler fails with them when it returns.
         self.hook_failures: dict[str, BaseException] = {}
@@ -120,6 +120,17 @@ class Superstep:
     @property
     def run_kwargs(self) -> dict[str, Any]:
         return self._scope.kwargs
+
+    @property
+    def info(self) -> SuperstepInfo:
+        """The superstep as hooks see it (made when first asked: a run without hooks never
+        does)."""
+        info = self._info
+        if info is None:
+            info = self._info = SuperstepInfo(
+                self.instance_id, self.run_id, self.index, self.superstep_id
+            )
+        return info
 
     # -- for an executor that runs a nested run in this superstep ----------------------------
 
