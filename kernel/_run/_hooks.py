@@ -8,8 +8,9 @@ errors themselves), never the runner's objects.
 
 ``HookChain`` is how the runner calls several hooks as one: in the order given, every hook
 called even when one raises, and what a hook raises wrapped in ``ExecutionError`` naming it.
-What the runner then does with that error is written in ``RunHooks``'s docstring (and
-docs/hooks.md).
+``RunHookCalls`` is one run's side of it: which run and superstep it reported opened (so each
+gets its one closing call), and what hooks raised while the run was ending. What the runner does
+with a hook's error is written in ``RunHooks``'s docstring (and docs/hooks.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from typing import Any, Literal
 from kernel._base._errors import DefinitionError, ExecutionError
 from kernel._log._events import AbortReason
 
-__all__ = ["HookChain", "RunHooks", "RunInfo", "RunStatus", "SuperstepInfo", "chain_hooks"]
+__all__ = [
+    "HookChain",
+    "RunHookCalls",
+    "RunHooks",
+    "RunInfo",
+    "RunStatus",
+    "SuperstepInfo",
+    "chain_hooks",
+]
 
 RunStatus = Literal["completed", "awaiting_input", "failed", "cancelled", "abandoned"]
 """How a run ended, as ``run_ended`` is told: the run's end in the log (``RunCompleted``,
@@ -198,6 +207,84 @@ def chain_hooks(hooks: Iterable[RunHooks]) -> HookChain | None:
                 f"{type(hook).__qualname__}"
             )
     return HookChain(found) if found else None
+
+
+class RunHookCalls:
+    """One run's calls to its hooks (``chain``), with what the run must remember of them.
+
+    ``run`` and ``step`` are the run and superstep reported started and not yet closed. A call
+    made while the run is ending (``late``) cannot change how it ends: what it raises is kept,
+    never dropped, and ``run_ended`` deals with it. The other calls raise into the run.
+    """
+
+    __slots__ = ("_late", "chain", "run", "step")
+
+    def __init__(self, chain: HookChain) -> None:
+        self.chain = chain
+        self.run: RunInfo | None = None
+        self.step: SuperstepInfo | None = None
+        self._late: list[BaseException] = []
+
+    def late(self, name: str, *args: Any) -> None:
+        """Call hook ``name``, keeping what it raises for ``run_ended``."""
+        try:
+            getattr(self.chain, name)(*args)
+        except Exception as error:
+            self._late.append(error)
+
+    def run_started(self, run: RunInfo) -> None:
+        self.run = run
+        self.chain.run_started(run)
+
+    def superstep_started(self, step: SuperstepInfo) -> None:
+        self.step = step
+        self.chain.superstep_started(step)
+
+    def superstep_committed(self, step: SuperstepInfo, *, going_on: bool) -> None:
+        """The commit of ``step`` is durable; ``going_on``: the run has a next superstep (then
+        what the hook raises fails the run; else it is ``late``)."""
+        self.step = None
+        if going_on:
+            self.chain.superstep_committed(step)
+        else:
+            self.late("superstep_committed", step)
+
+    def superstep_aborted(self, reason: AbortReason, error: BaseException | None) -> None:
+        """The superstep reported started closed without committing."""
+        step, self.step = self.step, None
+        if step is not None:
+            self.late("superstep_aborted", step, reason, error)
+
+    def executor_failed(
+        self,
+        step: SuperstepInfo,
+        executor_id: str,
+        error: BaseException,
+        also: BaseException | None = None,
+    ) -> None:
+        """``executor_id`` failed with ``error``; ``also``, a hook's error it failed after, is
+        added to ``error`` as a note."""
+        if also is not None:
+            error.add_note(f"and a hook failed before: {also}")
+        self.late("executor_failed", step, executor_id, error)
+
+    def run_ended(self, status: RunStatus, error: BaseException | None) -> BaseException | None:
+        """Call ``run_ended`` (if ``run_started`` was), then deal with what hooks raised while
+        the run was ending: added as notes to ``error``, the run's own, if it has one; else the
+        first of them is returned, for the run to raise (the others as its notes)."""
+        run, self.run = self.run, None
+        if run is not None:
+            self.late("run_ended", run, status, error)
+        late, self._late = self._late, []
+        if not late:
+            return None
+        if error is not None:
+            for hook_error in late:
+                error.add_note(f"and while the run ended: {hook_error}")
+            return None
+        for hook_error in late[1:]:
+            late[0].add_note(f"and: {hook_error}")
+        return late[0]
 
 
 # The public classes report the package that exports them, not this private module.
