@@ -83,9 +83,10 @@ class Superstep:
     """One superstep of a run: its staged writes, messages and outputs, and whether it is closed.
 
     Besides ``SuperstepPort`` (what a handler's context calls), an executor that runs a nested
-    run in the superstep (``WorkflowExecutor``) reads ``host`` (the instance the run runs on),
-    ``hooks``, ``graph`` and ``info``, logs the facts of the superstep with ``log`` and stages
-    outputs with a designation of its own (``output``).
+    run in the superstep (``WorkflowExecutor``, through ``port_of(ctx)``) reads ``host`` (the
+    instance the run runs on: its store, settings and hooks), ``graph`` and ``info``, logs the
+    facts of the superstep with ``log`` and stages outputs with a designation of its own
+    (``output``).
     """
 
     def __init__(self, scope: RunScope, index: int, superstep_id: str) -> None:
