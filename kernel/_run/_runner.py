@@ -619,6 +619,10 @@ class Run:
                     also = step.hook_failures.pop(executor_id, None)
                     hooks.executor_failed(step.info, executor_id, error, also)
                 return
+            except BaseException as error:  # SystemExit and the like: they unwind the run
+                if hooks is not None:
+                    hooks.executor_failed(step.info, executor_id, error)
+                raise
             if cancelled_by_runner(step, inline=inline):
                 # It swallowed the cancellation and returned: recorded as cancelled.
                 if hooks is not None:
