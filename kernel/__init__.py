@@ -51,6 +51,14 @@ from kernel._define._executor import Executor, WorkflowMessage, handler, respons
 from kernel._define._functions import FunctionExecutor, executor
 from kernel._define._graph import Case, Default
 from kernel._define._signatures import HandlerSpec, ResponseHandlerSpec
+from kernel._define._stream import (
+    FRAMEWORK_EVENT_TYPES,
+    WorkflowErrorDetails,
+    WorkflowEvent,
+    WorkflowEventSource,
+    WorkflowEventType,
+    WorkflowRunState,
+)
 from kernel._log._events import (
     EVENT_TYPES,
     RUN_END_TYPES,
@@ -107,14 +115,7 @@ from kernel._ops._subworkflow import (
     SubWorkflowResponseMessage,
     WorkflowExecutor,
 )
-from kernel._run._emit import (
-    FRAMEWORK_EVENT_TYPES,
-    WorkflowErrorDetails,
-    WorkflowEvent,
-    WorkflowEventSource,
-    WorkflowEventType,
-    WorkflowRunState,
-)
+from kernel._run._hooks import RunHooks, RunInfo, SuperstepInfo
 from kernel._run._ledger import Checkpoint, CheckpointStatus
 from kernel._run._runner import RunResult
 from kernel._store._eventstore import EventStore
@@ -209,7 +210,9 @@ __all__ = [
     "RunCompleted",
     "RunEvent",
     "RunFailed",
+    "RunHooks",
     "RunInProgressError",
+    "RunInfo",
     "RunResult",
     "RunStarted",
     "RunStream",
@@ -232,6 +235,7 @@ __all__ = [
     "SuperstepCommitted",
     "SuperstepEvent",
     "SuperstepFold",
+    "SuperstepInfo",
     "SuperstepStarted",
     "TypeCompatibilityError",
     "ValidationTypeEnum",

@@ -1,8 +1,14 @@
-"""``WorkflowContext``: what a handler may do in its superstep."""
+"""``WorkflowContext``: what a handler may do in its superstep, and ``SuperstepPort``, the seam
+it talks through.
+
+A context hands every call to its superstep through ``SuperstepPort``: the definition layer says
+what it needs, and the runner (``kernel._run._superstep.Superstep``) implements it, so nothing
+here knows the runner.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, Never
+from typing import TYPE_CHECKING, Any, Generic, Literal, Never, Protocol
 
 from typing_extensions import TypeVar
 
@@ -10,13 +16,72 @@ from kernel._base._errors import EncodingError
 from kernel._base._ids import MAX_KEY_BYTES, check_id
 
 if TYPE_CHECKING:
-    from kernel._run._emit import WorkflowEvent
-    from kernel._run._superstep import Superstep
+    from kernel._define._stream import WorkflowEvent
 
-__all__ = ["WorkflowContext"]
+__all__ = ["SuperstepPort", "WorkflowContext", "port_of"]
 
 OutT = TypeVar("OutT", default=Never)
 WorkflowOutT = TypeVar("WorkflowOutT", default=Never)
+
+
+class SuperstepPort(Protocol):
+    """What a ``WorkflowContext`` asks of the superstep it belongs to.
+
+    Every method refuses a call once the superstep is closed (committed, or aborted because a
+    sibling failed or the run was cancelled) with ``StateWriteRejectedError``, and encodes what
+    it accepts (``EncodingError`` for a value the log cannot store).
+    """
+
+    run_id: str
+    instance_id: str
+    index: int
+    """The superstep's index within the run, from 1."""
+    superstep_id: str
+
+    @property
+    def run_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the run."""
+        ...
+
+    def send_routed(self, source: str, message: Any, target_id: str | None) -> bool:
+        """Stage ``message`` from ``source`` if its route is known without evaluating anything
+        (a route that depends on its type only, taken before); False, staging nothing, if not."""
+        ...
+
+    async def route_and_send(self, source: str, message: Any, target_id: str | None) -> None:
+        """Route ``message`` (conditions evaluated, async ones awaited), then stage it. Raises
+        ``RoutingError`` if no edge can take it."""
+        ...
+
+    def output(self, executor_id: str, value: Any) -> None:
+        """Stage a workflow output of ``executor_id``."""
+        ...
+
+    def add_event(self, executor_id: str, event: WorkflowEvent[Any]) -> None:
+        """Stage a custom event. Raises ``DefinitionError`` for what is not a ``WorkflowEvent``
+        with a type of its own."""
+        ...
+
+    def request(
+        self, executor_id: str, data: Any, response_type: Any, request_id: str | None = None
+    ) -> str:
+        """Stage a request for input; return its id. Raises ``DefinitionError`` unless the
+        executor has a response handler for it."""
+        ...
+
+    def stage(self, executor_id: str, key: str, op: Literal["set", "delete"], value: Any) -> None:
+        """Stage a write of state ``key`` (``value`` is ignored for ``"delete"``)."""
+        ...
+
+    def read(self, key: str, default: Any) -> Any:
+        """Committed state overlaid with the superstep's staged writes."""
+        ...
+
+
+def port_of(ctx: WorkflowContext[Any, Any]) -> SuperstepPort:
+    """The superstep ``ctx`` talks to: for the kernel's own executors that extend what a handler
+    may do (a ``WorkflowExecutor`` runs its sub-workflow inside it), never for handlers."""
+    return ctx._step
 
 
 class WorkflowContext(Generic[OutT, WorkflowOutT]):
@@ -31,7 +96,7 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
 
     __slots__ = ("_executor_id", "_step")
 
-    def __init__(self, step: Superstep, executor_id: str) -> None:
+    def __init__(self, step: SuperstepPort, executor_id: str) -> None:
         self._step = step
         self._executor_id = executor_id
 
@@ -68,10 +133,8 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
         evaluated here (an async one is awaited); raises ``RoutingError`` if no edge can take it.
         """
         step, source = self._step, self._executor_id
-        delivery = step.router.cached(source, message, target_id)
-        if delivery is None:
-            delivery = await step.route(source, message, target_id)
-        step.send(source, message, target_id, delivery)
+        if not step.send_routed(source, message, target_id):
+            await step.route_and_send(source, message, target_id)
 
     async def yield_output(self, output: WorkflowOutT) -> None:
         """Yield a workflow output; the caller receives it once this superstep commits."""

@@ -40,6 +40,7 @@ from kernel._define._graph import (
 )
 from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings
 from kernel._ops._workflow import Durability, Workflow
+from kernel._run._hooks import RunHooks
 from kernel._run._instance import LeasePolicy
 from kernel._store._eventstore import EventStore
 from kernel._store._factory import open_store
@@ -122,6 +123,7 @@ class WorkflowBuilder:
         self._value_types: list[type] = []
         self._lease = DEFAULT_LEASE
         self._sensitive: list[str] = []
+        self._hooks: list[RunHooks] = []
         self.with_sensitive_keys(*_pattern_list(sensitive_keys))
         if start_executor is not None:
             self.set_start_executor(start_executor)
@@ -313,6 +315,21 @@ class WorkflowBuilder:
                 self._sensitive.append(pattern)
         return self
 
+    # -- hooks --------------------------------------------------------------------------------
+
+    def with_hooks(self, *hooks: RunHooks) -> Self:
+        """Have every run of the workflow call ``hooks`` (``RunHooks``), in this order, after any
+        given before; its sub-workflows' runs call them too. Raises ``DefinitionError`` for an
+        argument that is not a ``RunHooks``."""
+        for hook in hooks:
+            if not isinstance(hook, RunHooks):
+                raise DefinitionError(
+                    f"with_hooks takes RunHooks instances (subclass kernel.RunHooks), got "
+                    f"{type(hook).__qualname__}"
+                )
+        self._hooks.extend(hooks)
+        return self
+
     # -- value types --------------------------------------------------------------------------
 
     def register_types(self, *types: Any) -> Self:
@@ -379,6 +396,7 @@ class WorkflowBuilder:
             id_factory=self._ids,
             lease=self._lease,
             sensitive_keys=tuple(self._sensitive),
+            hooks=tuple(self._hooks),
         )
         return Workflow(graph, store=store, settings=settings)
 

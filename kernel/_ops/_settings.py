@@ -21,6 +21,7 @@ from kernel._base._clock import Clock, IdFactory
 from kernel._base._errors import DefinitionError
 from kernel._base._ids import check_id
 from kernel._run._algo import Router
+from kernel._run._hooks import RunHooks
 from kernel._run._instance import Durability, InstanceContext, LeasePolicy
 from kernel._store._owner import process_owner
 
@@ -43,12 +44,13 @@ class InstanceSettings:
     ``RunStarted``; ``max_supersteps`` counts across a run's continuations; ``durability`` is
     ``"superstep"`` (one batch per superstep) or ``"write"`` (one append per event); ``clock`` and
     ``id_factory`` stamp and name runs, supersteps and requests; ``lease`` is how runs hold the
-    instance's lease; ``sensitive_keys`` the state-key patterns readers redact.
+    instance's lease; ``sensitive_keys`` the state-key patterns readers redact; ``hooks`` the
+    ``RunHooks`` every run of the instance calls, in order (never written to the log).
 
-    This is the place for a new instance-wide setting (the ``RunHooks`` seam's ``hooks``, say):
-    add a field here and hand it on in ``WorkflowInstance``; forks, sub-workflows and reruns then
-    carry it without another edit. Say in ``for_child`` whether a child takes it from its own
-    workflow or from its parent (by default, from its parent).
+    This is the place for a new instance-wide setting: add a field here and hand it on in
+    ``WorkflowInstance``; forks, sub-workflows and reruns then carry it without another edit.
+    Say in ``for_child`` whether a child takes it from its own workflow or from its parent (by
+    default, from its parent).
 
     Raises ``DefinitionError`` for an ``instance_id`` that is not a valid id.
     """
@@ -61,6 +63,7 @@ class InstanceSettings:
     id_factory: IdFactory
     lease: LeasePolicy = DEFAULT_LEASE
     sensitive_keys: tuple[str, ...] = ()
+    hooks: tuple[RunHooks, ...] = ()
 
     def __post_init__(self) -> None:
         check_id(self.instance_id, "instance_id", DefinitionError)
@@ -79,7 +82,9 @@ class InstanceSettings:
 
         The child keeps what its own workflow defines (``name``, ``max_supersteps``,
         ``sensitive_keys``) and takes everything else from the parent that runs it: its
-        ``durability``, ``clock``, ids and ``lease``, and any setting added later."""
+        ``durability``, ``clock``, ids, ``lease`` and ``hooks`` (a child's run is part of its
+        parent's, so the parent's hooks see it, nested in the sub-workflow executor's
+        invocation), and any setting added later."""
         return parent.replace(
             instance_id=instance_id,
             name=self.name,
@@ -105,5 +110,6 @@ class WorkflowInstance(InstanceContext):
             owner=process_owner(),
             lease=settings.lease,
             sensitive_keys=settings.sensitive_keys,
+            hooks=settings.hooks,
         )
         self.settings = settings

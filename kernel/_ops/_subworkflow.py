@@ -35,20 +35,22 @@ from typing import TYPE_CHECKING, Any
 
 from kernel._base._errors import DefinitionError, EncodingError, ExecutionError, StoreError
 from kernel._base._ids import MAX_ID_BYTES
+from kernel._define._context import port_of
 from kernel._define._executor import Executor
 from kernel._define._signatures import HandlerSpec, ResponseHandlerSpec
+from kernel._define._stream import WorkflowEvent
 from kernel._log._events import InstanceForked, SubworkflowRan, SubworkflowStarted, SuperstepEvent
 from kernel._log._fold import SuperstepFold, folds
 from kernel._log._requests import PendingRequest, Response
 from kernel._ops._settings import WorkflowInstance
 from kernel._ops._workflow import Workflow
-from kernel._run._emit import WorkflowEvent
-from kernel._run._runner import Continuation, Run
+from kernel._run._ledger import Continuation
+from kernel._run._runner import Run
+from kernel._run._superstep import Superstep
 
 if TYPE_CHECKING:
     from kernel._define._context import WorkflowContext
     from kernel._define._graph import Graph
-    from kernel._run._superstep import Superstep
     from kernel._store._eventstore import EventStore
 
 __all__ = [
@@ -382,6 +384,7 @@ class WorkflowExecutor(Executor):
                 },
             )
         ]
+        run.parent = (step.info, self.id)
         run.task = asyncio.current_task()
         produced = _ChildRun()
 
@@ -420,9 +423,8 @@ class WorkflowExecutor(Executor):
     ) -> None:
         """Log the parent's ``SubworkflowRan`` in ``step`` (refused by nothing: it is a fact of
         the superstep, which counts only if the superstep commits)."""
-        step._run.log(
+        step.log(
             SubworkflowRan,
-            superstep_id=step.superstep_id,
             executor_id=self.id,
             child_instance=child.instance_id,
             child_run=run_id,
@@ -444,7 +446,7 @@ class WorkflowExecutor(Executor):
         if not produced.requests:
             return
         pending = {request.request_id: request for request in produced.pending}
-        intercepted = not self.propagate_request and _intercepted(step.router.graph, self.id)
+        intercepted = not self.propagate_request and _intercepted(step.graph, self.id)
         for event in produced.requests:
             request = pending.get(event.request_id or "")
             response_type = request.response_type if request is not None else ""
@@ -455,14 +457,14 @@ class WorkflowExecutor(Executor):
 
 
 def _host(ctx: WorkflowContext[Any, Any]) -> tuple[Superstep, WorkflowInstance]:
-    step = ctx._step
-    instance = step._run.instance
-    if not isinstance(instance, WorkflowInstance):
-        raise ExecutionError(
-            "a WorkflowExecutor runs only in a Workflow bound to a store (its sub-workflow is "
-            "logged in that store)"
-        )
-    return step, instance
+    """The superstep ``ctx`` runs in, and the instance its run runs on (``Superstep.host``)."""
+    step = port_of(ctx)
+    if isinstance(step, Superstep) and isinstance(step.host, WorkflowInstance):
+        return step, step.host
+    raise ExecutionError(
+        "a WorkflowExecutor runs only in a Workflow bound to a store (its sub-workflow is "
+        "logged in that store)"
+    )
 
 
 def _request_id(message: SubWorkflowResponseMessage) -> str:

@@ -20,6 +20,7 @@ from kernel._base._clock import Clock, IdFactory
 from kernel._codec._values import ValueCodec
 from kernel._log._events import AbortReason, EventBase, InstanceForked
 from kernel._log._fold import CommittedState, OpenRun
+from kernel._run._hooks import RunHooks
 from kernel._run._ledger import Ledger
 from kernel._store._eventstore import EventStore
 from kernel._store._lease import LeaseKeeper
@@ -93,6 +94,8 @@ class RunnerContext(Protocol):
     ``RunStarted.sensitive_keys``."""
     clock: Clock
     """The time of the next event. The run refuses a naive datetime (``ExecutionError``)."""
+    hooks: tuple[RunHooks, ...]
+    """The hooks every run on the instance calls, in order (``RunHooks``)."""
 
     def new_id(self) -> str:
         """A fresh id, for a run or a superstep."""
@@ -164,6 +167,7 @@ class InstanceContext:
         owner: str,
         lease: LeasePolicy | None = None,
         sensitive_keys: tuple[str, ...] = (),
+        hooks: tuple[RunHooks, ...] = (),
     ) -> None:
         self.store = store
         self.lease = lease or LeasePolicy()
@@ -176,6 +180,7 @@ class InstanceContext:
         self.owner = owner
         self.sensitive_keys = sensitive_keys
         self.clock = clock
+        self.hooks = hooks
         self.new_id = id_factory
         self._committed = CommittedState()
         self._head = OpenRun()

@@ -41,11 +41,11 @@ if TYPE_CHECKING:
     from kernel._codec._values import ValueCodec
     from kernel._define._graph import Graph
     from kernel._run._algo import Router
-    from kernel._run._runner import Continuation
 
 __all__ = [
     "Checkpoint",
     "CheckpointStatus",
+    "Continuation",
     "Ledger",
     "RunLine",
     "Standing",
@@ -420,6 +420,17 @@ def waiting(ledger: Ledger) -> Waiting:
         responses[:0] = run.responses
         run = ledger.runs.get(run.started.continues)
     return Waiting(requests, responses)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What a run that continues another goes on from: the run ``run_id``, or the run whose
+    resume point is ``checkpoint_id``, or (neither) the instance's last run; and the
+    ``responses`` to record and deliver."""
+
+    run_id: str | None = None
+    checkpoint_id: str | None = None
+    responses: Mapping[str, Any] = field(default_factory=dict)
 
 
 def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tuple[str, str | None]:

@@ -5,8 +5,11 @@ messages go and what the next superstep receives is the step algebra of ``kernel
 loop starts from a ``Position`` (next superstep's index, inbox, fan-in buffers), so a run can be
 driven on from wherever its log says it stands.
 
-The module is a little over 450 lines because every path that closes a superstep (commit, failure,
-cancellation, a batch the store refuses) is here, side by side: they must write the same markers.
+The module is nearly 800 lines because every path that closes a superstep (commit, failure,
+cancellation, a batch the store refuses) and every way a run starts (a message, a continuation)
+is here, side by side: they must write the same markers and make the same hook calls. What
+stands alone is apart: the log writer (``_writer``), the tasks and who cancelled them
+(``_tasks``), the hooks (``_hooks``), the result (``_result``), a superstep (``_superstep``).
 
 The rules it keeps, by construction:
 
@@ -37,14 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kernel._base._errors import (
     ConvergenceError,
     EncodingError,
-    ExecutionError,
     PendingRequestsError,
     ResumeError,
     RoutingError,
@@ -52,6 +53,7 @@ from kernel._base._errors import (
     StoreError,
 )
 from kernel._define._context import WorkflowContext
+from kernel._define._stream import WorkflowRunState
 from kernel._log._events import (
     AbortReason,
     ErrorInfo,
@@ -69,139 +71,43 @@ from kernel._log._events import (
     SuperstepAborted,
     SuperstepCommitted,
     SuperstepStarted,
-    trusted_event,
 )
-from kernel._log._requests import PendingRequest, Response
+from kernel._log._requests import Response
 from kernel._run._algo import Position
-from kernel._run._emit import (
-    Emit,
-    Put,
-    WorkflowEvent,
-    WorkflowRunState,
-    emitter,
-    framework_event,
-    silent,
+from kernel._run._emit import Emit, Put, emitter, silent
+from kernel._run._hooks import RunHookCalls, RunInfo, RunStatus, SuperstepInfo, chain_hooks
+from kernel._run._ledger import (
+    Continuation,
+    Ledger,
+    answer,
+    check_responses,
+    continued_run,
+    waiting,
 )
-from kernel._run._ledger import Ledger, answer, check_responses, continued_run, waiting
-from kernel._run._superstep import Superstep, SuperstepOutcome
+from kernel._run._result import RunResult
+from kernel._run._superstep import RunScope, Superstep, SuperstepOutcome
+from kernel._run._tasks import (
+    cancel_and_wait,
+    cancelled_by_runner,
+    escaped_error,
+    stray_cancellation,
+    withdraw,
+)
+from kernel._run._writer import RunLog, unfinished_closing
 
 if TYPE_CHECKING:
     from kernel._log._fold import OpenRun
     from kernel._run._instance import LeaseHold, RunnerContext
 
-__all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]
-
-
-_FINAL_STATES = {
-    "completed": WorkflowRunState.IDLE,
-    "awaiting_input": WorkflowRunState.IDLE_WITH_PENDING_REQUESTS,
-}
-
-
-@dataclass
-class RunResult:
-    """The outcome of a run that completed, or stopped waiting for responses to its requests.
-
-    For a run that continues another, ``outputs`` and ``supersteps`` count from the start of the
-    run it continues (its whole lineage), so a resumed run reports what an uninterrupted run of
-    the same workflow would.
-
-    Like AF's ``WorkflowRunResult``, it is also the sequence of the run's events: iterating it,
-    ``len`` and indexing give the events a streaming consumer of this run got (without
-    ``started`` and the ``status`` events, which ``status_timeline()`` gives; ``run(...,
-    include_status_events=True)`` keeps them in). They are read back from the log the first
-    time they are asked for (``replay``), so a run nobody asks costs nothing more.
-    """
-
-    run_id: str
-    status: Literal["completed", "awaiting_input"]
-    supersteps: int
-    outputs: list[Any] = field(default_factory=list)
-    pending_requests: list[PendingRequest] = field(default_factory=list)
-    intermediate_outputs: list[Any] = field(default_factory=list)
-    include_status_events: bool = field(default=False, repr=False, compare=False)
-    _source: Callable[[], list[WorkflowEvent]] | None = field(
-        default=None, repr=False, compare=False
-    )
-    _events: list[WorkflowEvent] | None = field(default=None, repr=False, compare=False)
-
-    def events(self) -> list[WorkflowEvent]:
-        """Every event of the run's stream, ``started`` and ``status`` events included."""
-        if self._events is None:
-            if self._source is None:
-                raise ExecutionError(
-                    f"the events of run {self.run_id} are not at hand: this RunResult was not "
-                    "returned by a run; read them with replay(store, run_id)"
-                )
-            self._events = self._source()
-        return list(self._events)
-
-    def _shown(self) -> list[WorkflowEvent]:
-        keep = self.include_status_events
-        return [e for e in self.events() if e.type != "started" and (keep or e.type != "status")]
-
-    def __iter__(self) -> Iterator[WorkflowEvent]:
-        return iter(self._shown())
-
-    def __len__(self) -> int:
-        return len(self._shown())
-
-    def __getitem__(self, index: int) -> WorkflowEvent:
-        return self._shown()[index]
-
-    def __bool__(self) -> bool:
-        return True
-
-    def get_outputs(self) -> list[Any]:
-        """The workflow outputs yielded in committed supersteps, in order (of the whole
-        lineage)."""
-        return list(self.outputs)
-
-    def get_intermediate_outputs(self) -> list[Any]:
-        """The intermediate outputs (``intermediate_output_from=``) of committed supersteps, in
-        order (of the whole lineage)."""
-        return list(self.intermediate_outputs)
-
-    def get_final_state(self) -> WorkflowRunState:
-        """``IDLE`` for a completed run, ``IDLE_WITH_PENDING_REQUESTS`` for one waiting for
-        responses: the state of the run's last ``status`` event."""
-        return _FINAL_STATES[self.status]
-
-    def status_timeline(self) -> list[WorkflowEvent]:
-        """The run's ``status`` events, in order."""
-        return [e for e in self.events() if e.type == "status"]
-
-    def get_request_info_events(self) -> list[WorkflowEvent]:
-        """The requests still waiting for a response, as ``request_info`` events."""
-        return [
-            framework_event(
-                "request_info",
-                self.run_id,
-                executor_id=request.executor_id,
-                superstep_id=request.superstep_id,
-                data=request.data,
-                request_id=request.request_id,
-                response_type=request.response_type or None,
-            )
-            for request in self.pending_requests
-        ]
-
-
-@dataclass(frozen=True)
-class Continuation:
-    """What a run that continues another goes on from: the run ``run_id``, or the run whose
-    resume point is ``checkpoint_id``, or (neither) the instance's last run; and the
-    ``responses`` to record and deliver."""
-
-    run_id: str | None = None
-    checkpoint_id: str | None = None
-    responses: Mapping[str, Any] = field(default_factory=dict)
+__all__ = ["Continuation", "Run", "RunResult", "unfinished_closing"]  # Continuation: _ledger's
 
 
 class Run:
     """One run on a workflow instance. ``drive`` executes it; ``log`` and ``flush`` write the log.
 
-    ``instance`` is all the run knows of its workflow (see ``RunnerContext``).
+    ``instance`` is all the run knows of its workflow (see ``RunnerContext``); its supersteps know
+    the run only through the ``RunScope`` it hands them. It calls the instance's hooks
+    (``RunHooks``) as it goes.
     """
 
     def __init__(
@@ -238,122 +144,27 @@ class Run:
         self._asked = False  # a request_info was emitted: the stream said so in a status
         # Events logged right after this run's ``RunStarted`` (a sub-workflow's link to its parent).
         self.preamble: list[tuple[type[EventBase], dict[str, Any]]] = []
+        # Set by a sub-workflow: the parent superstep it runs in, and the executor running it.
+        self.parent: tuple[SuperstepInfo, str] | None = None
+        chain = chain_hooks(instance.hooks)
+        self._hooks = None if chain is None else RunHookCalls(chain)
+        self._continues: str | None = None
+        self._end_status: RunStatus | None = None  # the run's end, once logged
         self._emit: Emit = silent
-        self._clock = instance.clock
         self._instance_id = instance.instance_id
-        self._buffer: list[EventBase] = []
-        self._version = 0
+        # The log writer; ``log``, ``record``, ``head`` and ``flush`` are its, for the supersteps.
+        self.writer = writer = RunLog(instance, self.run_id)
+        self.log, self.record, self.head, self.flush = (
+            writer.log,
+            writer.record,
+            writer.head,
+            writer.flush,
+        )
         self._open_superstep: Superstep | None = None
         self._open_superstep_id: str | None = None
-        self._write_through = instance.durability == "write"
         self._taken_over = False
         self._keeper: LeaseHold | None = None
         self._lost_lease: RunInProgressError | None = None
-
-    # -- the log ------------------------------------------------------------------------------
-
-    def log(self, cls: type[EventBase], **fields: Any) -> None:
-        """Create the next event of this run; append it now in "write" durability."""
-        fields["run_id"] = self.run_id
-        self._log_for(cls, fields)
-        if self._write_through:
-            self.flush()
-
-    def head(self, cls: type[EventBase], superstep_id: str) -> dict[str, Any]:
-        """The fields every event of ``cls`` in superstep ``superstep_id`` of this run has alike,
-        in declared order, with position and time left for ``record`` to set. A superstep makes
-        its heads once; each event is then one dict, ``{**head, <its own fields>}``."""
-        return {
-            **_envelope(cls),
-            "instance_id": self._instance_id,
-            "position": 0,
-            "timestamp": None,
-            "run_id": self.run_id,
-            "superstep_id": superstep_id,
-        }
-
-    def record(self, cls: type[EventBase], data: dict[str, Any]) -> None:
-        """``log`` on a superstep's hot path: ``data`` holds every field of the event (from a
-        ``head``) but its position and time, which are set here. It becomes the event's own."""
-        self._stamp(cls, data)
-        if self._write_through:
-            self.flush()
-
-    def flush(self) -> None:
-        """Append the buffered events as one atomic batch (dropped if the append fails)."""
-        if not self._buffer:
-            return
-        batch, self._buffer = self._buffer, []
-        self.instance.append(batch, expected_version=self._version)
-        self._version += len(batch)
-
-    def _flush_closing(
-        self, opened: int, reclose: Callable[[EncodingError], None] | None = None
-    ) -> EncodingError | None:
-        """Append the buffer: the superstep's events before index ``opened``, then its closing.
-
-        If the store cannot encode the batch, append the superstep's events one at a time (leaving
-        out those it cannot encode), then the closing again, or what ``reclose(error)`` logs.
-        Returns the encoding error in that case, None when the batch went in whole.
-        """
-        batch = self._buffer
-        try:
-            self.flush()
-        except EncodingError as error:
-            return self._reflush(batch, opened, reclose, error)
-        return None
-
-    async def _flush_commit(
-        self, opened: int, reclose: Callable[[EncodingError], None]
-    ) -> tuple[EncodingError | None, int]:
-        """``_flush_closing`` for a superstep's commit batch, through the store's group commit
-        where it has one. Returns the encoding error (as ``_flush_closing``) and how many times
-        this task was cancelled while the batch was in flight: the batch cannot be taken back,
-        so its outcome is awaited first, and the caller records it before the cancellation
-        unwinds (or withdraws it: ``_commit``)."""
-        batch, self._buffer = self._buffer, []
-        try:
-            pending = self.instance.append_commit(batch, expected_version=self._version)
-        except EncodingError as error:
-            return self._reflush(batch, opened, reclose, error), 0
-        cancels = 0
-        if pending is not None:
-            try:
-                await asyncio.shield(pending)
-            except asyncio.CancelledError:
-                cancels = 1
-                while not pending.done():
-                    try:
-                        await asyncio.wait((pending,))
-                    except asyncio.CancelledError:
-                        cancels += 1
-                if pending.exception() is not None:
-                    raise  # nothing landed: unwind as the cancellation it is
-        self._version += len(batch)
-        return None, cancels
-
-    def _reflush(
-        self,
-        batch: list[EventBase],
-        opened: int,
-        reclose: Callable[[EncodingError], None] | None,
-        refused: EncodingError,
-    ) -> EncodingError:
-        """After the store refused to encode ``batch``: its superstep's events one at a time
-        (those it can encode), then the closing again, or what ``reclose(refused)`` logs."""
-        for event in batch[:opened]:
-            self._buffer = [event.model_copy(update={"position": self._version + 1})]
-            with contextlib.suppress(EncodingError):
-                self.flush()
-        self._buffer = []
-        if reclose is not None:
-            reclose(refused)
-        else:
-            for event in batch[opened:]:
-                position = self._version + len(self._buffer) + 1
-                self._buffer.append(event.model_copy(update={"position": position}))
-        self.flush()
-        return refused
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -379,28 +190,57 @@ class Run:
             raise
         try:
             result = await self._supersteps(position)
-            self.last_position = self._version
+            self.last_position = self.writer.version
             if self.bind_log is not None:
                 self.bind_log(self, result)
             self.result = result
-            return result
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             lost = self._lost_lease
             if lost is not None:  # the run is not ours to close any more: its taker closes it
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()  # the cancellation was ours, not the caller's
+                if self._hooks is not None:
+                    self._hooks.run_ended("abandoned", lost)
                 raise lost from None
             if not self.finished:
                 self._record_end(self.cancel_reason or "cancelled")
+            if self._hooks is not None:
+                self._hooks.run_ended(self._end_status or "cancelled", cancelled)
             raise
         except BaseException as error:  # SystemExit from a handler, a store error mid-superstep
             if not self.finished:
                 self._record_end("failed", error)
+            if self._hooks is not None:
+                self._hooks.run_ended(self._end_status or "failed", error)
             raise
         finally:
             self.finished = True
             await keeper.release()
+        if self._hooks is not None:
+            late = self._hooks.run_ended(result.status, None)
+            if late is not None:  # the run is over, as the log says; its hooks failed
+                raise late
+        return result
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _hook_completed(self, step: Superstep, executor_id: str) -> bool:
+        """After ``executor_id``'s handler returned: fail it with what a ``message_sent`` hook
+        raised, else call ``executor_completed`` (what that raises fails it too). Returns
+        whether the executor completed."""
+        hooks = self._hooks
+        assert hooks is not None
+        error = step.hook_failures.pop(executor_id, None)
+        if error is None:
+            try:
+                hooks.chain.executor_completed(step.info, executor_id)
+                return True
+            except Exception as raised:
+                error = raised
+        step.fail(executor_id, error)
+        hooks.executor_failed(step.info, executor_id, error)
+        return False
 
     def _ended(self) -> None:
         """The run's end is in the log: give the instance's lease up at once, before the last
@@ -508,7 +348,7 @@ class Run:
         wire_kwargs = {
             k: self.codec.encode(v, what=f"run argument {k!r}") for k, v in self.kwargs.items()
         }
-        self._version = self.first_position = head.version
+        self.writer.version = self.first_position = head.version
         if head.run_id is not None:
             reason = self._unfinished_reason(head.owner)
             self._close_unfinished(head.run_id, head.superstep_id, reason)
@@ -534,7 +374,7 @@ class Run:
         """
         instance = self.instance
         head, ledger = instance.catch_up_ledger()
-        self._version = head.version
+        self.writer.version = head.version
         line, checkpoint = continued_run(ledger, plan, instance.workflow_name)
         standing = ledger.standing(
             line, checkpoint, router=self.router, codec=self.codec, origin=instance.origin_ledger
@@ -563,6 +403,7 @@ class Run:
             )
         if not self.kwargs:  # a continuation runs with its lineage's arguments
             self.kwargs = {k: self.codec.decode(v) for k, v in standing.kwargs.items()}
+        self._continues = line
         self._log_start(head, continues=line, checkpoint=checkpoint)
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
@@ -591,14 +432,38 @@ class Run:
 
     async def _supersteps(self, position: Position) -> RunResult:
         """Run supersteps from ``position`` (whose superstep is open in the log) to the end."""
-        emit = self._emit
+        emit, hooks = self._emit, self._hooks
+        scope = RunScope(
+            self.run_id,
+            self.instance,
+            self.kwargs,
+            self.router,
+            None if hooks is None else hooks.chain,
+            self.log,
+            self.record,
+            self.head,
+            self._cancel_reason,
+        )
+        if hooks is not None:
+            parent, parent_executor = self.parent or (None, None)
+            run = RunInfo(
+                self._instance_id,
+                self.run_id,
+                self.instance.workflow_name,
+                self._continues,
+                parent,
+                parent_executor,
+            )
+            hooks.run_started(run)  # what it raises fails the run (recorded by ``drive``)
         await emit("started")
         await emit("status", state=WorkflowRunState.IN_PROGRESS)
         while True:
             superstep_id = self._open_superstep_id
             assert superstep_id is not None
-            step = Superstep(self, position.index, superstep_id)
+            step = Superstep(scope, position.index, superstep_id)
             self._open_superstep = step
+            if hooks is not None:
+                hooks.superstep_started(step.info)
             await emit("superstep_started", step.index, superstep_id)
             await self._execute(step, position.inbox)
             try:
@@ -637,6 +502,9 @@ class Run:
                 await emit("status", state=WorkflowRunState.FAILED)
                 await emit("failed", step.index, error=error)
                 raise error
+
+    def _cancel_reason(self) -> AbortReason | None:
+        return self.cancel_reason
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
@@ -695,19 +563,19 @@ class Run:
                 await asyncio.sleep(0)
                 if all(task.done() for task in tasks):
                     pending = set()
-                    escaped = _escaped(tasks)
+                    escaped = escaped_error(tasks)
                 while pending and step.failure is None and escaped is None:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    escaped = _escaped(done)
+                    escaped = escaped_error(done)
             except asyncio.CancelledError:
                 if step.outcome is None:
                     step.outcome = SuperstepOutcome(self.cancel_reason or "cancelled")
-                await _cancel_and_wait(step, pending)
+                await cancel_and_wait(step, pending)
                 raise
             if escaped is not None and step.failure is None:
                 step.outcome = SuperstepOutcome.FAILED  # siblings' writes are refused from now
             if pending:
-                await _cancel_and_wait(step, pending)
+                await cancel_and_wait(step, pending)
             if escaped is not None and step.failure is None:
                 raise escaped  # the run records the abort and its end (see ``drive``)
         if step.failure is not None:
@@ -717,7 +585,7 @@ class Run:
         self, step: Superstep, executor_id: str, messages: list[Any], *, inline: bool
     ) -> None:
         executor = self.router.graph.executors[executor_id]
-        emit = self._emit
+        emit, hooks = self._emit, self._hooks
         streaming = emit is not silent  # awaiting ``silent`` does nothing, and costs a coroutine
         record, in_flight = self.record, step.in_flight
         superstep_id = step.superstep_id
@@ -726,22 +594,42 @@ class Run:
                 return
             record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
             in_flight.add(executor_id)
-            if streaming:
+            if streaming or hooks is not None:
                 given = message.value if isinstance(message, Response) else message
+            if streaming:
                 await emit("executor_invoked", step.index, superstep_id, executor_id, given)
                 sent_before = len(step.sent)
             try:
+                if hooks is not None:  # what it raises is the executor's failure
+                    hooks.chain.executor_invoked(step.info, executor_id, given)
                 await executor.execute(message, WorkflowContext(step, executor_id))
             except asyncio.CancelledError as error:
-                if _cancelled_by_runner(step, inline=inline):
+                if cancelled_by_runner(step, inline=inline):
+                    if hooks is not None:
+                        hooks.executor_failed(step.info, executor_id, error)
                     raise
-                step.fail(executor_id, _stray_cancellation(executor_id, error))
+                stray = stray_cancellation(executor_id, error)
+                step.fail(executor_id, stray)
+                if hooks is not None:
+                    hooks.executor_failed(step.info, executor_id, stray)
                 return
             except Exception as error:
                 step.fail(executor_id, error)
+                if hooks is not None:
+                    also = step.hook_failures.pop(executor_id, None)
+                    hooks.executor_failed(step.info, executor_id, error, also)
                 return
-            if _cancelled_by_runner(step, inline=inline):
-                return  # it swallowed the cancellation and returned: recorded as cancelled
+            except BaseException as error:  # SystemExit and the like: they unwind the run
+                if hooks is not None:
+                    hooks.executor_failed(step.info, executor_id, error)
+                raise
+            if cancelled_by_runner(step, inline=inline):
+                # It swallowed the cancellation and returned: recorded as cancelled.
+                if hooks is not None:
+                    hooks.executor_failed(step.info, executor_id, asyncio.CancelledError())
+                return
+            if hooks is not None and not self._hook_completed(step, executor_id):
+                return  # a hook failed it
             in_flight.discard(executor_id)
             record(ExecutorCompleted, {**step.completed_head, "executor_id": executor_id})
             if streaming:
@@ -755,8 +643,8 @@ class Run:
         assert step.failure is not None
         executor_id, error = step.failure
         info = ErrorInfo.of(error)
-        self._write_through = False  # the marker and the run's end go in one batch
-        opened = len(self._buffer)
+        self.writer.write_through = False  # the marker and the run's end go in one batch
+        opened = len(self.writer.buffer)
         for sibling in sorted(step.in_flight):
             self.log(
                 ExecutorFailed,
@@ -768,10 +656,13 @@ class Run:
             )
         self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
         self.log(RunFailed, error=info, executor_id=executor_id, superstep_id=step.superstep_id)
+        self._end_status = "failed"
         self._open_superstep_id = None
         self.finished = True
-        self._flush_closing(opened)
+        self.writer.flush_closing(opened)
         self._ended()
+        if self._hooks is not None:
+            self._hooks.superstep_aborted("failed", error)
         emit = self._emit
         await emit("status", state=WorkflowRunState.FAILED)
         await emit("executor_failed", step.index, step.superstep_id, executor_id, error=error)
@@ -788,31 +679,38 @@ class Run:
         """
         step.outcome = SuperstepOutcome.COMMITTED
         after = position.after(step.sent, step.requested)
-        opened = len(self._buffer)  # in "write" durability, 0: the closing goes in as it is made
+        opened = len(
+            self.writer.buffer
+        )  # in "write" durability, 0: the closing goes in as it is made
         # What the log holds moves on only once it is appended: if an append fails, the run's
         # end is recorded against the superstep that is really open, and only if it is open.
         self.log(SuperstepCommitted, superstep_id=step.superstep_id)
-        if self._write_through:
+        if self.writer.write_through:
             self._open_superstep_id = None  # the marker is in the log
         next_id = None
         if not after.inbox and after.requests:
             self.log(RunAwaitingInput, supersteps=step.index, requests=list(after.requests))
+            self._end_status = "awaiting_input"
         elif not after.inbox:
             self.log(RunCompleted, supersteps=step.index)
+            self._end_status = "completed"
         elif step.index >= self.instance.max_supersteps:
             error = self._convergence_error(step.index, after)
             self.log(RunFailed, error=ErrorInfo.of(error))
+            self._end_status = "failed"
         else:
             next_id = self.instance.new_id()
             self.log(SuperstepStarted, superstep_id=next_id, index=step.index + 1)
         reclose = functools.partial(self._log_unstorable, step)
-        if self._write_through:  # the marker is in the log already: append the rest as it is
-            refused, cancels = self._flush_closing(opened, reclose), 0
+        if self.writer.write_through:  # the marker is in the log already: append the rest as it is
+            refused, cancels = self.writer.flush_closing(opened, reclose), 0
         else:
-            refused, cancels = await self._flush_commit(opened, reclose)
+            refused, cancels = await self.writer.flush_commit(opened, reclose)
         self._open_superstep = None
         if refused is not None:
             self.finished = True
+            if self._hooks is not None:
+                self._hooks.superstep_aborted("failed", refused)
             raise refused
         self._open_superstep_id = next_id
         if next_id is None:
@@ -823,10 +721,13 @@ class Run:
                     self.outputs.append(value)
                 elif kind == "intermediate":
                     self.intermediate_outputs.append(value)
+        if self._hooks is not None:  # if the run goes on, a hook's error fails it
+            going_on = next_id is not None and not cancels
+            self._hooks.superstep_committed(step.info, going_on=going_on)
         if cancels:  # the commit landed while this task was being cancelled
             if next_id is not None or not self.awaited:
                 raise asyncio.CancelledError  # the next superstep is aborted as cancelled
-            _withdraw(cancels)  # too late: the run's end is durable, its caller gets the result
+            withdraw(cancels)  # too late: the run's end is durable, its caller gets the result
         return after
 
     def _log_unstorable(self, step: Superstep, error: EncodingError) -> None:
@@ -835,6 +736,7 @@ class Run:
         info = ErrorInfo.of(error)
         self.log(SuperstepAborted, superstep_id=step.superstep_id, reason="failed", error=info)
         self.log(RunFailed, error=info, superstep_id=step.superstep_id)
+        self._end_status = "failed"
         self._open_superstep_id = None
 
     def _convergence_error(self, index: int, position: Position) -> ConvergenceError:
@@ -847,8 +749,8 @@ class Run:
     def _record_end(self, reason: AbortReason, error: BaseException | None = None) -> None:
         """Abort the open superstep and close the run, while a cancellation (``error`` None) or an
         exception that escaped the superstep's own handling unwinds (``reason`` "failed")."""
-        self._write_through = False  # the marker and the run's end go in one batch
-        opened = len(self._buffer)
+        self.writer.write_through = False  # the marker and the run's end go in one batch
+        opened = len(self.writer.buffer)
         step = self._open_superstep
         if step is not None and step.superstep_id == self._open_superstep_id:
             step.outcome = SuperstepOutcome(reason)  # even "committed": its commit never landed
@@ -858,147 +760,27 @@ class Run:
             self.log(SuperstepAborted, superstep_id=superstep_id, reason=reason, error=info)
         if info is not None:
             self.log(RunFailed, error=info, superstep_id=superstep_id)
+            self._end_status = "failed"
         elif reason == "cancelled":
             self.log(RunCancelled, superstep_id=superstep_id)
+            self._end_status = "cancelled"
         else:
             self.log(RunAbandoned, reason="abandoned", superstep_id=superstep_id)
+            self._end_status = "abandoned"
         self._open_superstep_id = None
         self.finished = True
         # What unwinds must still propagate; if this append fails, the next run closes the run.
         with contextlib.suppress(StoreError, EncodingError):
-            self._flush_closing(opened)
+            self.writer.flush_closing(opened)
             self._ended()
+        hooked = None if self._hooks is None else self._hooks.step
+        if hooked is not None and self._hooks is not None:
+            if hooked.superstep_id == superstep_id:
+                self._hooks.superstep_aborted(reason, error)
+            else:  # its marker went in already ("write" durability), as committed
+                self._hooks.superstep_committed(hooked, going_on=False)
 
     def _close_unfinished(self, run_id: str, superstep_id: str | None, reason: AbortReason) -> None:
         """Close a run found unfinished in the log (dropped stream, dead process)."""
         for cls, fields in unfinished_closing(run_id, superstep_id, reason, self.run_id):
-            self._log_for(cls, fields)
-
-    def _log_for(self, cls: type[EventBase], fields: dict[str, Any]) -> None:
-        """Buffer the next event of the stream (of this run, or of a run this one closes)."""
-        data = {
-            **_envelope(cls),
-            "instance_id": self._instance_id,
-            "position": 0,
-            "timestamp": None,
-            **fields,
-        }
-        self._stamp(cls, data)
-
-    def _stamp(self, cls: type[EventBase], data: dict[str, Any]) -> None:
-        """Give ``data`` the next position and the time, and buffer it as an event of ``cls``.
-
-        The runner's own fields are trusted, so the event is constructed without re-validation
-        (the store's mapper validates on the way back); only the injected clock is checked.
-        ``data`` starts with the envelope, so a caller that gives every other field of ``cls``
-        hands ``trusted_event`` a complete set, which it takes as the event's own without filling
-        in defaults: that is every event of a superstep's hot path.
-        """
-        timestamp = self._clock()
-        if timestamp.tzinfo is None:
-            raise ExecutionError(f"the workflow's clock returned a naive datetime: {timestamp!r}")
-        data["position"] = self._version + len(self._buffer) + 1
-        data["timestamp"] = timestamp
-        event = trusted_event(cls, data)
-        self._buffer.append(event if event is not None else cls.model_validate(data))
-
-
-@functools.cache
-def _envelope(cls: type[EventBase]) -> dict[str, Any]:
-    """The fields every event of ``cls`` has alike: its ``type`` and ``schema_version``."""
-    fields = cls.model_fields
-    return {"type": fields["type"].default, "schema_version": fields["schema_version"].default}
-
-
-def _escaped(done: set[asyncio.Task[None]]) -> BaseException | None:
-    """An exception that escaped one of the finished executor tasks ``done``, if any."""
-    return next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
-
-
-def _withdraw(cancels: int) -> None:
-    """Withdraw ``cancels`` cancellation requests of this task, which reached it after its run's
-    end was durable: the run is over, and its caller gets the run's outcome, as the log has it.
-
-    A handler that blocks the event loop (``time.sleep``) holds back its caller's timeout
-    (``asyncio.wait_for``, ``asyncio.timeout``) until it returns; the cancellation then reaches
-    the run wherever it next waits. If that is the group commit of its last superstep, the run
-    has ended in the log whatever the cancellation does; raising it would tell the caller the
-    run was cancelled (or timed out) while the log says it completed. So the run returns its
-    result, as ``asyncio.wait_for`` does for an awaitable that finished despite its cancellation.
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    for _ in range(cancels):
-        task.uncancel()
-
-
-def _cancelled_by_runner(step: Superstep, *, inline: bool) -> bool:
-    """Whether the task running a handler of ``step`` was cancelled by steplog: inline, the run's
-    own task was cancelled (by its caller, a dropped stream, a lost lease); in an executor task,
-    the runner cancelled it to close the superstep (a sibling failed, the run was cancelled).
-
-    A ``CancelledError`` that comes out of a handler otherwise is the handler's failure: something
-    it awaited was cancelled by someone else, or it cancelled its own executor task.
-    """
-    if inline:
-        task = step.inline_task  # the run's own task
-        return task is not None and task.cancelling() > 0
-    return step.cancelling
-
-
-def _stray_cancellation(executor_id: str, error: asyncio.CancelledError) -> ExecutionError:
-    """The failure recorded (and raised to the caller) for a handler that raised ``CancelledError``
-    although steplog did not cancel it; the ``CancelledError`` is its ``__cause__``."""
-    stray = ExecutionError(
-        f"executor {executor_id!r} raised asyncio.CancelledError although its run was not "
-        "cancelled: a task or future it awaited was cancelled by someone else, or it cancelled "
-        "its own task. It is recorded as a failure of the executor, not as a cancellation"
-    )
-    stray.__cause__ = error
-    return stray
-
-
-async def _cancel_and_wait(step: Superstep, tasks: set[asyncio.Task[Any]]) -> None:
-    """Cancel executor tasks and wait until all have finished, even if cancelled again."""
-    step.cancelling = True
-    for task in tasks:
-        task.cancel()
-    remaining = set(tasks)
-    interrupted = False
-    while remaining:
-        try:
-            _, remaining = await asyncio.wait(remaining)
-        except asyncio.CancelledError:
-            interrupted = True
-    if interrupted:
-        raise asyncio.CancelledError
-
-
-def unfinished_closing(
-    run_id: str, superstep_id: str | None, reason: AbortReason, closed_by: str | None
-) -> list[tuple[type[EventBase], dict[str, Any]]]:
-    """The events that close a run found unfinished: its open superstep's abort, and its end.
-
-    ``closed_by`` is who closes it: the run that does, or ``recover@`` and its lease holder.
-    """
-    closing: list[tuple[type[EventBase], dict[str, Any]]] = []
-    if superstep_id is not None:
-        closing.append(
-            (
-                SuperstepAborted,
-                {"run_id": run_id, "superstep_id": superstep_id, "reason": reason},
-            )
-        )
-    ended = "crashed" if reason == "crashed" else "abandoned"
-    closing.append(
-        (
-            RunAbandoned,
-            {
-                "run_id": run_id,
-                "reason": ended,
-                "superstep_id": superstep_id,
-                "closed_by": closed_by,
-            },
-        )
-    )
-    return closing
+            self.writer.log_for(cls, fields)

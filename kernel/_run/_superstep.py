@@ -1,20 +1,28 @@
 """One superstep of a run: what its handlers stage, send and yield, and how it closed.
 
-``WorkflowContext`` hands a handler's calls to its ``Superstep``; the superstep refuses them once
-it is closed, encodes what it accepts and logs it through its ``Run``.
+``WorkflowContext`` hands a handler's calls to its ``Superstep`` (which implements the definition
+layer's ``SuperstepPort``); the superstep refuses them once it is closed, encodes what it accepts
+and logs it through the sink its run handed it, a ``RunScope``. It never holds the run: as
+LangGraph's task runner is handed ``submit`` and ``put_writes``, a superstep is handed the
+callables that log, and the values it reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._base._errors import DefinitionError, StateWriteRejectedError
-from kernel._define._graph import OutputKind
+from kernel._define._graph import Graph, OutputKind
+from kernel._define._stream import FRAMEWORK_EVENT_TYPES, WorkflowEvent, WorkflowEventSource
 from kernel._log._events import (
+    AbortReason,
     CustomEventAdded,
     ErrorInfo,
+    EventBase,
     ExecutorCompleted,
     ExecutorFailed,
     ExecutorInvoked,
@@ -25,12 +33,12 @@ from kernel._log._events import (
 )
 from kernel._log._requests import PendingRequest
 from kernel._run._algo import Delivery, Router, Sent
-from kernel._run._emit import FRAMEWORK_EVENT_TYPES, WorkflowEvent, WorkflowEventSource
+from kernel._run._hooks import HookChain, SuperstepInfo
 
 if TYPE_CHECKING:
-    from kernel._run._runner import Run
+    from kernel._run._instance import RunnerContext
 
-__all__ = ["Superstep", "SuperstepOutcome"]
+__all__ = ["RunScope", "Superstep", "SuperstepOutcome"]
 
 _MISSING = object()
 
@@ -48,12 +56,44 @@ class SuperstepOutcome(enum.Enum):
         return "committed" if self is SuperstepOutcome.COMMITTED else f"aborted ({self.value})"
 
 
-class Superstep:
-    """One superstep of a run: its staged writes, messages and outputs, and whether it is closed."""
+@dataclass(frozen=True, slots=True, eq=False)
+class RunScope:
+    """What a run hands each of its supersteps, made once per run: who the run is, where it runs,
+    and the sink for what its supersteps stage. Never the run itself.
 
-    def __init__(self, run: Run, index: int, superstep_id: str) -> None:
-        self._run = run
-        self.router: Router = run.router
+    ``log(cls, **fields)`` buffers the run's next event (``run_id`` set; appended at once in
+    "write" durability). ``record(cls, data)`` does the same on a superstep's hot path, for
+    ``data`` made from ``head(cls, superstep_id)`` (every field of the event but its position
+    and time). ``cancel_reason()`` is why the run is being cancelled, if it is (None: by its
+    caller). ``hooks`` are the run's hooks (None: none).
+    """
+
+    run_id: str
+    instance: RunnerContext
+    kwargs: dict[str, Any]
+    router: Router
+    hooks: HookChain | None
+    log: Callable[..., None]
+    record: Callable[[type[EventBase], dict[str, Any]], None]
+    head: Callable[[type[EventBase], str], dict[str, Any]]
+    cancel_reason: Callable[[], AbortReason | None]
+
+
+class Superstep:
+    """One superstep of a run: its staged writes, messages and outputs, and whether it is closed.
+
+    Besides ``SuperstepPort`` (what a handler's context calls), an executor that runs a nested
+    run in the superstep (``WorkflowExecutor``, through ``port_of(ctx)``) reads ``host`` (the
+    instance the run runs on: its store, settings and hooks), ``graph`` and ``info``, logs the
+    facts of the superstep with ``log`` and stages outputs with a designation of its own
+    (``output``).
+    """
+
+    def __init__(self, scope: RunScope, index: int, superstep_id: str) -> None:
+        self._scope = scope
+        self.router: Router = scope.router
+        self.run_id = scope.run_id
+        self.instance_id = scope.instance.instance_id
         self.index = index
         self.superstep_id = superstep_id
         self.outcome: SuperstepOutcome | None = None  # None while open
@@ -66,29 +106,57 @@ class Superstep:
         self.in_flight: set[str] = set()
         self.cancelling = False
         self.inline_task: asyncio.Task[Any] | None = None
+        self._info: SuperstepInfo | None = None
+        self.hooks = scope.hooks
+        # Hook errors of ``message_sent``, by sender: its handler fails with them when it returns.
+        self.hook_failures: dict[str, BaseException] = {}
         # What every event of the superstep's hot path needs, made once per superstep.
-        self._codec = run.codec
-        self._record = run.record
-        self._staged_head = run.head(StateStaged, superstep_id)
-        self.invoked_head = run.head(ExecutorInvoked, superstep_id)
-        self.completed_head = run.head(ExecutorCompleted, superstep_id)
-
-    @property
-    def run_id(self) -> str:
-        return self._run.run_id
-
-    @property
-    def instance_id(self) -> str:
-        return self._run.instance.instance_id
+        self._codec = scope.instance.codec
+        self._record = scope.record
+        self._staged_head = scope.head(StateStaged, superstep_id)
+        self._sent_head = scope.head(MessageStaged, superstep_id)
+        self.invoked_head = scope.head(ExecutorInvoked, superstep_id)
+        self.completed_head = scope.head(ExecutorCompleted, superstep_id)
 
     @property
     def run_kwargs(self) -> dict[str, Any]:
-        return self._run.kwargs
+        return self._scope.kwargs
+
+    @property
+    def info(self) -> SuperstepInfo:
+        """The superstep as hooks see it (made when first asked: a run without hooks never
+        does)."""
+        info = self._info
+        if info is None:
+            info = self._info = SuperstepInfo(
+                self.instance_id, self.run_id, self.index, self.superstep_id
+            )
+        return info
+
+    # -- for an executor that runs a nested run in this superstep ----------------------------
+
+    @property
+    def host(self) -> RunnerContext:
+        """The instance the run runs on (a nested run is logged in its store)."""
+        return self._scope.instance
+
+    @property
+    def graph(self) -> Graph:
+        """The graph of the running workflow."""
+        return self.router.graph
+
+    def log(self, cls: type[EventBase], **fields: Any) -> None:
+        """Log a fact of this superstep (``SubworkflowRan``): ``superstep_id`` is set, and like
+        everything the superstep stages it counts only if the superstep commits. Refused by
+        nothing, not even a closed superstep: it records what happened."""
+        self._scope.log(cls, superstep_id=self.superstep_id, **fields)
+
+    # -- what a handler's context calls (``SuperstepPort``) ---------------------------------
 
     def _refuse_if_closed(self, executor_id: str, what: str) -> None:
         if self.outcome is None and self.inline_task is not None and self.inline_task.cancelling():
             # The handler runs in the run's own task, and that task is being cancelled.
-            self.outcome = SuperstepOutcome(self._run.cancel_reason or "cancelled")
+            self.outcome = SuperstepOutcome(self._scope.cancel_reason() or "cancelled")
         if self.outcome is not None:
             raise StateWriteRejectedError(
                 f"{what} by executor {executor_id!r} refused: superstep {self.index} "
@@ -115,18 +183,27 @@ class Superstep:
         staged = self.staged.get(key)
         if staged is not None:
             return default if staged[0] == "delete" else staged[1]
-        wire = self._run.instance.committed(key, _MISSING)
-        return default if wire is _MISSING else self._run.codec.decode(wire)
+        wire = self._scope.instance.committed(key, _MISSING)
+        return default if wire is _MISSING else self._codec.decode(wire)
 
-    async def route(self, source: str, message: Any, target_id: str | None) -> Delivery:
-        """Where ``message`` goes (conditions evaluated, async ones awaited); refused if closed."""
+    def send_routed(self, source: str, message: Any, target_id: str | None) -> bool:
+        """Stage ``message`` if its route is cached (see ``Router.cached``); else False."""
+        delivery = self.router.cached(source, message, target_id)
+        if delivery is None:
+            return False
+        self.send(source, message, target_id, delivery)
+        return True
+
+    async def route_and_send(self, source: str, message: Any, target_id: str | None) -> None:
+        """Route ``message`` (conditions evaluated, async ones awaited), then stage it; refused if
+        closed, before routing or while it routed."""
         self._refuse_if_closed(source, "message")
         delivery = await self.router.route(source, message, target_id)
         self._refuse_if_closed(source, "message")  # it may have closed while routing
-        return delivery
+        self.send(source, message, target_id, delivery)
 
     def send(self, source: str, message: Any, target_id: str | None, delivery: Delivery) -> None:
-        """Stage ``message``, routed to ``delivery`` (from ``router.cached`` or ``route``)."""
+        """Stage ``message``, routed to ``delivery``."""
         if self.outcome is not None or self.inline_task is not None:
             self._refuse_if_closed(source, "message")
         wire = self._codec.encode(message, what=f"message from {source!r}")
@@ -134,7 +211,7 @@ class Superstep:
         self._record(
             MessageStaged,
             {
-                **self._run.head(MessageStaged, self.superstep_id),
+                **self._sent_head,
                 "source": source,
                 "target": target_id,
                 "targets": list(delivery.logged),
@@ -149,14 +226,25 @@ class Superstep:
         )
         if dropped is None:
             self.sent.append(Sent(source, message, delivery))
+            if self.hooks is not None:
+                self._hook_sent(source, message, delivery.logged)
+
+    def _hook_sent(self, source: str, message: Any, targets: tuple[str, ...]) -> None:
+        """Call ``message_sent``; what it raises fails ``source`` once its handler returns (it is
+        kept here, not raised into the handler, which could swallow it)."""
+        assert self.hooks is not None
+        try:
+            self.hooks.message_sent(self.info, source, message, targets)
+        except Exception as error:
+            self.hook_failures.setdefault(source, error)
 
     def output(self, executor_id: str, value: Any, designation: OutputKind | None = None) -> None:
         """Stage a yielded value, designated as the graph says (or as ``designation`` says: a
         sub-workflow's intermediate outputs stay intermediate in its parent)."""
         self._refuse_if_closed(executor_id, "output")
-        wire = self._run.codec.encode(value, what=f"output of {executor_id!r}")
+        wire = self._codec.encode(value, what=f"output of {executor_id!r}")
         kind = designation or self.router.graph.outputs.classify(executor_id)
-        self._run.log(
+        self._scope.log(
             OutputYielded,
             superstep_id=self.superstep_id,
             executor_id=executor_id,
@@ -185,14 +273,15 @@ class Superstep:
                 f"own ({hint}); a custom event needs a type of its own, e.g. 'progress'"
             )
         self._refuse_if_closed(executor_id, f"{kind!r} event")
-        run = self._run
         payload = event.data
         error = None
         if isinstance(payload, BaseException):
             error, wire = ErrorInfo.of(payload), None
         else:
-            wire = run.codec.encode(payload, what=f"data of the {kind!r} event of {executor_id!r}")
-        run.log(
+            wire = self._codec.encode(
+                payload, what=f"data of the {kind!r} event of {executor_id!r}"
+            )
+        self._scope.log(
             CustomEventAdded,
             superstep_id=self.superstep_id,
             executor_id=executor_id,
@@ -201,7 +290,7 @@ class Superstep:
             error=error,
         )
         shown = event.replace(
-            run_id=run.run_id,
+            run_id=self.run_id,
             superstep=self.index,
             superstep_id=self.superstep_id,
             executor_id=executor_id,
@@ -226,12 +315,12 @@ class Superstep:
                 f"executor {executor_id!r} requested a {type(data).__qualname__} answered by "
                 f"{_type_name(response_type)}, but has no @response_handler taking them"
             )
-        run = self._run
-        wire = run.codec.encode(data, what=f"request of {executor_id!r}")
+        scope = self._scope
+        wire = self._codec.encode(data, what=f"request of {executor_id!r}")
         if request_id is None:
-            request_id = run.instance.new_id()
+            request_id = scope.instance.new_id()
         name = _type_name(response_type)
-        run.log(
+        scope.log(
             InfoRequested,
             superstep_id=self.superstep_id,
             request_id=request_id,
@@ -240,14 +329,14 @@ class Superstep:
             response_type=name,
         )
         self.requested.append(
-            PendingRequest(request_id, executor_id, data, name, run.run_id, self.superstep_id)
+            PendingRequest(request_id, executor_id, data, name, self.run_id, self.superstep_id)
         )
         return request_id
 
     def fail(self, executor_id: str, error: BaseException) -> None:
         """Record an executor's failure; the first one closes the superstep."""
         self.in_flight.discard(executor_id)
-        self._run.log(
+        self._scope.log(
             ExecutorFailed,
             superstep_id=self.superstep_id,
             executor_id=executor_id,

@@ -57,6 +57,7 @@ class ListContext:
         self.owner = "nowhere:0"
         self.sensitive_keys = ("token",)
         self.clock = lambda: T0
+        self.hooks = ()
         self.new_id = counter_ids("id")
         self.log: list[EventBase] = []
         self.batches: list[int] = []

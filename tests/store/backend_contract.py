@@ -18,12 +18,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kernel import ConcurrencyConflictError, EventBase, StoreError
-from kernel._codec._mapper import ChainedRow, EventMapper
+from kernel._codec._hashing import ChainedRow
+from kernel._codec._mapper import RowMapper
 from kernel._store._backend import RowBackend, StreamRow
 from kernel.testing import LogBuilder, ticking_clock
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
-MAPPER = EventMapper()
+MAPPER = RowMapper()
 
 
 def events(instance_id: str, count: int, *, after: int = 0) -> list[EventBase]:
