@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from kernel import open_store
-from kernel._store._eventstore import ROW_SHIFT
+from kernel._store._records import ROW_SHIFT
 from kernel.testing import LogBuilder
 from projections import HistoryView, Projector, history_of
 from projections._views import _sqlbackends
