@@ -40,7 +40,7 @@ import shutil
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +127,23 @@ def _clocked(work: Callable[[], Any]) -> Any:
     return asyncio.run(work())
 
 
+async def _first_superstep(stream: AsyncIterator[Any]) -> tuple[float, int | None, list[Any]]:
+    """Drain a resumed run's event ``stream`` (steplog's or Agent Framework's: both name a
+    superstep's index ``iteration``): when its first ``superstep_started`` came
+    (``time.perf_counter()``), that superstep's index, and the outputs."""
+    first: float | None = None
+    index: int | None = None
+    outputs: list[Any] = []
+    async for event in stream:
+        if first is None and event.type == "superstep_started":
+            first = time.perf_counter()
+            index = event.iteration
+        elif event.type == "output":
+            outputs.append(event.data)
+    assert first is not None, "the resumed run started no superstep"
+    return first, index, outputs
+
+
 def _check_end(system: str, n: int, first_index: int | None, outputs: list[Any]) -> None:
     expect(first_index, n - TAIL + 1, f"{system}: index of the resumed run's first superstep")
     expect(outputs, [n], f"{system}: the resumed run's outputs")
@@ -208,16 +225,7 @@ def _steplog_resume(
             stream = wf.run(checkpoint_id=checkpoints[-1].checkpoint_id, stream=True)
         else:
             stream = wf.resume(stream=True)
-        first: float | None = None
-        index: int | None = None
-        outputs: list[Any] = []
-        async for event in stream:
-            if first is None and event.type == "superstep_started":
-                first = time.perf_counter()
-                index = event.superstep
-            elif event.type == "output":
-                outputs.append(event.data)
-        assert first is not None, "the resumed run started no superstep"
+        first, index, outputs = await _first_superstep(stream)
         return (None if found is None else found - start), first - start, index, outputs, last
 
     find, total, index, outputs, last = _clocked(work)
@@ -343,16 +351,8 @@ def _af_case(cfg: Config, large: bool, known: bool) -> Measurement:
             found = time.perf_counter()
             expect(latest.checkpoint_id, latest_id, "agent framework: the latest checkpoint")
             checkpoint_id = latest.checkpoint_id
-        first: float | None = None
-        index: int | None = None
-        outputs: list[Any] = []
-        async for event in wf.run(checkpoint_id=checkpoint_id, stream=True):
-            if first is None and event.type == "superstep_started":
-                first = time.perf_counter()
-                index = event.iteration
-            elif event.type == "output":
-                outputs.append(event.data)
-        assert first is not None, "the resumed run started no superstep"
+        stream = wf.run(checkpoint_id=checkpoint_id, stream=True)
+        first, index, outputs = await _first_superstep(stream)
         return (None if found is None else found - start), first - start, index, outputs
 
     try:

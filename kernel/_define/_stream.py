@@ -299,18 +299,14 @@ class WorkflowEvent(Generic[DataT]):
         """The executor that made a ``request_info`` event's request (``RuntimeError`` on other
         events, as AF)."""
         if self.type != "request_info" or self.executor_id is None:
-            raise RuntimeError(
-                f"source_executor_id is only set on request_info events, not on {self.type!r}"
-            )
+            raise self._not_a_request("source_executor_id")
         return self.executor_id
 
     @property
     def request_type(self) -> builtins.type[Any]:
         """The type of a ``request_info`` event's data (``RuntimeError`` on other events)."""
         if self.type != "request_info" or self._request_type is None:
-            raise RuntimeError(
-                f"request_type is only set on request_info events, not on {self.type!r}"
-            )
+            raise self._not_a_request("request_type")
         return self._request_type
 
     @property
@@ -319,10 +315,12 @@ class WorkflowEvent(Generic[DataT]):
         recorded name (``module.Qualname``), when rebuilt from the log (``RuntimeError`` on
         other events)."""
         if self.type != "request_info" or self._response_type is None:
-            raise RuntimeError(
-                f"response_type is only set on request_info events, not on {self.type!r}"
-            )
+            raise self._not_a_request("response_type")
         return self._response_type
+
+    def _not_a_request(self, name: str) -> RuntimeError:
+        """The error of reading ``name``, a field of ``request_info`` events only, on this one."""
+        return RuntimeError(f"{name} is only set on request_info events, not on {self.type!r}")
 
     # -- AF's factories ----------------------------------------------------------------------
 

@@ -73,14 +73,24 @@ def instance_id(store: EventStore, text: str) -> str:
     return pick(text, store.instances(), "instance", store.url)
 
 
-def events_of(store: EventStore, instance: str, types: Collection[str] = ()) -> Iterator[EventBase]:
-    """The events of ``instance`` (only ``types``, if given), in order, read window by window:
-    never the whole log in memory at once."""
-    version = store.version(instance)
-    after = 0
-    while after < version:
-        yield from store.read(instance, after=after, upto=after + RUN_WINDOW, types=types)
-        after += RUN_WINDOW
+def events_of(
+    store: EventStore,
+    instance: str,
+    types: Collection[str] = (),
+    *,
+    after: int = 0,
+    upto: int | None = None,
+) -> Iterator[EventBase]:
+    """The events of ``instance`` (only ``types``, if given) past position ``after``, in order,
+    read window by window: never the whole log in memory at once. Up to ``upto`` if given (no
+    window reads past it); else up to the stream's version when asked (its last window whole)."""
+    end = store.version(instance) if upto is None else upto
+    while after < end:
+        stop = after + RUN_WINDOW
+        yield from store.read(
+            instance, after=after, upto=stop if upto is None else min(stop, upto), types=types
+        )
+        after = stop
 
 
 def runs_of(store: EventStore, instance: str) -> Iterator[RunStarted]:

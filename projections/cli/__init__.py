@@ -4,8 +4,8 @@ It uses only their public APIs, like any other program would; see ``docs/cli.md`
 """
 
 from projections.cli._json import schema_of
-from projections.cli._main import (
-    COMMANDS,
+from projections.cli._main import COMMANDS, READING_COMMANDS, WRITING_COMMANDS, main
+from projections.cli._status import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_CHAIN,
     EXIT_CLOSED_PIPE,
@@ -13,9 +13,6 @@ from projections.cli._main import (
     EXIT_NEWER_SCHEMA,
     EXIT_PROBLEM,
     EXIT_STORE,
-    READING_COMMANDS,
-    WRITING_COMMANDS,
-    main,
 )
 
 __all__ = [

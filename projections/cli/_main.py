@@ -51,13 +51,7 @@ from projections._frontend._safe import SafeConsole
 from projections.cli._json import quiet_console
 from projections.cli._keys import add_keys_option, keyring_of, warn_if_plain
 from projections.cli._status import (
-    EXIT_BAD_INPUT,
-    EXIT_BROKEN_CHAIN,
     EXIT_CLOSED_PIPE,
-    EXIT_INTERNAL,
-    EXIT_NEWER_SCHEMA,
-    EXIT_PROBLEM,
-    EXIT_STORE,
     failed,
     label_broken,
     unexpected,
@@ -79,13 +73,6 @@ from projections.cli.commands._rekey import keygen
 
 __all__ = [
     "COMMANDS",
-    "EXIT_BAD_INPUT",
-    "EXIT_BROKEN_CHAIN",
-    "EXIT_CLOSED_PIPE",
-    "EXIT_INTERNAL",
-    "EXIT_NEWER_SCHEMA",
-    "EXIT_PROBLEM",
-    "EXIT_STORE",
     "READING_COMMANDS",
     "WRITING_COMMANDS",
     "main",

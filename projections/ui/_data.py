@@ -71,7 +71,7 @@ from projections import (
     sensitive_keys_of,
     subworkflows_of,
 )
-from projections._frontend._ids import RUN_WINDOW, pick
+from projections._frontend._ids import events_of, pick
 from projections._frontend._points import UsageError, point_in
 from projections._views._manifest import MANIFEST_KEY, check_anchor, checked_rows
 
@@ -224,16 +224,14 @@ class Reader:
                 else:  # the history is caught up to its version: only later growth is read
                     history, caught_up = viewed
                     loaded = _Instance(caught_up, history, SensitiveKeys())
-            after = loaded.version
-            while after < version:
-                for event in self.store.read(
-                    instance_id,
-                    after=after,
-                    upto=min(version, after + RUN_WINDOW),
-                    types=RunHistory.EVENT_TYPES,
-                ):
-                    loaded.history.apply(event)
-                after += RUN_WINDOW
+            for event in events_of(
+                self.store,
+                instance_id,
+                RunHistory.EVENT_TYPES,
+                after=loaded.version,
+                upto=version,
+            ):
+                loaded.history.apply(event)
             loaded.version = max(loaded.version, version)
             if self._found(instance_id, loaded) or fresh:
                 loaded.redactor = (
@@ -324,16 +322,10 @@ class Reader:
         with self._graph_lock:
             graph = loaded.graph
             version = loaded.version
-            after = graph.version
-            while after < version:
-                for event in self.store.read(
-                    instance_id,
-                    after=after,
-                    upto=min(version, after + RUN_WINDOW),
-                    types=_GRAPH_TYPES,
-                ):
-                    self._fold_graph(graph, event)
-                after += RUN_WINDOW
+            for event in events_of(
+                self.store, instance_id, _GRAPH_TYPES, after=graph.version, upto=version
+            ):
+                self._fold_graph(graph, event)
             graph.version = max(graph.version, version)
             return dict(graph.first_ran), dict(graph.routes)
 

@@ -38,7 +38,6 @@ from kernel import (
 from projections import RunHistory, RunRecord, fold_history, forks_of
 from projections._folds._runrecords import status_text
 from projections._frontend._ids import (
-    RUN_WINDOW,
     events_of,
     find_run,
     instance_id,
@@ -129,15 +128,12 @@ def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
     def events() -> Iterator[EventBase]:
         if begin:
             yield from store.read(instance, upto=1, types=("instance_forked",))
-        after = begin
-        while after < end:
-            for event in store.read(instance, after=after, upto=min(after + RUN_WINDOW, end)):
-                if isinstance(event, MessageStaged) and event.run_id == run_id:
-                    sent[event.superstep_id] += 1
-                elif isinstance(event, ResponseReceived) and event.run_id == run_id:
-                    received.append(event)
-                yield event
-            after += RUN_WINDOW
+        for event in events_of(store, instance, after=begin, upto=end):
+            if isinstance(event, MessageStaged) and event.run_id == run_id:
+                sent[event.superstep_id] += 1
+            elif isinstance(event, ResponseReceived) and event.run_id == run_id:
+                received.append(event)
+            yield event
         yield from store.find_events(instance, _LATER, after=end)
 
     sent: Counter[str] = Counter()

@@ -17,6 +17,7 @@ from rich.console import Console
 from kernel import EventStore, MissingKeyError
 from projections._frontend._points import UsageError
 from projections.cli.commands import Command
+from projections.cli.commands._reading import sensitivity_options
 
 __all__ = ["COMMANDS", "add_commands"]
 
@@ -41,16 +42,7 @@ def add_commands(commands: Any) -> None:
         "machine; repeatable). Always answered: 127.0.0.1, localhost, [::1] and --host; any "
         "other name is refused (DNS rebinding)",
     )
-    ui.add_argument(
-        "--reveal", action="store_true", help="show the values of sensitive keys (not redacted)"
-    )
-    ui.add_argument(
-        "--sensitive",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="also redact the keys matching PATTERN (a key or an fnmatch glob; repeatable)",
-    )
+    sensitivity_options(ui)
 
 
 def _ui(store: EventStore, args: argparse.Namespace, console: Console) -> int:
