@@ -546,7 +546,7 @@ class PostgresBackend(RowBackend):
             self._local.listener = listener
             with self._listeners_lock:
                 self._listeners.append(listener)
-        if newer():
+        if newer() or stop.is_set():
             return
         try:
             for _ in listener.notifies(timeout=timeout, stop_after=1):
