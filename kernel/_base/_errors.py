@@ -23,6 +23,7 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     ├── StoreError                   anything the event store could not do
     │   ├── StoreConfigError         a store URL or option that is wrong
     │   ├── StoreUnavailableError    a server that cannot be reached, a file that cannot be opened
+    │   │   ├── StoreBusyError       a lock held past the wait, or a connection lost: retry
     │   │   ├── StoreNotFoundError   a store that does not exist (opened with create=False)
     │   │   └── StoreDamagedError    a database file that is damaged (not retried)
     │   ├── InvalidBatchError        an append whose events do not fit its stream and version
@@ -73,6 +74,7 @@ __all__ = [
     "SchemaVersionError",
     "StateWriteRejectedError",
     "StepLogError",
+    "StoreBusyError",
     "StoreConfigError",
     "StoreDamagedError",
     "StoreError",
@@ -296,6 +298,15 @@ class StoreConfigError(StoreError, ValueError):
 
 class StoreUnavailableError(StoreError):
     """The store cannot be reached: server down, file not writable, database missing."""
+
+
+class StoreBusyError(StoreUnavailableError):
+    """Another writer held a lock on the database for longer than this process waits (SQLite's
+    busy or locked; PostgreSQL's lock not available, deadlock, serialization failure), no pooled
+    connection came free in time, or the connection was lost or could not be made: the one kind
+    of unavailability that retrying soon may cure, so ``Projector.follow`` waits and retries it.
+    A file that is not writable, a full disk or a store opened read-only is a
+    ``StoreUnavailableError`` but not this: waiting will not help."""
 
 
 class StoreNotFoundError(StoreUnavailableError):

@@ -27,6 +27,7 @@ from typing import ClassVar
 
 from eventsourcing.persistence import (
     ApplicationRecorder,
+    ConnectionUnavailableError,
     InterfaceError,
     OperationalError,
     PersistenceError,
@@ -36,6 +37,7 @@ from eventsourcing.persistence import (
 from kernel._base._errors import (
     ConcurrencyConflictError,
     StepLogError,
+    StoreBusyError,
     StoreError,
     StoreUnavailableError,
 )
@@ -68,6 +70,7 @@ ErrorTable = tuple[tuple[type[BaseException], type[StoreError]], ...]
 """Rows ``(foreign error class, StoreError class)``, most specific class first."""
 
 PERSISTENCE_ERRORS: ErrorTable = (
+    (ConnectionUnavailableError, StoreBusyError),  # no pooled connection came free in time
     (OperationalError, StoreUnavailableError),  # the server or file went away, a lock timed out
     (InterfaceError, StoreUnavailableError),  # no connection could be made
     (PersistenceError, StoreError),  # IntegrityError, ProgrammingError, DataError, ...

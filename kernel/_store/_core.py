@@ -229,9 +229,10 @@ class StoreCore:
         store's edge, or None when ``error`` is not one (steplog's own errors included).
 
         The one rule for programs that share the store's database (materialized views): a
-        ``StoreDamagedError`` means the database is damaged (waiting will not help); another
-        ``StoreUnavailableError`` means contention that outlasted the waits or a lost
-        connection (retrying may help); any other class, a statement that failed."""
+        ``StoreDamagedError`` means the database is damaged (waiting will not help); a
+        ``StoreBusyError``, contention that outlasted the waits or a lost connection (retrying
+        may help); another ``StoreUnavailableError``, a database that cannot be used as asked
+        (not writable, read-only, a full disk); any other class, a statement that failed."""
         found = self._backend.classify_error(error)
         return None if found is None else found[0]
 

@@ -32,6 +32,7 @@ from psycopg_pool import PoolTimeout
 from kernel._base._errors import (
     ConcurrencyConflictError,
     SchemaVersionError,
+    StoreBusyError,
     StoreConfigError,
     StoreDamagedError,
     StoreError,
@@ -107,14 +108,15 @@ _SERVER = (
 )
 # Hints by SQLSTATE class (first two characters) or code: https://www.postgresql.org/docs/current/errcodes-appendix.html
 _SQLSTATE_HINTS: dict[str, tuple[type[StoreError], str]] = {
-    "08": (StoreUnavailableError, _SERVER),  # connection exception
+    "08": (StoreBusyError, _SERVER),  # connection exception: lost, or not made
     "57": (StoreUnavailableError, _SERVER),  # operator intervention (server shutting down)
     "53": (StoreUnavailableError, "the server is out of resources (connections, memory, disk)"),
     "28": (StoreUnavailableError, "check the user name and password"),
     "3D000": (StoreNotFoundError, "the database does not exist; create it first"),
     "42501": (StoreUnavailableError, "this user lacks a privilege it needs on the schema"),
-    "55P03": (StoreUnavailableError, "another session holds a lock; retry"),
-    "40P01": (StoreUnavailableError, "a deadlock was broken; retry"),
+    "55P03": (StoreBusyError, "another session holds a lock; retry"),
+    "40P01": (StoreBusyError, "a deadlock was broken; retry"),
+    "40001": (StoreBusyError, "a serialization failure; retry"),
     "42883": (
         StoreError,
         "the store was made by an older steplog; open it once with create=True to upgrade it",
@@ -633,7 +635,7 @@ class PostgresBackend(RowBackend):
 
     def refine(self, error: BaseException, kind: type[StoreError]) -> tuple[type[StoreError], str]:
         if isinstance(driver_error(error, PoolTimeout), PoolTimeout):
-            return StoreUnavailableError, f"no connection within the timeout; {_SERVER}"
+            return StoreBusyError, f"no connection within the timeout; {_SERVER}"
         cause = driver_error(error, psycopg.Error)
         state = getattr(cause, "sqlstate", None)
         if cause is not None and StoreDamagedError.detects(cause):
@@ -641,8 +643,8 @@ class PostgresBackend(RowBackend):
                 f"PostgreSQL reports the data of {self.url} damaged; waiting will not help: "
                 "restore it from a backup"
             )
-        if not isinstance(state, str):
-            return kind, _SERVER if kind is StoreUnavailableError else ""
+        if not isinstance(state, str):  # no answer from the server: the connection was lost
+            return (StoreBusyError, _SERVER) if kind is StoreUnavailableError else (kind, "")
         return _SQLSTATE_HINTS.get(state) or _SQLSTATE_HINTS.get(state[:2]) or (kind, "")
 
 

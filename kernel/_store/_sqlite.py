@@ -27,6 +27,7 @@ from kernel._base._errors import (
     ConcurrencyConflictError,
     DecodeError,
     SchemaVersionError,
+    StoreBusyError,
     StoreConfigError,
     StoreDamagedError,
     StoreError,
@@ -531,7 +532,9 @@ class SQLiteBackend(RowBackend):
                 "writable by this user): it can be read, not written"
             )
         hint = _HINTS.get(primary)
-        return (StoreUnavailableError, hint) if hint else (kind, "")
+        if hint is None:
+            return kind, ""
+        return (StoreBusyError if primary in (_BUSY, _LOCKED) else StoreUnavailableError), hint
 
 
 class SQLiteStore(EventStore):

@@ -21,10 +21,11 @@ are kept until the commit and written then, 300 per ``INSERT ... ON CONFLICT DO 
 transaction that moves the position; a failure anywhere rolls all of it back.
 
 Driver errors are classified by the store's own rule (``EventStore.classify_error``): what it
-calls unavailable (contention that outlasted the waits, a lost connection) becomes
+calls busy (``StoreBusyError``: contention that outlasted the waits, a lost connection) becomes
 ``StoreUnavailableError`` (``Projector.follow`` waits and retries on it); a damaged database
-becomes ``StoreDamagedError``, which nothing retries; any other driver error becomes
-``ProjectionError``.
+becomes ``StoreDamagedError``, which nothing retries; any other driver error (a file that is not
+writable, a store opened read-only, a full disk) becomes ``ProjectionError``, which stops a
+follower: waiting would not help.
 
 Locks (``lock``): on SQLite a hidden lock file beside the database (``.<file>.<name>.lock``,
 locked with ``flock``; the OS releases it when the process dies), which exists only while it is
@@ -46,6 +47,7 @@ from kernel import (
     LogIntegrityError,
     ProjectionError,
     StepLogError,
+    StoreBusyError,
     StoreDamagedError,
     StoreError,
     StoreUnavailableError,
@@ -304,7 +306,7 @@ class _SQLBackend(ViewBackend):
                 raise StoreDamagedError(
                     f"cannot {action} in {self._url}: {text}; {_DAMAGED_HINT}"
                 ) from error
-            if issubclass(kind, StoreUnavailableError):
+            if issubclass(kind, StoreBusyError):
                 raise StoreUnavailableError(
                     f"cannot {action} in {self._url}: {text}; {_CONTENTION_HINT}"
                 ) from error
