@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -18,7 +17,6 @@ from kernel._base._errors import (
     ValidationTypeEnum,
     WorkflowValidationError,
 )
-from kernel._base._ids import check_id
 from kernel._codec._valuetypes import value_classes
 from kernel._define._executor import Executor, check_storable_types, require_storable
 from kernel._define._functions import FunctionExecutor
@@ -38,7 +36,7 @@ from kernel._define._graph import (
     can_yield,
     validate,
 )
-from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings
+from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings, check_patterns
 from kernel._ops._workflow import Durability, Workflow
 from kernel._run._hooks import RunHooks
 from kernel._run._instance import LeasePolicy
@@ -284,12 +282,7 @@ class WorkflowBuilder:
         by the next run (which aborts the open superstep as ``crashed`` first). A run that finds
         a live holder waits up to ``wait`` seconds, then raises ``RunInProgressError``.
         """
-        for value, what, least in ((ttl, "ttl", 0.0), (wait, "wait", 0.0)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise DefinitionError(f"the lease {what} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < least or (what == "ttl" and value == 0):
-                raise DefinitionError(f"the lease {what} must be a positive number, got {value!r}")
-        self._lease = LeasePolicy(float(ttl), float(wait))
+        self._lease = LeasePolicy(ttl, wait)  # checks both (DefinitionError)
         return self
 
     # -- sensitive keys -----------------------------------------------------------------------
@@ -305,12 +298,7 @@ class WorkflowBuilder:
         Adds to the patterns given before. Raises ``DefinitionError`` for a pattern that is not
         a non-empty string.
         """
-        for pattern in patterns:
-            if not isinstance(pattern, str) or not pattern:
-                raise DefinitionError(
-                    f"a sensitive key pattern must be a non-empty string, got {pattern!r}"
-                )
-            require_storable(pattern, "a sensitive key pattern")
+        for pattern in check_patterns(patterns):
             if pattern not in self._sensitive:
                 self._sensitive.append(pattern)
         return self
@@ -357,18 +345,17 @@ class WorkflowBuilder:
             raise DefinitionError(
                 "no start executor: pass start_executor= or call set_start_executor()"
             )
-        if not isinstance(self._max_supersteps, int) or self._max_supersteps < 1:
-            raise DefinitionError(
-                f"max_supersteps must be a positive int, got {self._max_supersteps!r}"
-            )
-        if self._durability not in ("superstep", "write"):
-            raise DefinitionError(
-                f"durability must be 'superstep' or 'write', got {self._durability!r}"
-            )
-        if self._instance_id is not None:
-            check_id(self._instance_id, "instance_id", DefinitionError)
-        if self._name is not None:
-            require_storable(self._name, "a workflow name")
+        settings = InstanceSettings(  # checks every setting (DefinitionError)
+            instance_id=self._instance_id or self._ids(),
+            name=self._name or self._start,
+            max_supersteps=self._max_supersteps,
+            durability=self._durability,
+            clock=self._clock,
+            id_factory=self._ids,
+            lease=self._lease,
+            sensitive_keys=tuple(self._sensitive),
+            hooks=tuple(self._hooks),
+        )
         for executor in self._executors.values():
             executor.handlers  # noqa: B018 - resolves annotations, raising DefinitionError early
             check_storable_types(executor)  # a declared type the log can never hold
@@ -386,17 +373,6 @@ class WorkflowBuilder:
         store = self._store if self._store is not None else open_store()
         store.codec.register(
             *self._value_types, *value_classes(*_handler_annotations(self._executors.values()))
-        )
-        settings = InstanceSettings(
-            instance_id=self._instance_id or self._ids(),
-            name=self._name or self._start,
-            max_supersteps=self._max_supersteps,
-            durability=self._durability,
-            clock=self._clock,
-            id_factory=self._ids,
-            lease=self._lease,
-            sensitive_keys=tuple(self._sensitive),
-            hooks=tuple(self._hooks),
         )
         return Workflow(graph, store=store, settings=settings)
 

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from kernel._base._clock import Clock, IdFactory
 from kernel._base._errors import DefinitionError
 from kernel._base._ids import check_id
+from kernel._define._executor import require_storable
 from kernel._run._algo import Router
-from kernel._run._hooks import RunHooks
+from kernel._run._hooks import RunHooks, chain_hooks
 from kernel._run._instance import Durability, InstanceContext, LeasePolicy
 from kernel._store._owner import process_owner
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from kernel._define._graph import Graph
     from kernel._store._eventstore import EventStore
 
-__all__ = ["DEFAULT_LEASE", "InstanceSettings", "WorkflowInstance"]
+__all__ = ["DEFAULT_LEASE", "InstanceSettings", "WorkflowInstance", "check_patterns"]
 
 DEFAULT_LEASE = LeasePolicy()
 """The lease policy of a workflow that sets none (``WorkflowBuilder.with_lease``'s defaults)."""
@@ -52,7 +53,9 @@ class InstanceSettings:
     Say in ``for_child`` whether a child takes it from its own workflow or from its parent (by
     default, from its parent).
 
-    Raises ``DefinitionError`` for an ``instance_id`` that is not a valid id.
+    Every field is checked here, once, for every way a workflow is bound (the builder, a fork, a
+    child, a rerun, ``Workflow(settings=...)``): a value the log could not hold back is refused
+    before anything is written. Raises ``DefinitionError`` naming the field.
     """
 
     instance_id: str
@@ -67,6 +70,34 @@ class InstanceSettings:
 
     def __post_init__(self) -> None:
         check_id(self.instance_id, "instance_id", DefinitionError)
+        if not isinstance(self.name, str) or not self.name:
+            raise DefinitionError(f"a workflow name must be a non-empty string, got {self.name!r}")
+        require_storable(self.name, "a workflow name")
+        if (
+            isinstance(self.max_supersteps, bool)
+            or not isinstance(self.max_supersteps, int)
+            or self.max_supersteps < 1
+        ):
+            raise DefinitionError(
+                f"max_supersteps must be a positive int, got {self.max_supersteps!r}"
+            )
+        if self.durability not in ("superstep", "write"):
+            raise DefinitionError(
+                f"durability must be 'superstep' or 'write', got {self.durability!r}"
+            )
+        for what, value in (("clock", self.clock), ("id_factory", self.id_factory)):
+            if not callable(value):
+                raise DefinitionError(f"{what} must be a callable, got {value!r}")
+        if not isinstance(self.lease, LeasePolicy):
+            raise DefinitionError(f"lease must be a LeasePolicy, got {self.lease!r}")
+        if not isinstance(self.sensitive_keys, tuple):
+            raise DefinitionError(
+                f"sensitive_keys must be a tuple of patterns, got {self.sensitive_keys!r}"
+            )
+        check_patterns(self.sensitive_keys)
+        if not isinstance(self.hooks, tuple):
+            raise DefinitionError(f"hooks must be a tuple of RunHooks, got {self.hooks!r}")
+        chain_hooks(self.hooks)  # refuses what is not a RunHooks
 
     def replace(self, **changes: Any) -> InstanceSettings:
         """A copy with ``changes`` (field names as keywords); ``TypeError`` for an unknown one."""
@@ -113,3 +144,15 @@ class WorkflowInstance(InstanceContext):
             hooks=settings.hooks,
         )
         self.settings = settings
+
+
+def check_patterns(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """``patterns`` (sensitive-key patterns), each a non-empty string the log can store; raises
+    ``DefinitionError`` naming the first that is not."""
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise DefinitionError(
+                f"a sensitive key pattern must be a non-empty string, got {pattern!r}"
+            )
+        require_storable(pattern, "a sensitive key pattern")
+    return patterns

@@ -12,11 +12,13 @@ Resuming, checkpointing or running a sub-workflow plugs in here: anything that i
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kernel._base._clock import Clock, IdFactory
+from kernel._base._errors import DefinitionError
 from kernel._codec._values import ValueCodec
 from kernel._log._events import AbortReason, EventBase, InstanceForked
 from kernel._log._fold import CommittedState, OpenRun
@@ -48,6 +50,16 @@ class LeasePolicy:
 
     ttl: float = 30.0
     wait: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Raises ``DefinitionError`` for a ``ttl`` that is not a positive finite number, or a
+        ``wait`` that is not a finite number at least 0 (booleans are not numbers here)."""
+        for what, value in (("ttl", self.ttl), ("wait", self.wait)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DefinitionError(f"the lease {what} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0 or (what == "ttl" and value == 0):
+                raise DefinitionError(f"the lease {what} must be a positive number, got {value!r}")
+            object.__setattr__(self, what, float(value))
 
 
 class LeaseHold(Protocol):

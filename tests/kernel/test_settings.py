@@ -109,3 +109,43 @@ def test_the_keyword_form_of_the_constructor_still_binds_a_workflow() -> None:
         Workflow(wf.graph, store=wf.store, settings=wf.settings, name="x")
     with pytest.raises(DefinitionError, match="instance_id"):
         wf.settings.for_instance("")
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"durability": "bogus"}, "durability must be"),
+        ({"name": None}, "workflow name"),
+        ({"name": "\ud800"}, "workflow name"),
+        ({"max_supersteps": "x"}, "max_supersteps"),
+        ({"max_supersteps": -5}, "max_supersteps"),
+        ({"max_supersteps": True}, "max_supersteps"),
+        ({"clock": None}, "clock must be a callable"),
+        ({"id_factory": None}, "id_factory must be a callable"),
+        ({"hooks": None}, "hooks must be a tuple"),
+        ({"hooks": (object(),)}, "RunHooks"),
+        ({"sensitive_keys": "secret"}, "sensitive_keys must be a tuple"),
+        ({"sensitive_keys": ("",)}, "sensitive key pattern"),
+        ({"lease": (1, 2)}, "lease must be a LeasePolicy"),
+        ({"instance_id": ""}, "instance_id"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+async def test_a_setting_the_log_could_not_hold_is_refused_before_anything_is_written(
+    change: dict[str, Any], says: str
+) -> None:
+    """Issue 22 review: ``Workflow(settings=wf.settings.replace(durability="bogus"))`` ran, and
+    its ``RunStarted`` could never be read back. Every field is checked where the settings are
+    made, however a workflow is bound."""
+    with open_store("memory://") as store:
+        settings = build(store).settings
+        with pytest.raises(DefinitionError, match=says):
+            settings.replace(**{"instance_id": "other", **change})
+        assert store.read("other") == []
+
+
+@pytest.mark.parametrize(("ttl", "wait"), [(0, 0), (-1, 0), (float("inf"), 0), (1, -1), (True, 0)])
+def test_a_lease_policy_checks_its_numbers(ttl: Any, wait: Any) -> None:
+    with pytest.raises(DefinitionError, match="lease"):
+        LeasePolicy(ttl, wait)
+    assert LeasePolicy(7, 1) == LeasePolicy(7.0, 1.0)
