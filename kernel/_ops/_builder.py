@@ -38,7 +38,7 @@ from kernel._define._graph import (
 )
 from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings, check_patterns
 from kernel._ops._workflow import Durability, Workflow
-from kernel._run._hooks import RunHooks
+from kernel._run._hooks import RunHooks, chain_hooks
 from kernel._run._instance import LeasePolicy
 from kernel._store._eventstore import EventStore
 from kernel._store._factory import open_store
@@ -308,13 +308,8 @@ class WorkflowBuilder:
     def with_hooks(self, *hooks: RunHooks) -> Self:
         """Have every run of the workflow call ``hooks`` (``RunHooks``), in this order, after any
         given before; its sub-workflows' runs call them too. Raises ``DefinitionError`` for an
-        argument that is not a ``RunHooks``."""
-        for hook in hooks:
-            if not isinstance(hook, RunHooks):
-                raise DefinitionError(
-                    f"with_hooks takes RunHooks instances (subclass kernel.RunHooks), got "
-                    f"{type(hook).__qualname__}"
-                )
+        argument that is not a ``RunHooks``, or one with an ``async def`` hook method."""
+        chain_hooks(hooks)  # the one check of what a hook may be
         self._hooks.extend(hooks)
         return self
 

@@ -202,9 +202,14 @@ def _scratch_workflow(
     id_factory: IdFactory | None,
 ) -> Workflow:
     """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``, with
-    the rerun's own clock and ids."""
+    the rerun's own clock and ids, and no hooks: a rerun checks the past against today's
+    executors on a scratch store; it is not a run of the instance, and whatever follows the
+    instance's runs (tracing, metrics) must not count it as one."""
     settings = workflow.settings.replace(
-        instance_id=instance_id, clock=clock, id_factory=id_factory or counter_ids("rerun")
+        instance_id=instance_id,
+        clock=clock,
+        id_factory=id_factory or counter_ids("rerun"),
+        hooks=(),
     )
     return Workflow(workflow.graph, store=store, settings=settings)
 

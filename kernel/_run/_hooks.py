@@ -15,6 +15,7 @@ with a hook's error is written in ``RunHooks``'s docstring (and docs/hooks.md).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -198,7 +199,8 @@ def _caller(name: str, calls: tuple[tuple[RunHooks, Callable[..., None]], ...]) 
 
 def chain_hooks(hooks: Iterable[RunHooks]) -> HookChain | None:
     """The chain of ``hooks`` (None when there are none: a run without hooks checks nothing
-    else). Raises ``DefinitionError`` for an item that is not a ``RunHooks``."""
+    else). Raises ``DefinitionError`` for an item that is not a ``RunHooks``, or one with an
+    ``async def`` hook method (it would never run)."""
     found = tuple(hooks)
     for hook in found:
         if not isinstance(hook, RunHooks):
@@ -206,6 +208,13 @@ def chain_hooks(hooks: Iterable[RunHooks]) -> HookChain | None:
                 f"hooks must be RunHooks instances (subclass kernel.RunHooks), got "
                 f"{type(hook).__qualname__}"
             )
+        for name in _HOOKED:
+            if inspect.iscoroutinefunction(getattr(type(hook), name, None)):
+                raise DefinitionError(
+                    f"hook {type(hook).__qualname__}.{name} is async: hooks are called on the "
+                    "run's event loop and never awaited; define it with def (start a task from "
+                    "it if it must await)"
+                )
     return HookChain(found) if found else None
 
 

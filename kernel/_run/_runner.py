@@ -227,20 +227,23 @@ class Run:
 
     def _hook_completed(self, step: Superstep, executor_id: str) -> bool:
         """After ``executor_id``'s handler returned: fail it with what a ``message_sent`` hook
-        raised, else call ``executor_completed`` (what that raises fails it too). Returns
-        whether the executor completed."""
+        raised (the hooks' closing call is then ``executor_failed``), else call
+        ``executor_completed``; what that raises fails the executor too, but every hook has had
+        its one closing call by then (the chain calls each hook even when one raises), so none
+        gets another. Returns whether the executor completed."""
         hooks = self._hooks
         assert hooks is not None
         error = step.hook_failures.pop(executor_id, None)
-        if error is None:
-            try:
-                hooks.chain.executor_completed(step.info, executor_id)
-                return True
-            except Exception as raised:
-                error = raised
-        step.fail(executor_id, error)
-        hooks.executor_failed(step.info, executor_id, error)
-        return False
+        if error is not None:
+            step.fail(executor_id, error)
+            hooks.executor_failed(step.info, executor_id, error)
+            return False
+        try:
+            hooks.chain.executor_completed(step.info, executor_id)
+        except Exception as raised:
+            step.fail(executor_id, raised)
+            return False
+        return True
 
     def _ended(self) -> None:
         """The run's end is in the log: give the instance's lease up at once, before the last

@@ -11,6 +11,7 @@ from kernel import (
     EventStore,
     ExecutionError,
     Executor,
+    RunHooks,
     RunStarted,
     ValueCodec,
     WorkflowBuilder,
@@ -203,6 +204,32 @@ async def test_the_rerun_keeps_the_workflows_lease_and_sensitive_keys(
     started = next(e for e in report.events if isinstance(e, RunStarted))
     assert started.sensitive_keys == ["count"]  # readers of the scratch log redact it too
     assert {ttl for scratch, ttl in taken if scratch is not store} == {7.0}
+
+
+async def test_a_rerun_calls_no_hooks_of_the_workflow() -> None:
+    """A rerun checks a past run on a scratch store; it is not a run of the instance, so what
+    follows the instance's runs (tracing, metrics) does not see it (docs/hooks.md)."""
+
+    class Runs(RunHooks):
+        def __init__(self) -> None:
+            self.started: list[str] = []
+
+        def run_started(self, run: Any) -> None:
+            self.started.append(run.run_id)
+
+    hooks = Runs()
+    step = Counter("counter", 2)
+    wf = (
+        WorkflowBuilder(start_executor=step, store=open_store("memory://"), instance_id="c")
+        .add_edge(step, step)
+        .with_hooks(hooks)
+        .build()
+    )
+    await wf.run(Tick(1))
+    assert len(hooks.started) == 1
+    report = await rerun(wf, first_run(wf))
+    assert report.matches
+    assert len(hooks.started) == 1
 
 
 async def test_the_record_is_read_by_the_fold_s_marker_rule() -> None:

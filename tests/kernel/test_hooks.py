@@ -244,11 +244,31 @@ async def test_a_hook_raising_about_an_executor_fails_that_executor(method: str)
     assert kinds(events)[-3:] == ["executor_failed", "superstep_aborted", "run_failed"]
     assert events[-3].executor_id == "add"
     assert "hook broke" in events[-1].error.message
+    closing = (  # its one closing call: executor_completed, if that is what raised
+        ("executor_completed", 1, "add")
+        if method == "executor_completed"
+        else ("executor_failed", 1, "add", "ExecutionError")
+    )
     assert hooks.calls[-3:] == [
-        ("executor_failed", 1, "add", "ExecutionError"),
+        closing,
         ("superstep_aborted", 1, "failed", "ExecutionError"),
         ("run_ended", "failed", "ExecutionError"),
     ]
+
+
+async def test_an_executor_gets_one_closing_call_when_a_hook_raises_in_executor_completed():
+    """Issue 22 review: with a hook raising in ``executor_completed``, the next hook was told
+    ``executor_completed`` and then ``executor_failed`` for the same invocation."""
+    calls: list[tuple[Any, ...]] = []
+    broken, after = RaisesIn("executor_completed", calls=calls), Recorder(calls, "after")
+    wf = chain(broken, after)
+    with pytest.raises(ExecutionError, match=r"RaisesIn\.executor_completed"):
+        await wf.run(1)
+    mine = [call[1:] for call in calls if call[0] == "after"]
+    closing = [c for c in mine if c[0] in ("executor_completed", "executor_failed")]
+    opening = [c for c in mine if c[0] == "executor_invoked"]
+    assert len(closing) == len(opening) == 1
+    assert kinds(wf.events())[-3:] == ["executor_failed", "superstep_aborted", "run_failed"]
 
 
 class Swallows(Executor):
@@ -442,3 +462,12 @@ def test_the_hooks_doc_example_prints_what_its_comments_say(tmp_path, monkeypatc
     assert len(promised) == 2
     exec(compile(example, "hooks.md[example 1]", "exec"), {"__name__": "doc_hooks"})
     assert capsys.readouterr().out.splitlines() == promised
+
+
+def test_an_async_hook_method_is_refused_rather_than_never_run() -> None:
+    class Late(RunHooks):
+        async def run_started(self, run: Any) -> None:  # never awaited: refused
+            pass
+
+    with pytest.raises(DefinitionError, match=r"Late\.run_started is async"):
+        WorkflowBuilder(start_executor=Add("add")).with_hooks(Late())
