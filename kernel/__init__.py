@@ -5,9 +5,9 @@ Ported from Microsoft Agent Framework workflows by changing imports::
     from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store
 """
 
-import contextlib
-import inspect
-import typing
+import contextlib as _contextlib
+import inspect as _inspect
+import typing as _typing
 
 from kernel._base._clock import Clock, IdFactory, counter_ids, system_clock, uuid_ids
 from kernel._base._errors import (
@@ -125,7 +125,7 @@ from kernel._store._lease import Lease
 from kernel._store._records import Recorded
 from kernel._store._rekey import RekeyReport, compact_store, rekey
 
-if typing.TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from kernel._store._memory import MemoryStore
     from kernel._store._postgres import PostgresStore
     from kernel._store._sqlite import SQLiteStore
@@ -287,10 +287,10 @@ def _publish(cls: type) -> None:
     the names of string annotations up in the module ``__module__`` names."""
     if cls.__module__ == __name__:
         return
-    own = inspect.get_annotations(cls)
+    own = _inspect.get_annotations(cls)
     if any(isinstance(hint, str) for hint in own.values()):
-        with contextlib.suppress(NameError):  # unresolvable anywhere: left as it was
-            hints = typing.get_type_hints(cls, include_extras=True)
+        with _contextlib.suppress(NameError):  # unresolvable anywhere: left as it was
+            hints = _typing.get_type_hints(cls, include_extras=True)
             cls.__annotations__ = {name: hints.get(name, hint) for name, hint in own.items()}
     cls.__module__ = __name__
 
@@ -307,7 +307,7 @@ _ADAPTERS = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
+def __getattr__(name: str) -> _typing.Any:
     """The store adapters, imported on first use: ``import kernel`` does not load every driver
     (psycopg, filelock) whether or not its backend is used."""
     module = _ADAPTERS.get(name)

@@ -137,3 +137,21 @@ def test_every_former_name_leads_to_a_stored_public_class() -> None:
     new = (kernel.InstanceSettings, kernel.RunInfo, kernel.SuperstepInfo)
     unchanged = [cls for cls in stored_classes() if f"kernel:{cls.__qualname__}" not in renamed]
     assert [cls for cls in unchanged if not issubclass(cls, before) and cls not in new] == []
+
+
+@pytest.mark.parametrize(
+    ("package", "allowed"),
+    [(kernel, {"testing"}), (projections, {"cli", "ui"})],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_no_public_attribute_is_a_module_the_package_merely_imported(
+    package: types.ModuleType, allowed: set[str]
+) -> None:
+    """Issue 22 review: ``from kernel import typing`` worked. A package's public attributes are
+    its exported names and its public subpackages, never a module it imports for itself."""
+    modules = {
+        name
+        for name, value in vars(package).items()
+        if not name.startswith("_") and isinstance(value, types.ModuleType)
+    }
+    assert modules <= allowed

@@ -591,7 +591,12 @@ class SQLiteStore(EventStore):
         it under the store's ``lock_timeout`` rather than failing at once as a transaction that
         read first would. A context manager yielding a ``sqlite3`` cursor; it commits when the
         block ends and rolls back if it raises. Driver errors are raised as they come
-        (``classify_error`` says what they are)."""
+        (``classify_error`` says what they are); a closed store raises
+        ``StoreUnavailableError``."""
+        if self._closed:
+            raise StoreUnavailableError(
+                f"cannot open a write transaction: the store {self.url} is closed"
+            )
         return self._sqlite.write_transaction()
 
 

@@ -70,3 +70,10 @@ async def test_a_view_follower_on_a_read_only_store_stops_instead_of_retrying(tm
         with pytest.raises(ProjectionError):
             projector.follow(stop, poll_interval=0.01, max_backoff=0.02, on_retry=on_retry)
         assert retries == []
+
+
+def test_a_write_transaction_on_a_closed_store_is_a_store_error(tmp_path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'closed.db'}")
+    store.close()
+    with pytest.raises(StoreUnavailableError, match="is closed"), store.write_transaction():
+        pass
