@@ -1,0 +1,4 @@
+"""The pure folds of ``projections``, no I/O: what each event did, as the kernel's fold decides
+(``_tracker``), run history and its records (``_history``, ``_runrecords``), lineage across
+instances (``_lineage``), blame, the key index, time travel, diffs, bisect and the sensitive-key
+rule (``_redact``). Imports ``kernel`` only."""
