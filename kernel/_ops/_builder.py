@@ -341,7 +341,7 @@ class WorkflowBuilder:
                 "no start executor: pass start_executor= or call set_start_executor()"
             )
         settings = InstanceSettings(  # checks every setting (DefinitionError)
-            instance_id=self._instance_id or self._ids(),
+            instance_id=self._ids() if self._instance_id is None else self._instance_id,
             name=self._name or self._start,
             max_supersteps=self._max_supersteps,
             durability=self._durability,
