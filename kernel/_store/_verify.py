@@ -86,6 +86,47 @@ class ChainChecks(StoreCore):
                 self._verify_instance(name, wanted.get(name, []), report, progress)
         return report
 
+    def _decode_every_event(
+        self,
+        instance_id: str,
+        last: int,
+        topic: str,
+        state: bytes,
+        links: list[RowLink],
+        problems: list[LogIntegrityError],
+    ) -> ChainProblem | None:
+        """Decode every event of a row as a reader would (checking each against its hash), so
+        that verify names what any reader would refuse. A row that is whole and links up, but
+        holds an event that does not fit its schema, is a ``malformed`` problem returned here
+        (its other events' hashes still checked, its link still followed); a row that cannot be
+        read at all raises, as before."""
+        try:
+            self._mapper.decode_row(
+                instance_id,
+                last,
+                topic,
+                state,
+                links=links,
+                on_broken=problems.append,
+                check_all=True,
+            )
+            return None
+        except MissingKeyError:
+            raise
+        except DecodeError as error:
+            if not links:  # the row itself is unreadable: the caller's rule
+                raise
+            self._mapper.decode_row(  # the rest of its hashes, no event built
+                instance_id,
+                last,
+                topic,
+                state,
+                types=(),
+                on_broken=problems.append,
+                check_all=True,
+            )
+            return ChainProblem(instance_id, links[0].first, "malformed", str(error))
+
     def _verify_instance(
         self,
         instance_id: str,
@@ -107,16 +148,11 @@ class ChainChecks(StoreCore):
                 after = last
                 links: list[RowLink] = []
                 try:
-                    self._mapper.decode_row(
-                        instance_id,
-                        last,
-                        topic,
-                        state,
-                        types=(),
-                        links=links,
-                        on_broken=problems.append,
-                        check_all=True,
+                    unfit = self._decode_every_event(
+                        instance_id, last, topic, state, links, problems
                     )
+                    if unfit is not None:
+                        report.problems.append(unfit)
                 except MissingKeyError:
                     raise  # a row this keyring cannot open cannot be checked: not a broken chain
                 except (LogIntegrityError, DecodeError) as error:

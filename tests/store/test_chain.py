@@ -270,3 +270,23 @@ def test_an_encrypted_store_holds_no_plain_value_and_refuses_keyless_writers(
         pytest.raises(DecodeError, match="not in the keyring"),
     ):
         wrong.read("e")
+
+
+async def test_verify_names_an_event_every_reader_refuses_though_its_hash_holds() -> None:
+    """Issue 22 review: a ``RunStarted`` whose ``durability`` a buggy writer set to "bogus" was
+    refused by every reader ("the row is damaged; 'steplog verify' lists every unreadable row"),
+    while ``verify`` said the chain was ok. verify decodes every event as a reader would: the
+    event is named ``malformed`` at its position, and the rows after it still link up."""
+    from tests.durable.helpers import Tick, counting
+
+    store = open_store("memory://")
+    wf = counting(store, "a", limit=3)
+    wf._instance.durability = "bogus"  # a writer around the settings check
+    await wf.run(Tick(1))
+    with pytest.raises(DecodeError, match=r"'a'#1 \(run_started\) does not fit its schema"):
+        store.read("a")
+    report = store.verify_chain()
+    assert not report.ok
+    assert [(p.instance_id, p.position, p.kind) for p in report.problems] == [("a", 1, "malformed")]
+    assert "durability" in report.problems[0].detail
+    assert report.rows > 1  # the rows after it were read and linked: no other problem
