@@ -10,7 +10,6 @@ the port sees them.
 from __future__ import annotations
 
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -203,12 +202,12 @@ class RowBackendContract(ABC):
         self.backend.compact()
 
     def test_a_follower_wait_ends_when_the_log_moved_or_when_stopped(self) -> None:
+        """Both calls return at once: a backend that waited out its timeout instead would hold
+        the test past pytest's own timeout (120 s) and fail it; no clock is read here."""
         stop = threading.Event()
-        started = time.monotonic()
-        self.backend.wait_for_appends(newer=lambda: True, timeout=5, stop=stop)
+        self.backend.wait_for_appends(newer=lambda: True, timeout=3600, stop=stop)
         stop.set()
-        self.backend.wait_for_appends(newer=lambda: False, timeout=5, stop=stop)
-        assert time.monotonic() - started < 4
+        self.backend.wait_for_appends(newer=lambda: False, timeout=3600, stop=stop)
 
     def test_foreign_errors_are_classified_by_the_backend_table(self) -> None:
         foreign, ours = self.backend.errors[0]
