@@ -52,6 +52,7 @@ from kernel._define._executor import Executor, WorkflowMessage, handler, respons
 from kernel._define._functions import FunctionExecutor, executor
 from kernel._define._graph import Case, Default
 from kernel._define._signatures import HandlerSpec, ResponseHandlerSpec
+from kernel._define._step import StepWrapper, report_usage, step, step_key
 from kernel._define._stream import (
     FRAMEWORK_EVENT_TYPES,
     WorkflowErrorDetails,
@@ -86,6 +87,7 @@ from kernel._log._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    StepRecorded,
     SubworkflowRan,
     SubworkflowStarted,
     SuperstepAborted,
@@ -116,7 +118,7 @@ from kernel._ops._subworkflow import (
     SubWorkflowResponseMessage,
     WorkflowExecutor,
 )
-from kernel._run._hooks import RunHooks, RunInfo, SuperstepInfo
+from kernel._run._hooks import RunHooks, RunInfo, StepInfo, SuperstepInfo
 from kernel._run._ledger import Checkpoint, CheckpointStatus
 from kernel._run._runner import RunResult
 from kernel._store._eventstore import EventStore
@@ -221,7 +223,10 @@ __all__ = [
     "SchemaVersionError",
     "StateStaged",
     "StateWriteRejectedError",
+    "StepInfo",
     "StepLogError",
+    "StepRecorded",
+    "StepWrapper",
     "StoreBusyError",
     "StoreConfigError",
     "StoreDamagedError",
@@ -270,8 +275,11 @@ __all__ = [
     "recover",
     "rekey",
     "replay",
+    "report_usage",
     "rerun",
     "response_handler",
+    "step",
+    "step_key",
     "system_clock",
     "uuid_ids",
 ]

@@ -89,6 +89,7 @@ BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("", 0),  # 20: reserved (custom events)
     ("subworkflow_ran", 1),
     ("subworkflow_started", 1),
+    ("step_recorded", 1),  # 23
 )
 """Type code -> (event type, schema version) in batch rows. Append-only: a new type or a new
 schema version of a type gets the next code; codes are never renumbered or reused. A row's fields

@@ -43,6 +43,7 @@ __all__ = [
     "RunFailed",
     "RunStarted",
     "StateStaged",
+    "StepRecorded",
     "SubworkflowRan",
     "SubworkflowStarted",
     "SuperstepAborted",
@@ -309,6 +310,42 @@ class InfoRequested(SuperstepEvent):
     response_type: str = ""
 
 
+class StepRecorded(SuperstepEvent):
+    """A recorded step (``@step``) finished inside a handler of this superstep: durable at once,
+    not staged, so that it outlives the superstep's abort.
+
+    It is provenance, never state: recording a step makes none of its superstep's writes count.
+    A later attempt at the same work (the superstep retried after a crash, a cancellation, a lost
+    lease or a dropped stream; a functional workflow re-executed after an answer) is served
+    ``result`` instead of calling the step again.
+
+    ``executor_id`` is the executor whose handler called it; ``name`` the step's name; ``key``
+    its identity in the attempt (the step's name, its arguments' identity or its ``replay_key``,
+    and the occurrence of that identity); ``call`` its call index in the handler's invocation
+    (from 0); ``lineage`` the run that began the line of runs it belongs to (a continuation keeps
+    its lineage); ``step_key`` the idempotency key the step saw (the same on every attempt);
+    ``digest`` the SHA-256 of its canonical arguments (None when they have none). ``result`` is
+    what it returned (a JSON tree, through the codec) or ``error`` what it raised (then nothing is
+    served: the call runs again). ``duration`` is in seconds; ``usage`` token counts when the
+    step reported them (``input_tokens``, ``output_tokens``, ...). ``reused`` is set instead of a
+    result when this call was served from the log: the stream position of the record it reused.
+    """
+
+    type: Literal["step_recorded"] = "step_recorded"
+    executor_id: str
+    name: str
+    key: str
+    call: int = Field(ge=0)
+    lineage: str
+    step_key: str
+    digest: str | None = None
+    result: Json = None
+    error: ErrorInfo | None = None
+    duration: float = Field(default=0.0, ge=0.0)
+    usage: dict[str, int] | None = None
+    reused: int | None = Field(default=None, ge=1)
+
+
 class SuperstepCommitted(SuperstepEvent):
     """The superstep's staged writes, messages and outputs now count."""
 
@@ -394,7 +431,8 @@ Event = Annotated[
     | InstanceForked
     | CustomEventAdded
     | SubworkflowRan
-    | SubworkflowStarted,
+    | SubworkflowStarted
+    | StepRecorded,
     Field(discriminator="type"),
 ]
 
@@ -422,6 +460,7 @@ EVENT_TYPES: dict[str, type[EventBase]] = {
         CustomEventAdded,
         SubworkflowRan,
         SubworkflowStarted,
+        StepRecorded,
     )
 }
 

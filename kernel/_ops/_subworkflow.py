@@ -508,4 +508,3 @@ def _class_name(kind: type) -> str:
 
 def _plain_class_name(name: str) -> bool:
     return all(part.isidentifier() for part in name.replace("<locals>", "x").split("."))
-

@@ -29,6 +29,7 @@ __all__ = [
     "RunHooks",
     "RunInfo",
     "RunStatus",
+    "StepInfo",
     "SuperstepInfo",
     "chain_hooks",
 ]
@@ -65,6 +66,29 @@ class RunInfo:
     continues: str | None = None
     parent: SuperstepInfo | None = None
     parent_executor_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One call of a recorded step (``@step``), as hooks see it once it is over.
+
+    ``executor_id`` is the executor whose handler called it, ``name`` the step's name, ``key`` its
+    identity in the attempt and ``step_key`` its idempotency key; ``call`` its call index in the
+    invocation. ``reused`` says it was served from the log (``position``: the record served),
+    else it ran for ``duration`` seconds and returned, or raised ``error``; ``position`` is then
+    the stream position of its ``StepRecorded``. ``usage`` are the token counts it reported.
+    """
+
+    executor_id: str
+    name: str
+    key: str
+    step_key: str
+    call: int
+    duration: float
+    reused: bool
+    position: int | None = None
+    error: BaseException | None = None
+    usage: dict[str, int] | None = None
 
 
 class RunHooks:
@@ -137,6 +161,11 @@ class RunHooks:
     def executor_failed(self, step: SuperstepInfo, executor_id: str, error: BaseException) -> None:
         """``executor_id``'s handler raised ``error``, or the runner cancelled it (a sibling
         failed, or the run was cancelled: ``error`` is then an ``asyncio.CancelledError``)."""
+
+    def step_finished(self, step: SuperstepInfo, call: StepInfo) -> None:
+        """A recorded step called by a handler of ``step`` is over: it was served from the log,
+        or it ran and its ``StepRecorded`` is durable. What the hook raises fails the executor
+        once its handler returns, as ``message_sent``'s does."""
 
     def message_sent(
         self, step: SuperstepInfo, source: str, message: Any, targets: tuple[str, ...]
@@ -297,6 +326,6 @@ class RunHookCalls:
 
 
 # The public classes report the package that exports them, not this private module.
-for _cls in (RunHooks, RunInfo, SuperstepInfo):
+for _cls in (RunHooks, RunInfo, StepInfo, SuperstepInfo):
     _cls.__module__ = "kernel"
 del _cls

@@ -30,12 +30,14 @@ from kernel._log._events import (
     ResponseReceived,
     RunEvent,
     RunStarted,
+    StepRecorded,
     SuperstepEvent,
     SuperstepStarted,
 )
 from kernel._log._fold import SuperstepFold, folds
 from kernel._log._requests import PendingRequest, Response
 from kernel._run._algo import Position, Sent
+from kernel._run._steps import StepBook
 
 if TYPE_CHECKING:
     from kernel._codec._values import ValueCodec
@@ -117,6 +119,9 @@ class RunLine:
     tried_after: bool = False
     """Whether a superstep started after the run's last committed one was decided uncommitted
     (aborted): the runner starts a superstep only with messages to deliver."""
+    lineage: str = ""
+    """The run that began this run's line: itself when it started with a message, else its
+    continued run's lineage (a run continued from another instance, a fork's origin, names it)."""
 
     @property
     def run_id(self) -> str:
@@ -142,7 +147,16 @@ class Standing:
 class Ledger(SuperstepFold):
     """Runs and checkpoints of one instance, as a pure fold (see the module's docstring)."""
 
-    __slots__ = ("_starts", "checkpoints", "forked", "instance_id", "runs")
+    __slots__ = (
+        "_starts",
+        "_step_aborts",
+        "_step_lineage",
+        "_step_records",
+        "checkpoints",
+        "forked",
+        "instance_id",
+        "runs",
+    )
 
     def __init__(self, instance_id: str) -> None:
         super().__init__()
@@ -151,12 +165,28 @@ class Ledger(SuperstepFold):
         self.checkpoints: list[_Step] = []
         self.forked: InstanceForked | None = None
         self._starts: dict[str, SuperstepStarted] = {}
+        # The recorded steps of the latest lineage that recorded any, with their supersteps'
+        # lineage indexes, and the abort reasons of the supersteps that recorded them.
+        self._step_lineage: str | None = None
+        self._step_records: list[tuple[StepRecorded, int | None]] = []
+        self._step_aborts: dict[str, str] = {}
 
     # -- the fold -----------------------------------------------------------------------------
 
     @folds("run_started")
     def _run_started(self, event: RunStarted) -> None:
-        self.runs[event.run_id] = RunLine(event, self.latest)
+        continued = None if event.continues is None else self.runs.get(event.continues)
+        lineage = continued.lineage if continued is not None else event.continues or event.run_id
+        self.runs[event.run_id] = RunLine(event, self.latest, lineage=lineage)
+
+    @folds("step_recorded")
+    def _step_recorded(self, event: StepRecorded) -> None:
+        if event.lineage != self._step_lineage:
+            self._step_lineage = event.lineage
+            self._step_records = []
+            self._step_aborts = {}
+        start = self._starts.get(event.superstep_id)
+        self._step_records.append((event, None if start is None else start.index))
 
     @folds("response_received")
     def _responded(self, event: ResponseReceived) -> None:
@@ -186,6 +216,10 @@ class Ledger(SuperstepFold):
 
     def _decided(self, marker: SuperstepEvent, committed: bool, items: list[Any]) -> None:
         start = self._starts.pop(marker.superstep_id, None)
+        if not committed and self._step_records:
+            reason = getattr(marker, "reason", None)
+            if isinstance(reason, str):
+                self._step_aborts[marker.superstep_id] = reason
         line = self.runs.get(marker.run_id)
         if line is not None and start is not None:
             line.tried_after = not committed
@@ -220,6 +254,18 @@ class Ledger(SuperstepFold):
         """Whether ``line`` started a superstep after its last committed one that did not
         commit (aborted, or never marked)."""
         return line.tried_after or any(s.run_id == line.run_id for s in self._starts.values())
+
+    def step_book(self, run_id: str) -> StepBook:
+        """The recorded steps a run that continues ``run_id`` may be served: those of its
+        lineage."""
+        line = self.runs.get(run_id)
+        lineage = run_id if line is None else line.lineage
+        book = StepBook(lineage)
+        if self._step_lineage == lineage:
+            book.add_all(self._step_records)
+            for superstep_id, reason in self._step_aborts.items():
+                book.abort(superstep_id, reason)
+        return book
 
     def find(self, checkpoint_id: str) -> _Step | None:
         for step in reversed(self.checkpoints):

@@ -53,6 +53,7 @@ from kernel._base._errors import (
     StoreError,
 )
 from kernel._define._context import WorkflowContext
+from kernel._define._step import ACTIVE_HOST
 from kernel._define._stream import WorkflowRunState
 from kernel._log._events import (
     AbortReason,
@@ -85,6 +86,7 @@ from kernel._run._ledger import (
     waiting,
 )
 from kernel._run._result import RunResult
+from kernel._run._steps import StepBook
 from kernel._run._superstep import RunScope, Superstep, SuperstepOutcome
 from kernel._run._tasks import (
     cancel_and_wait,
@@ -165,6 +167,8 @@ class Run:
         self._taken_over = False
         self._keeper: LeaseHold | None = None
         self._lost_lease: RunInProgressError | None = None
+        # The recorded steps of the run's lineage (a fresh run begins one: it has none).
+        self.steps = StepBook(self.run_id)
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -407,6 +411,7 @@ class Run:
         if not self.kwargs:  # a continuation runs with its lineage's arguments
             self.kwargs = {k: self.codec.decode(v) for k, v in standing.kwargs.items()}
         self._continues = line
+        self.steps = ledger.step_book(line)
         self._log_start(head, continues=line, checkpoint=checkpoint)
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
@@ -446,6 +451,9 @@ class Run:
             self.record,
             self.head,
             self._cancel_reason,
+            self._append_now,
+            self.steps,
+            emit,
         )
         if hooks is not None:
             parent, parent_executor = self.parent or (None, None)
@@ -508,6 +516,19 @@ class Run:
 
     def _cancel_reason(self) -> AbortReason | None:
         return self.cancel_reason
+
+    def _append_now(
+        self, cls: type[EventBase], data: dict[str, Any], superstep_id: str
+    ) -> int | None:
+        """Append an event of superstep ``superstep_id`` at once, with what the run buffered
+        before it (durable now, whatever the durability); its position, or None when the
+        superstep's closing is logged already (nothing more of it may be appended)."""
+        if self.finished or self._open_superstep_id != superstep_id:
+            return None
+        self.writer.record(cls, data)
+        self.writer.flush()
+        position: int = data["position"]
+        return position
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
@@ -587,9 +608,22 @@ class Run:
     async def _invoke_all(
         self, step: Superstep, executor_id: str, messages: list[Any], *, inline: bool
     ) -> None:
+        """Deliver ``messages`` to ``executor_id``, one invocation after another, with the host
+        its recorded steps talk to set for them (``ACTIVE_HOST``)."""
         executor = self.router.graph.executors[executor_id]
+        host = step.steps_host(executor_id, getattr(executor, "step_scope", "superstep"))
+        token = ACTIVE_HOST.set(host)
+        try:
+            await self._invoke_each(step, executor, messages, inline)
+        finally:
+            ACTIVE_HOST.reset(token)
+
+    async def _invoke_each(
+        self, step: Superstep, executor: Any, messages: list[Any], inline: bool
+    ) -> None:
+        executor_id = executor.id
         emit, hooks = self._emit, self._hooks
-        streaming = emit is not silent  # awaiting ``silent`` does nothing, and costs a coroutine
+        streaming = emit is not silent
         record, in_flight = self.record, step.in_flight
         superstep_id = step.superstep_id
         for message in messages:

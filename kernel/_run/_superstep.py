@@ -30,10 +30,12 @@ from kernel._log._events import (
     MessageStaged,
     OutputYielded,
     StateStaged,
+    StepRecorded,
 )
 from kernel._log._requests import PendingRequest
 from kernel._run._algo import Delivery, Router, Sent
 from kernel._run._hooks import HookChain, SuperstepInfo
+from kernel._run._steps import StepBook, StepsHost
 
 if TYPE_CHECKING:
     from kernel._run._instance import RunnerContext
@@ -65,7 +67,10 @@ class RunScope:
     "write" durability). ``record(cls, data)`` does the same on a superstep's hot path, for
     ``data`` made from ``head(cls, superstep_id)`` (every field of the event but its position
     and time). ``cancel_reason()`` is why the run is being cancelled, if it is (None: by its
-    caller). ``hooks`` are the run's hooks (None: none).
+    caller). ``hooks`` are the run's hooks (None: none). ``append_now(cls, data, superstep_id)``
+    appends an event at once (with what is buffered before it) while that superstep is open in the
+    log, and returns its position (None once its closing is logged); ``steps`` is the book of the
+    lineage's recorded steps, and ``emit`` hands the stream an event.
     """
 
     run_id: str
@@ -77,6 +82,9 @@ class RunScope:
     record: Callable[[type[EventBase], dict[str, Any]], None]
     head: Callable[[type[EventBase], str], dict[str, Any]]
     cancel_reason: Callable[[], AbortReason | None]
+    append_now: Callable[[type[EventBase], dict[str, Any], str], int | None]
+    steps: StepBook
+    emit: Any
 
 
 class Superstep:
@@ -150,6 +158,31 @@ class Superstep:
         everything the superstep stages it counts only if the superstep commits. Refused by
         nothing, not even a closed superstep: it records what happened."""
         self._scope.log(cls, superstep_id=self.superstep_id, **fields)
+
+    # -- recorded steps --------------------------------------------------------------------
+
+    def steps_host(self, executor_id: str, scope: Any) -> StepsHost:
+        """The host of ``executor_id``'s recorded steps in this superstep."""
+        run = self._scope
+        superstep_id = self.superstep_id
+
+        def append_now(data: dict[str, Any]) -> int | None:
+            return run.append_now(StepRecorded, data, superstep_id)
+
+        return StepsHost(self, executor_id, scope, run.steps, append_now, run.emit, self._codec)
+
+    def step_head(self) -> dict[str, Any]:
+        """What every ``StepRecorded`` of this superstep has alike."""
+        return self._scope.head(StepRecorded, self.superstep_id)
+
+    def record_served(self, data: dict[str, Any]) -> None:
+        """Stage the note that a step call was served from the log (``reused``): it is no work
+        done, so it goes in with the superstep's other events."""
+        self._record(StepRecorded, data)
+
+    def refuse_if_closed(self, executor_id: str, what: str) -> None:
+        """Raise ``StateWriteRejectedError`` if the superstep is closed."""
+        self._refuse_if_closed(executor_id, what)
 
     # -- what a handler's context calls (``SuperstepPort``) ---------------------------------
 

@@ -1,0 +1,376 @@
+"""Recorded steps: ``@step`` marks an async function whose calls inside a running workflow are
+recorded in the log, and served from it when the same work is attempted again.
+
+The decorator is Agent Framework's functional ``step`` in shape (``name``, ``replay_key``, an
+injected ``RunContext``); what a call does inside a run is asked of the ``StepHost`` the runner
+sets for each handler invocation (``ACTIVE_HOST``): this module never knows the runner. Outside a
+run a step is its plain function.
+
+A call's identity, as AF makes it: the step's name and either its ``replay_key`` (hashed) or its
+canonical bound arguments (``None``, ``bool``, ``int``, finite ``float``, ``str``, and lists,
+tuples and ``str``-keyed mappings of them, type-preserving), with the occurrence of that identity
+in the invocation. Arguments outside that set have no identity: such a call is keyed by its
+order among the step's calls, and refused (``ValueError``) in a task other than the handler's,
+where order is not stable.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import inspect
+import math
+import time
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar, overload
+
+import orjson
+
+from kernel._base._errors import DefinitionError
+
+__all__ = [
+    "ACTIVE_CALL",
+    "ACTIVE_HOST",
+    "AfterFailure",
+    "Identity",
+    "StepCall",
+    "StepHost",
+    "StepWrapper",
+    "current_call",
+    "identity_digest",
+    "report_usage",
+    "step",
+    "step_key",
+]
+
+R = TypeVar("R")
+
+AfterFailure = Literal["reuse", "rerun"]
+"""What a retry does with a step recorded by an attempt whose handler *failed*: serve it
+(``"reuse"``, the default: nothing is done twice) or call it again (``"rerun"``: its output may
+be what failed the handler). After a crash, a cancellation, a lost lease or a dropped stream a
+recorded step is always served."""
+
+Identity = tuple[Literal["auto", "explicit", "order"], str]
+"""How a call is identified: by canonical arguments (``auto``: their SHA-256), by its
+``replay_key`` (``explicit``: its SHA-256), or by its order among the step's calls (``order``)."""
+
+_UNSUPPORTED = object()
+
+
+def _canonical(value: Any) -> Any:
+    """A type-preserving JSON tree of ``value``, or ``_UNSUPPORTED``."""
+    kind = type(value)
+    if value is None:
+        return ["none"]
+    if kind is bool:
+        return ["bool", value]
+    if kind is int:
+        return ["int", value]
+    if kind is float:
+        return ["float", value.hex()] if math.isfinite(value) else _UNSUPPORTED
+    if kind is str:
+        return ["str", value]
+    if kind is list or kind is tuple:
+        items = []
+        for item in value:
+            tree = _canonical(item)
+            if tree is _UNSUPPORTED:
+                return _UNSUPPORTED
+            items.append(tree)
+        return ["list" if kind is list else "tuple", items]
+    if isinstance(value, Mapping):
+        pairs = []
+        for key, item in value.items():
+            if type(key) is not str:
+                return _UNSUPPORTED
+            tree = _canonical(item)
+            if tree is _UNSUPPORTED:
+                return _UNSUPPORTED
+            pairs.append([key, tree])
+        return ["mapping", f"{kind.__module__}.{kind.__qualname__}", pairs]
+    return _UNSUPPORTED
+
+
+def identity_digest(value: Any) -> str | None:
+    """The SHA-256 of ``value``'s canonical form, or None when it has none."""
+    tree = _canonical(value)
+    if tree is _UNSUPPORTED:
+        return None
+    return hashlib.sha256(orjson.dumps(tree)).hexdigest()
+
+
+@dataclass(slots=True, eq=False)
+class StepCall:
+    """One call of a step inside a run, as its host opened it.
+
+    ``key`` is its identity in the attempt (stable across attempts); ``step_key`` the idempotency
+    key an external system can deduplicate on; ``call`` its index among the invocation's step
+    calls; ``digest`` its arguments' digest. A step may add token counts to ``usage`` (see
+    ``report_usage``); they are recorded with its result.
+    """
+
+    name: str
+    key: str
+    step_key: str
+    call: int
+    digest: str | None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0
+    reused: int | None = None
+    """Set by ``lookup`` when the call is served: the position of the record served."""
+
+
+class StepHost(Protocol):
+    """What a step call asks of the run it is called in (the runner implements it, one per
+    handler invocation)."""
+
+    def open(
+        self, name: str, identity: Identity, digest: str | None, concurrent_ok: bool
+    ) -> StepCall:
+        """Name the call: its key (occurrences counted), step key and call index. Raises
+        ``ValueError`` for an explicit key used twice in the invocation, or an ``order`` identity
+        outside the handler's own task; ``StateWriteRejectedError`` once the superstep closed."""
+        ...
+
+    def lookup(self, call: StepCall, after_failure: AfterFailure) -> tuple[bool, Any]:
+        """``(True, result)`` when an earlier attempt recorded this call and it may be served."""
+        ...
+
+    async def served(self, call: StepCall, result: Any) -> None:
+        """The call was served from the log: note it (and tell the stream)."""
+        ...
+
+    async def started(self, call: StepCall) -> None:
+        """The call is about to run (tell the stream)."""
+        ...
+
+    async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
+        """The call returned ``result`` or raised ``error``: record it, durable at once."""
+        ...
+
+
+ACTIVE_HOST: contextvars.ContextVar[StepHost | None] = contextvars.ContextVar(
+    "steplog_step_host", default=None
+)
+"""The host of the handler invocation running in this context (None: not in a run)."""
+
+ACTIVE_CALL: contextvars.ContextVar[StepCall | None] = contextvars.ContextVar(
+    "steplog_step_call", default=None
+)
+"""The step call running in this context (None: not inside a step)."""
+
+
+def current_call() -> StepCall | None:
+    """The recorded step call running in this context, if any."""
+    return ACTIVE_CALL.get()
+
+
+def step_key() -> str:
+    """The idempotency key of the recorded step running now: the same on every attempt at the
+    same call (a retry after a crash, a resume, a re-execution), different for every other call.
+
+    Hand it to an external system that deduplicates (a payment provider's idempotency key, a
+    mail relay's message id): it closes the window between doing the work and recording it.
+    Raises ``RuntimeError`` outside a recorded step (outside a run a step records nothing).
+    """
+    call = ACTIVE_CALL.get()
+    if call is None:
+        raise RuntimeError("step_key() is known only inside a @step called in a running workflow")
+    return call.step_key
+
+
+def _is_run_context(annotation: Any) -> bool:
+    return getattr(annotation, "__steplog_run_context__", False) is True
+
+
+class StepWrapper(Generic[R]):
+    """What ``@step`` returns: the function, recorded when called inside a running workflow.
+
+    ``name`` names it in the log (the function's ``__name__`` by default). A parameter annotated
+    ``RunContext`` (or named ``ctx``) receives the run's context, and is no part of the call's
+    identity. ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Awaitable[R]],
+        *,
+        name: str | None = None,
+        replay_key: Callable[..., str] | None = None,
+        after_failure: AfterFailure = "reuse",
+    ) -> None:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"@step can only decorate async functions, but "
+                f"'{getattr(func, '__name__', func)!r}' is not a coroutine function."
+            )
+        if after_failure not in ("reuse", "rerun"):
+            raise DefinitionError(
+                f"@step after_failure must be 'reuse' or 'rerun', got {after_failure!r}"
+            )
+        if name is not None and (not isinstance(name, str) or not name):
+            raise DefinitionError(f"@step name must be a non-empty string, got {name!r}")
+        self._func = func
+        self.name: str = name or func.__name__
+        self.after_failure: AfterFailure = after_failure
+        self._replay_key = replay_key
+        self._signature = inspect.signature(func)
+        functools.update_wrapper(self, func)
+        self._ctx_param: str | None = None
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception:
+            hints = {}
+        for pname, param in self._signature.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            if _is_run_context(hints.get(pname, param.annotation)) or pname == "ctx":
+                self._ctx_param = pname
+                break
+        self._identity_signature = self._signature.replace(
+            parameters=[p for p in self._signature.parameters.values() if p.name != self._ctx_param]
+        )
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self.__call__, instance)
+
+    def _identity(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Identity, str | None]:
+        bound = self._identity_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        digest = identity_digest(bound.arguments) if bound.arguments else None
+        if self._replay_key is not None:
+            explicit = self._replay_key(*args, **kwargs)
+            if not isinstance(explicit, str) or not explicit:
+                raise ValueError(f"@step '{self.name}' replay_key must return a non-empty string.")
+            return ("explicit", hashlib.sha256(explicit.encode("utf-8")).hexdigest()), digest
+        auto = identity_digest(bound.arguments)
+        if auto is None:
+            return ("order", ""), digest
+        return ("auto", auto), digest
+
+    def _with_ctx(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Put ``ctx`` where the function declares it, without taking a positional argument."""
+        name = self._ctx_param
+        if name is None or name in kwargs:
+            return args, dict(kwargs)
+        out: list[Any] = []
+        given = list(args)
+        call_kwargs = dict(kwargs)
+        for param in self._signature.parameters.values():
+            if param.name == name:
+                if param.kind is param.KEYWORD_ONLY:
+                    call_kwargs[name] = ctx
+                else:
+                    out.append(ctx)
+                continue
+            if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD) and given:
+                out.append(given.pop(0))
+            elif param.kind is param.VAR_POSITIONAL:
+                out.extend(given)
+                given = []
+        out.extend(given)
+        return tuple(out), call_kwargs
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> R:
+        host = ACTIVE_HOST.get()
+        if host is None:
+            return await self._func(*args, **kwargs)
+        identity, digest = self._identity(args, kwargs)
+        call = host.open(self.name, identity, digest, identity[0] != "order")
+        call.args, call.kwargs = args, kwargs
+        found, value = host.lookup(call, self.after_failure)
+        if found:
+            await host.served(call, value)
+            return typing.cast(R, value)
+        if self._ctx_param is not None and self._ctx_param not in kwargs:
+            run_ctx = getattr(host, "run_context", None)
+            args, kwargs = self._with_ctx(args, kwargs, run_ctx)
+        await host.started(call)
+        token = ACTIVE_CALL.set(call)
+        call.started = time.perf_counter()
+        try:
+            result = await self._func(*args, **kwargs)
+        except Exception as error:
+            ACTIVE_CALL.reset(token)
+            await host.finished(call, None, error)
+            raise
+        except BaseException:
+            ACTIVE_CALL.reset(token)
+            raise
+        ACTIVE_CALL.reset(token)
+        await host.finished(call, result, None)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<step {self.name!r}>"
+
+
+@overload
+def step(func: Callable[..., Awaitable[R]], /) -> StepWrapper[R]: ...
+
+
+@overload
+def step(
+    *,
+    name: str | None = None,
+    replay_key: Callable[..., str] | None = None,
+    after_failure: AfterFailure = "reuse",
+) -> Callable[[Callable[..., Awaitable[R]]], StepWrapper[R]]: ...
+
+
+def step(
+    func: Callable[..., Awaitable[Any]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    replay_key: Callable[..., str] | None = None,
+    after_failure: AfterFailure = "reuse",
+) -> StepWrapper[Any] | Callable[[Callable[..., Awaitable[Any]]], StepWrapper[Any]]:
+    """Mark an async function as a recorded step: ``@step`` or ``@step(name=..., ...)``.
+
+    Called inside a running workflow (a ``@workflow`` function, or a graph executor's handler),
+    a step's call is recorded in the log when it returns (``StepRecorded``, durable at once), and
+    a later attempt at the same work (the superstep retried after a crash, a cancellation, a lost
+    lease or a dropped stream; a functional workflow re-executed on resume or after an answer) is
+    served the recorded result instead of calling it. Outside a run it is the plain function.
+
+    ``replay_key(*args, **kwargs)`` names each logical call when its arguments cannot (opaque
+    objects), or when equal arguments do not mean interchangeable results; it must return a
+    non-empty ``str`` unique among the calls of one invocation (a duplicate raises
+    ``ValueError``). ``after_failure`` chooses what a retry after a *failed* handler does with
+    the recorded call (``"reuse"``, the default, or ``"rerun"``); see docs/recovery.md. Inside a
+    step, ``step_key()`` is its idempotency key. Raises ``TypeError`` for a function that is not
+    async.
+    """
+    if func is not None:
+        return StepWrapper(func, name=name, replay_key=replay_key, after_failure=after_failure)
+
+    def decorate(fn: Callable[..., Awaitable[Any]]) -> StepWrapper[Any]:
+        return StepWrapper(fn, name=name, replay_key=replay_key, after_failure=after_failure)
+
+    return decorate
+
+
+def report_usage(**counts: int) -> None:
+    """Add token counts (``input_tokens=...``, ``output_tokens=...``) to the recorded step
+    running now; they are recorded with its result (``StepRecorded.usage``). Outside a recorded
+    step it does nothing. Raises ``TypeError`` for a count that is not a non-negative ``int``."""
+    call = ACTIVE_CALL.get()
+    for name, count in counts.items():
+        if type(count) is not int or count < 0:
+            raise TypeError(f"usage {name!r} must be a non-negative int, got {count!r}")
+    if call is not None:
+        for name, count in counts.items():
+            call.usage[name] = call.usage.get(name, 0) + count
