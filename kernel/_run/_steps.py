@@ -22,21 +22,20 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
 from kernel._base._errors import EncodingError
 from kernel._define._step import AfterFailure, Identity, StepCall
 from kernel._log._events import ErrorInfo, StepRecorded
-from kernel._run._hooks import StepInfo
+from kernel._run._hooks import HookChain, StepInfo, SuperstepInfo
 
 if TYPE_CHECKING:
     from kernel._codec._values import ValueCodec
     from kernel._run._emit import Emit
-    from kernel._run._superstep import Superstep
 
-__all__ = ["RecordedCall", "StepBook", "StepScope", "StepsHost", "step_key_of"]
+__all__ = ["RecordedCall", "StepBook", "StepScope", "StepSite", "StepsHost", "step_key_of"]
 
 StepScope = Literal["superstep", "lineage"]
 
@@ -106,6 +105,26 @@ def step_key_of(
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+class StepSite(Protocol):
+    """What a host needs of the superstep its calls run in (``Superstep`` is one)."""
+
+    run_id: str
+    instance_id: str
+    index: int
+    superstep_id: str
+    hooks: HookChain | None
+    hook_failures: dict[str, BaseException]
+
+    @property
+    def info(self) -> SuperstepInfo: ...
+
+    def refuse_if_closed(self, executor_id: str, what: str) -> None: ...
+
+    def step_head(self) -> dict[str, Any]: ...
+
+    def record_served(self, data: dict[str, Any]) -> None: ...
+
+
 class StepsHost:
     """The ``StepHost`` of one executor's invocations in one superstep.
 
@@ -134,7 +153,7 @@ class StepsHost:
 
     def __init__(
         self,
-        step: Superstep,
+        step: StepSite,
         executor_id: str,
         scope: StepScope,
         book: StepBook,
