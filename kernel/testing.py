@@ -503,6 +503,44 @@ class LogBuilder:
         )
         return self._emit(ev.SubworkflowRan, fields)
 
+    def step(
+        self,
+        name: str,
+        result: Any = None,
+        *,
+        key: str | None = None,
+        call: int = 0,
+        lineage: str | None = None,
+        step_key: str = "k",
+        digest: str | None = None,
+        error: ev.ErrorInfo | None = None,
+        duration: float = 0.0,
+        usage: dict[str, int] | None = None,
+        reused: int | None = None,
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.StepRecorded:
+        """``StepRecorded``: a recorded step ``name`` called by the executor last invoked
+        (``key`` defaults to the name; ``lineage`` to the run)."""
+        fields = self._by(executor_id, superstep, run)
+        fields.update(
+            name=name,
+            key=key if key is not None else name,
+            call=call,
+            lineage=lineage if lineage is not None else fields["run_id"],
+            step_key=step_key,
+            digest=digest,
+            result=None
+            if reused is not None or error is not None
+            else self._encode(result, "a step's result"),
+            error=error,
+            duration=duration,
+            usage=usage,
+            reused=reused,
+        )
+        return self._emit(ev.StepRecorded, fields)
+
     def subworkflow_started(
         self,
         parent_instance: str,

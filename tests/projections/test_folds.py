@@ -65,9 +65,7 @@ SUPERSTEP_FIELDS = ("superstep_id", "index", "status", "reason", "position", "ex
 def picked(records: Iterable[object], fields: tuple[str, ...]) -> list[dict[str, Any]]:
     """Each record as a dict of the named attributes, as the reference gives them (sequences as
     lists)."""
-    return [
-        {name: _listed(getattr(record, name)) for name in fields} for record in records
-    ]
+    return [{name: _listed(getattr(record, name)) for name in fields} for record in records]
 
 
 def _listed(value: Any) -> Any:

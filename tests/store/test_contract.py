@@ -121,6 +121,12 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     log.send("both", targets=["audit"], gathered={"audit": ["classify", "route"]})
     log.output({"answer": "refund", "score": float("nan")})
     log.custom_event("progress", {"done": 3, "of": 4})
+    log.step(
+        "call_model",
+        {"text": "refund"},
+        key='["auto","call_model","ab",0]',
+        usage={"input_tokens": 7},
+    )
     log.request({"question": "refund?"}, request_id="req-1", response_type="bool")
     log.complete()
     log.fail("audit", boom)
