@@ -32,7 +32,9 @@ Only fresh runs can be rerun: a run that continues another (resumed, or given re
 on the responses and the failure that led to it, which a rerun with today's executors would not
 meet again in the same way; rerun its root run instead (the error names it). A root run that
 crashed or failed then reports its last superstep's outcome as a divergence (the record aborted
-it; today's executors may not), which is expected.
+it; today's executors may not), which is expected; or, first, a step call the record has no
+result for (the call in flight when it crashed, or one that raised: errors are not served), which
+a rerun refuses unless it is named live.
 
 The handlers really run again, side effects included, in this process (their steps do not, but
 for the live ones); their state reads see the scratch instance.
@@ -228,15 +230,24 @@ async def rerun(
         new = _Summary({}, f"refused ({_describe(ErrorInfo.of(refused))})")
     else:
         new = _summarize(new_events, new_run)
-    _check_live(live_names, recorded, new, run_id)
+    _check_live(live_names, recorded, scratch_store, run_id)
     results = _Results(events, new_events, live_names, decode)
     divergence = _compare(recorded, new, results)
     return RerunReport(divergence is None, divergence, run_id, tuple(new_events))
 
 
-def _check_live(live: frozenset[str], recorded: _Summary, new: _Summary, run_id: str) -> None:
-    """Raise ``ExecutionError`` for a live name that neither run called."""
-    called = {event.name for event, _ in (*recorded.records, *new.records)}
+def _check_live(
+    live: frozenset[str], recorded: _Summary, scratch: MemoryStore, run_id: str
+) -> None:
+    """Raise ``ExecutionError`` for a live name that neither the recorded run nor the rerun (its
+    sub-workflows' children included: every instance of the scratch store) called."""
+    if not live:
+        return
+    called = {event.name for event, _ in recorded.records}
+    for instance in scratch.instances():
+        for event in scratch.read(instance, types=("step_recorded",)):
+            if isinstance(event, StepRecorded):
+                called.add(event.name)
     unknown = sorted(live - called)
     if unknown:
         raise ExecutionError(
