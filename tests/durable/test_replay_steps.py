@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kernel import (
+    DefinitionError,
     Divergence,
     ExecutionError,
     Executor,
@@ -178,10 +179,12 @@ async def test_replay_and_rerun_of_a_finished_run_execute_no_step(
         socket.getaddrinfo("127.0.0.1", 443)  # the guard holds: a step that ran would fail
     attempts.clear()
 
+    before = store.read("agent")
     replayed = [event async for event in replay(store, run_id)]
     report = await rerun(agent_workflow(store, world), run_id)
 
     assert world.calls == executed  # not one step more
+    assert store.read("agent") == before  # and nothing appended
     assert attempts == []
     assert report.matches, report
     served = [e for e in report.events if isinstance(e, StepRecorded)]
@@ -209,6 +212,74 @@ async def test_replay_and_rerun_of_a_finished_run_execute_no_step(
         ("executor_completed", "lookup"),
         ("executor_completed", "agent"),
     ]
+
+
+class Worker(Executor):
+    """Calls ``polish`` on what it gets, pausing first as often as its number says, and stages
+    the result."""
+
+    def __init__(self, id: str, steps: Steps, pauses: int) -> None:
+        super().__init__(id)
+        self.steps = steps
+        self.pauses = pauses
+
+    @handler
+    async def work(self, text: str, ctx: WorkflowContext[None]) -> None:
+        for _ in range(self.pauses):
+            await asyncio.sleep(0)
+        ctx.set_state(self.id, await self.steps.polish(f"{self.id}: {text}"))
+
+
+class Fan(Executor):
+    @handler
+    async def fan(self, text: str, ctx: WorkflowContext[str]) -> None:
+        await ctx.send_message(text)
+
+
+async def test_steps_of_parallel_executors_keep_every_event_but_their_start_in_place() -> None:
+    store = open_store("memory://")
+    world = World()
+    fan = Fan("fan")
+    workers = [Worker(f"w{i}", world.steps(), pauses=2 - i) for i in range(3)]
+    wf = (
+        WorkflowBuilder(start_executor=fan, store=store, instance_id="fan")
+        .add_fan_out_edges(fan, workers)
+        .build()
+    )
+    seen, error = await live(wf.run("go", stream=True))
+    assert error is None
+    replayed = [event async for event in replay(store, seen[0].run_id)]
+
+    def ends(events: list[WorkflowEvent]) -> list[tuple[Any, ...]]:
+        """Every event but a step's start: the log records a call when it returns."""
+        return [
+            fields(e)
+            for e in events
+            if not (e.type == "executor_invoked" and e.executor_id in STEPS)
+        ]
+
+    assert ends(replayed) == ends(seen)
+    assert ends(seen) != [fields(e) for e in seen]  # the steps' starts were among them
+    polished = [(e.type, e.data) for e in replayed if e.executor_id == "polish"]
+    returned = [
+        e.data for e in seen if e.type == "executor_completed" and e.executor_id == "polish"
+    ]
+    assert sorted(returned) == ["W0: GO", "W1: GO", "W2: GO"]
+    # Each start right before its end, in the order the calls returned.
+    assert polished == [
+        pair
+        for data in returned
+        for pair in (("executor_invoked", None), ("executor_completed", data))
+    ]
+
+
+async def test_only_step_names_can_be_live() -> None:
+    store = open_store("memory://")
+    settings = agent_workflow(store, World()).settings
+    for wrong in ({"call_model"}, frozenset({""}), ["call_model"]):
+        with pytest.raises(DefinitionError, match="live_steps must be"):
+            settings.replace(live_steps=wrong)
+    assert settings.replace(live_steps=frozenset({"call_model"})).live_steps == {"call_model"}
 
 
 async def test_a_served_call_replays_bypassed_with_the_result_it_reused(store_url: str) -> None:
