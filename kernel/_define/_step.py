@@ -147,7 +147,8 @@ class StepHost(Protocol):
         ...
 
     async def started(self, call: StepCall) -> None:
-        """The call is about to run (tell the stream)."""
+        """The call is about to run (tell the stream). Raises instead when the run may not
+        call it (a rerun, which has no record of it): the refusal is recorded as its error."""
         ...
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:

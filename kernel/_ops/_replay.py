@@ -13,6 +13,21 @@ store's codec. What each invocation received is rebuilt as a resume rebuilds a r
 (``Ledger.standing``), over the routes the log recorded (``MessageStaged.targets`` and
 ``gathered``).
 
+Recorded steps (``@step``) are in the stream as the run emitted them, with their ``executor_id``
+the step's name, inside the invocation of the executor whose handler called them (after its
+``executor_invoked``, before its ``executor_completed``): for each ``StepRecorded`` of the run, in
+log order, a call that returned gives ``executor_invoked`` then ``executor_completed`` (its
+result), a call that raised ``executor_invoked`` then ``executor_failed`` (a ``RecordedError``),
+and a call served from the log ``executor_bypassed`` with the result of the record it reused
+(``StepRecorded.reused``, found in the instance's log; ``LogIntegrityError`` if it is not there).
+No step runs. Two things the log does not say: a step's arguments (only their digest is
+recorded), so its replayed ``executor_invoked`` carries None; and when a call began: its record
+is appended when it returns, so its ``executor_invoked`` is replayed right before its end. Where
+calls overlap (steps gathered concurrently, parallel executors), the live consumer got that
+``executor_invoked`` earlier; every other event keeps its place, so a handler that awaits its
+steps one after another, alone in its superstep, replays event for event. A call whose superstep
+had closed when it returned (its record was refused) is not in the log, nor in the replay.
+
 What the log cannot say: when a run was cancelled, abandoned or crashed, its consumer saw no end
 event (a cancelled consumer may also have stopped reading one or two events before the last one
 replay yields); a run that failed outside a handler (the store, say) ended its stream with the
@@ -42,6 +57,7 @@ from kernel._log._events import (
     RunEvent,
     RunFailed,
     RunStarted,
+    StepRecorded,
     SuperstepEvent,
     SuperstepStarted,
 )
@@ -51,6 +67,7 @@ from kernel._run._algo import Delivery
 from kernel._run._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, framework_event
 from kernel._run._instance import read_ledger
 from kernel._run._ledger import Ledger, Standing, _Rebuild
+from kernel._run._steps import returned, reused_record
 from kernel._store._eventstore import EventStore
 
 __all__ = ["RecordedError", "find_run", "replay", "replay_events"]
@@ -268,6 +285,7 @@ class _Replayer:
         self.sending: dict[str, list[Any]] = {}
         self.store = store
         self.inputs: _Inputs | None = None
+        self.returned: dict[int, StepRecorded] = {}  # the instance's calls that returned, so far
 
     def emit(self, type: Any, superstep: int | None = None, **fields: Any) -> None:
         self.out.append(framework_event(type, self.run_id, superstep, **fields))
@@ -277,6 +295,8 @@ class _Replayer:
 
     def feed(self, events: Sequence[EventBase]) -> list[WorkflowEvent]:
         for event in events:
+            if isinstance(event, StepRecorded) and returned(event):
+                self.returned[event.position] = event  # any run's: a later one may be served it
             if not isinstance(event, RunEvent) or event.run_id != self.run_id:
                 continue
             if self._apply(event):
@@ -315,6 +335,8 @@ class _Replayer:
                 executor_id=event.executor_id,
                 data=sent or None,
             )
+        elif isinstance(event, StepRecorded):
+            self._step(event)
         elif isinstance(event, MessageStaged):
             sending = self.sending.get(event.source)
             if sending is not None:
@@ -337,6 +359,26 @@ class _Replayer:
         elif isinstance(event, RunFailed):
             self._failed(event)
         return kind in RUN_END_TYPES
+
+    def _step(self, event: StepRecorded) -> None:
+        """A recorded step's events, as its call emitted them (see the module's docstring)."""
+        where = {"superstep_id": event.superstep_id, "executor_id": event.name}
+        index = self.index.get(event.superstep_id)
+        what = f"the result of step {event.name!r}"
+        if event.reused is not None:
+            found = reused_record(self.returned, event)
+            self.emit(
+                "executor_bypassed", index, data=self.decode(found.result, what=what), **where
+            )
+            return
+        self.emit("executor_invoked", index, **where)
+        if event.error is None:
+            self.emit(
+                "executor_completed", index, data=self.decode(event.result, what=what), **where
+            )
+        else:
+            error = RecordedError(event.error)
+            self.emit("executor_failed", index, error=error, info=event.error, **where)
 
     def _committed(self, superstep_id: str, items: list[SuperstepEvent]) -> None:
         """A commit's events, in the runner's order: outputs and custom events, then requests,

@@ -5,26 +5,44 @@ the run started from (an ``InstanceForked`` event carrying the fold of the insta
 the run's ``RunStarted``), runs ``workflow``'s graph there on the recorded input and arguments,
 and compares the two logs superstep by superstep. The recorded instance is only read.
 
-What is compared, per superstep index: the outcome (committed, or aborted and why), then per
-executor (in order of executor id) its staged state writes (per key, in order), the messages it
-sent (message and targets, in order), its outputs and its requests for input (their data; request
-ids are fresh in every run), each as a sequence, so that parallel executors interleaving another
-way is no divergence. Then the number of supersteps, and how the run ended. Values are compared as
-stored (JSON trees) and reported decoded.
+Recorded steps (``@step``) are served, never executed, as Temporal's replayer serves recorded
+activities: the scratch run is given a book of the recorded run's calls (``StepBook``, keyed as
+the live run keyed them: superstep index, executor and identity; the ``Run``'s ``steps`` seam), so
+the deterministic code around the steps is checked against what they returned then. A call that
+returned is served its result. ``live={"call_model"}`` names steps (by name) that are called
+again instead, and their new results compared. Any other call the record has no result for (a
+new code path, other arguments, or a call the record has only as raised) is refused, never
+executed: the step raises ``ExecutionError`` in the handler, the refusal is recorded as the
+call's error, and the report names the call. A live step sees the ``step_key()`` of the call it
+repeats (the scratch run records under the recorded run's lineage): a service that deduplicates
+on it answers as it did then. In the scratch log, a served call's ``reused`` is the position of
+the record in the recorded instance.
+
+What is compared, per superstep index: each executor's step calls (in order of executor id; each
+executor's calls in the order they were made, by name and identity, and what each returned or
+raised), then the outcome (committed, or aborted and why), then per executor its staged state
+writes (per key, in order), the messages it sent (message and targets, in order), its outputs and
+its requests for input (their data; request ids are fresh in every run), each as a sequence, so
+that parallel executors interleaving another way is no divergence. Then the number of supersteps,
+and how the run ended. Values are compared as stored (JSON trees) and reported decoded. The step
+calls come first: they happened inside the superstep, and a call that differs explains what
+follows.
 
 Only fresh runs can be rerun: a run that continues another (resumed, or given responses) depends
 on the responses and the failure that led to it, which a rerun with today's executors would not
 meet again in the same way; rerun its root run instead (the error names it). A root run that
 crashed or failed then reports its last superstep's outcome as a divergence (the record aborted
-it; today's executors may not), which is expected.
+it; today's executors may not), which is expected; or, first, a step call the record has no
+result for (the call in flight when it crashed, or one that raised: errors are not served), which
+a rerun refuses unless it is named live.
 
-The handlers really run again, side effects included, in this process; their state reads see the
-scratch instance.
+The handlers really run again, side effects included, in this process (their steps do not, but
+for the live ones); their state reads see the scratch instance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -43,17 +61,23 @@ from kernel._log._events import (
     RunFailed,
     RunStarted,
     StateStaged,
+    StepRecorded,
     SuperstepAborted,
     SuperstepEvent,
     SuperstepStarted,
 )
 from kernel._log._fold import SuperstepFold, fold_committed, folds
+from kernel._ops._replay import RecordedError
 from kernel._ops._workflow import Workflow
+from kernel._run._runner import Run
+from kernel._run._steps import StepBook, returned, reused_record
 from kernel._store._memory import MemoryStore
 
 __all__ = ["Divergence", "DivergenceKind", "RerunReport", "rerun"]
 
-DivergenceKind = Literal["state", "message", "output", "request", "superstep count", "outcome"]
+DivergenceKind = Literal[
+    "step", "state", "message", "output", "request", "superstep count", "outcome"
+]
 
 
 class _Marker:
@@ -70,15 +94,16 @@ class _Marker:
 class Divergence:
     """Where a rerun first differs from the record.
 
-    ``superstep`` is the superstep index; ``executor_id`` the executor whose writes, messages,
-    outputs or requests differ (for an outcome, the executor that failed, if one did; None for a
-    superstep count). ``key`` is the state key for ``"state"``, ``"targets"`` for a message routed
-    to other executors (``recorded``/``new`` are then the target lists), else None.
-    ``recorded`` and ``new`` are the decoded values (for ``"outcome"``, descriptions such as
-    ``"committed"`` or ``"aborted (failed: builtins.RuntimeError: boom)"``; for
-    ``"superstep count"``, the counts). ``Divergence.NOTHING`` stands for a write, message,
-    output or request one side has and the other does not; ``Divergence.DELETED`` for a deleted
-    key.
+    ``superstep`` is the superstep index; ``executor_id`` the executor whose step calls, writes,
+    messages, outputs or requests differ (for an outcome, the executor that failed, if one did;
+    None for a superstep count). ``key`` is the step's name for ``"step"``, the state key for
+    ``"state"``, ``"targets"`` for a message routed to other executors (``recorded``/``new`` are
+    then the target lists), else None. ``recorded`` and ``new`` are the decoded values (for a
+    step, what the call returned, or a ``RecordedError`` for what it raised; for ``"outcome"``,
+    descriptions such as ``"committed"`` or ``"aborted (failed: builtins.RuntimeError: boom)"``;
+    for ``"superstep count"``, the counts). ``Divergence.NOTHING`` stands for a step call, write,
+    message, output or request one side has and the other does not; ``Divergence.DELETED`` for a
+    deleted key.
     """
 
     NOTHING: ClassVar[Any] = _Marker("<nothing>")
@@ -98,6 +123,8 @@ class Divergence:
         was, now = _show(self.recorded), _show(self.new)
         if self.kind == "state":
             what = f"state key {self.key!r}"
+        elif self.kind == "step":
+            what = f"step {self.key!r}"
         elif self.kind == "message" and self.key == "targets":
             what = "message targets"
         elif self.kind == "superstep count":
@@ -133,17 +160,28 @@ async def rerun(
     instance_id: str | None = None,
     clock: Clock | None = None,
     id_factory: IdFactory | None = None,
+    live: Collection[str] = (),
 ) -> RerunReport:
     """Run the recorded input of run ``run_id`` again on ``workflow``'s executors, in a scratch
     memory store seeded with the state the run started from; report the first divergence.
+
+    Recorded steps are served the results the run recorded, not executed; ``live`` names steps
+    (by name) that are called again, their new results compared with the recorded ones. A call
+    that is neither recorded nor live is refused (it raises ``ExecutionError`` in its handler)
+    and reported; see the module's docstring.
 
     ``instance_id`` is the run's instance (default: ``workflow``'s). ``clock`` and ``id_factory``
     serve the scratch run (defaults: the system clock, ids ``rerun-1``, ``rerun-2``...).
     An exception of the rerun is not raised: it is an outcome, compared with the record's.
 
     Raises ``ExecutionError`` if the instance has no run ``run_id``, or if that run continues
-    another (only fresh runs can be rerun; the message names the run it continues).
+    another (only fresh runs can be rerun; the message names the run it continues); and, after
+    the rerun, if ``live`` names a step that neither the record nor the rerun called (a
+    misspelt name would otherwise change nothing, silently). ``TypeError`` if ``live`` is a
+    string (one name is ``live={"name"}``).
     """
+    if isinstance(live, str):
+        raise TypeError(f"live= takes a collection of step names, not one string: {{{live!r}}}")
     instance = instance_id if instance_id is not None else workflow.instance_id
     store = workflow.store
     events = store.read(instance)
@@ -173,25 +211,49 @@ async def rerun(
         ],
         expected_version=0,
     )
-    scratch = _scratch_workflow(workflow, scratch_store, instance, clock, id_factory)
+    live_names = frozenset(live)
+    scratch = _scratch_workflow(workflow, scratch_store, instance, clock, id_factory, live_names)
     decode = store.codec.decode
     message = decode(started.input, what="the run's input message")
     kwargs = {k: decode(v, what=f"run argument {k!r}") for k, v in started.kwargs.items()}
+    recorded = _summarize(events, run_id)
+    served = StepBook(run_id).add_all(r for r in recorded.records if r[0].name not in live_names)
     refused: BaseException | None = None
     try:
-        await scratch.run(message, **kwargs)
+        await scratch._run_inline(Run(scratch._instance, message, kwargs, steps=served))
     except Exception as error:  # the rerun's failure is an outcome, compared below
         refused = error
     new_events = scratch_store.read(instance)
-    recorded = _summarize(events, run_id)
     new_run = next((e.run_id for e in new_events if isinstance(e, RunStarted)), None)
     if new_run is None:  # refused before it started: nothing was appended
         assert refused is not None
         new = _Summary({}, f"refused ({_describe(ErrorInfo.of(refused))})")
     else:
         new = _summarize(new_events, new_run)
-    divergence = _compare(recorded, new, decode)
+    _check_live(live_names, recorded, scratch_store, run_id)
+    results = _Results(events, new_events, live_names, decode)
+    divergence = _compare(recorded, new, results)
     return RerunReport(divergence is None, divergence, run_id, tuple(new_events))
+
+
+def _check_live(
+    live: frozenset[str], recorded: _Summary, scratch: MemoryStore, run_id: str
+) -> None:
+    """Raise ``ExecutionError`` for a live name that neither the recorded run nor the rerun (its
+    sub-workflows' children included: every instance of the scratch store) called."""
+    if not live:
+        return
+    called = {event.name for event, _ in recorded.records}
+    for instance in scratch.instances():
+        for event in scratch.read(instance, types=("step_recorded",)):
+            if isinstance(event, StepRecorded):
+                called.add(event.name)
+    unknown = sorted(live - called)
+    if unknown:
+        raise ExecutionError(
+            f"live= names step(s) that neither run {run_id} nor its rerun called: "
+            f"{', '.join(map(repr, unknown))} (steps are named by their name, as in the log)"
+        )
 
 
 def _scratch_workflow(
@@ -200,16 +262,19 @@ def _scratch_workflow(
     instance_id: str,
     clock: Clock,
     id_factory: IdFactory | None,
+    live: frozenset[str],
 ) -> Workflow:
     """``workflow``'s graph and settings, bound to ``instance_id`` in the scratch ``store``, with
     the rerun's own clock and ids, and no hooks: a rerun checks the past against today's
     executors on a scratch store; it is not a run of the instance, and whatever follows the
-    instance's runs (tracing, metrics) must not count it as one."""
+    instance's runs (tracing, metrics) must not count it as one. Only the ``live`` steps may be
+    called without a record (``live_steps``), there and in the sub-workflows it runs."""
     settings = workflow.settings.replace(
         instance_id=instance_id,
         clock=clock,
         id_factory=id_factory or counter_ids("rerun"),
         hooks=(),
+        live_steps=live,
     )
     return Workflow(workflow.graph, store=store, settings=settings)
 
@@ -221,11 +286,13 @@ _Item = tuple[Any, ...]  # what is compared of one staged event, wire values inc
 
 @dataclass
 class _Step:
-    """What one superstep of a run staged, per executor and kind, and how it closed."""
+    """What one superstep of a run staged, per executor and kind, the step calls each executor
+    made (in log order), and how it closed."""
 
     outcome: str = "open (no marker)"
     failed: str | None = None  # the executor whose failure aborted it
     items: dict[str, dict[str, list[_Item]]] = field(default_factory=dict)
+    calls: dict[str, list[StepRecorded]] = field(default_factory=dict)
 
     def take(self, staged: Sequence[SuperstepEvent]) -> None:
         """Add what the superstep staged (in stream order), each under its executor and kind."""
@@ -249,6 +316,8 @@ class _Step:
 class _Summary:
     steps: dict[int, _Step]
     end: str
+    records: list[tuple[StepRecorded, int]] = field(default_factory=list)
+    """The run's step records in log order, each with its superstep's index."""
 
 
 class _RunSummary(SuperstepFold):
@@ -265,6 +334,7 @@ class _RunSummary(SuperstepFold):
         self.end: str | None = None
         self._index: dict[str, int] = {}  # superstep id -> index, of this run's supersteps
         self._open: set[str] = set()  # this run's supersteps with no marker yet
+        self.records: list[tuple[StepRecorded, int]] = []
 
     @folds("superstep_started")
     def _started(self, event: SuperstepStarted) -> None:
@@ -272,6 +342,14 @@ class _RunSummary(SuperstepFold):
             self._index[event.superstep_id] = event.index
             self._open.add(event.superstep_id)
             self.steps[event.index] = _Step()
+
+    @folds("step_recorded")
+    def _step_recorded(self, event: StepRecorded) -> None:
+        """A step call: provenance, whatever its superstep's verdict (never staged)."""
+        index = self._index.get(event.superstep_id)
+        if index is not None:
+            self.records.append((event, index))
+            self.steps[index].calls.setdefault(event.executor_id, []).append(event)
 
     @folds("executor_failed", "state_staged", "message_staged", "output_yielded", "info_requested")
     def _staged(self, event: SuperstepEvent) -> None:
@@ -311,7 +389,7 @@ class _RunSummary(SuperstepFold):
         """The run as folded so far (``"still open"`` if its end is not in the log)."""
         if self.end is None:
             self._close_open()
-        return _Summary(self.steps, self.end or "still open")
+        return _Summary(self.steps, self.end or "still open", self.records)
 
 
 def _summarize(events: Sequence[EventBase], run_id: str) -> _Summary:
@@ -345,14 +423,60 @@ _KINDS: tuple[Literal["state", "message", "output", "request"], ...] = (
 )
 
 
-def _compare(recorded: _Summary, new: _Summary, decode: Callable[..., Any]) -> Divergence | None:
+class _Results:
+    """What each step call of either run returned or raised, as compared and as reported.
+
+    A served call is what the record it reused returned: the recorded instance's (positions in
+    the scratch log's ``reused`` are the recorded instance's), but for a live step's call served
+    a result the rerun itself recorded (a lineage-scoped executor calling it again)."""
+
+    def __init__(
+        self,
+        recorded: Sequence[EventBase],
+        rerun: Sequence[EventBase],
+        live: frozenset[str],
+        decode: Callable[..., Any],
+    ) -> None:
+        self._recorded = _returned(recorded)
+        self._rerun = _returned(rerun)
+        self._live = live
+        self.decode = decode
+
+    def of(self, event: StepRecorded, *, in_rerun: bool) -> tuple[Any, ...]:
+        """``("result", wire)`` or ``("raised", ErrorInfo)``."""
+        if event.reused is not None:
+            own = in_rerun and event.name in self._live
+            event = reused_record(self._rerun if own else self._recorded, event)
+        if event.error is not None:
+            return ("raised", event.error)
+        return ("result", event.result)
+
+    def shown(self, event: StepRecorded | None, *, in_rerun: bool) -> Any:
+        """What a report shows of a call: its decoded result, or a ``RecordedError``."""
+        if event is None:
+            return Divergence.NOTHING
+        kind, value = self.of(event, in_rerun=in_rerun)
+        if kind == "raised":
+            return RecordedError(value)
+        return self.decode(value, what=f"the result of step {event.name!r}")
+
+
+def _returned(events: Sequence[EventBase]) -> dict[int, StepRecorded]:
+    return {e.position: e for e in events if isinstance(e, StepRecorded) and returned(e)}
+
+
+def _compare(recorded: _Summary, new: _Summary, results: _Results) -> Divergence | None:
     """The first divergence of ``new`` from ``recorded``, or None."""
+    decode = results.decode
     for index in sorted(set(recorded.steps) | set(new.steps)):
         was, now = recorded.steps.get(index), new.steps.get(index)
         if was is None or now is None:
             return Divergence(
                 index, None, "superstep count", None, len(recorded.steps), len(new.steps)
             )
+        called = _call_divergence(index, was, now, results)
+        if called is not None:
+            return called
         if was.outcome != now.outcome:
             return Divergence(
                 index, was.failed or now.failed, "outcome", None, was.outcome, now.outcome
@@ -367,6 +491,48 @@ def _compare(recorded: _Summary, new: _Summary, decode: Callable[..., Any]) -> D
     if recorded.end != new.end:
         last = max([*recorded.steps, *new.steps], default=1)
         return Divergence(last, None, "outcome", None, recorded.end, new.end)
+    return None
+
+
+def _call_divergence(index: int, was: _Step, now: _Step, results: _Results) -> Divergence | None:
+    """The first step call of superstep ``index`` that differs, executor by executor."""
+    for executor_id in sorted(set(was.calls) | set(now.calls)):
+        mine, theirs = was.calls.get(executor_id, []), now.calls.get(executor_id, [])
+        found = _first_call_difference(mine, theirs, results)
+        if found is not None:
+            name, old_value, new_value = found
+            return Divergence(index, executor_id, "step", name, old_value, new_value)
+    return None
+
+
+def _first_call_difference(
+    was: list[StepRecorded], now: list[StepRecorded], results: _Results
+) -> tuple[str, Any, Any] | None:
+    """(step name, recorded, new) of the first call that differs in two executors' sequences of
+    step calls, each in the order the calls were made (``call``, stable for equal ones: a
+    lineage-scoped executor counts again from 0 when its function is re-executed).
+
+    Calls are matched by name and identity, one after another. Where the sequences part, the
+    rerun's call is reported if the record has no such call left (a new code path, or other
+    arguments: it was refused, or ran live), else the recorded call the rerun did not make."""
+    was = sorted(was, key=lambda event: event.call)
+    now = sorted(now, key=lambda event: event.call)
+    for position in range(max(len(was), len(now))):
+        old = was[position] if position < len(was) else None
+        new = now[position] if position < len(now) else None
+        if old is not None and new is not None and (old.name, old.key) == (new.name, new.key):
+            if results.of(old, in_rerun=False) != results.of(new, in_rerun=True):
+                return (
+                    old.name,
+                    results.shown(old, in_rerun=False),
+                    results.shown(new, in_rerun=True),
+                )
+            continue
+        later = {(event.name, event.key) for event in was[position:]}
+        if new is not None and (new.name, new.key) not in later:
+            return new.name, Divergence.NOTHING, results.shown(new, in_rerun=True)
+        assert old is not None
+        return old.name, results.shown(old, in_rerun=False), Divergence.NOTHING
     return None
 
 

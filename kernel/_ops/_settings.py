@@ -46,7 +46,10 @@ class InstanceSettings:
     ``"superstep"`` (one batch per superstep) or ``"write"`` (one append per event); ``clock`` and
     ``id_factory`` stamp and name runs, supersteps and requests; ``lease`` is how runs hold the
     instance's lease; ``sensitive_keys`` the state-key patterns readers redact; ``hooks`` the
-    ``RunHooks`` every run of the instance calls, in order (never written to the log).
+    ``RunHooks`` every run of the instance calls, in order (never written to the log);
+    ``live_steps`` None (a step call without a record runs), or the names of the only steps whose
+    calls without a record may run, any other being refused, never executed (``rerun`` binds its
+    scratch instance so; a child takes it from its parent).
 
     This is the place for a new instance-wide setting: add a field here and hand it on in
     ``WorkflowInstance``; forks, sub-workflows and reruns then carry it without another edit.
@@ -67,6 +70,7 @@ class InstanceSettings:
     lease: LeasePolicy = DEFAULT_LEASE
     sensitive_keys: tuple[str, ...] = ()
     hooks: tuple[RunHooks, ...] = ()
+    live_steps: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         check_id(self.instance_id, "instance_id", DefinitionError)
@@ -98,6 +102,13 @@ class InstanceSettings:
         if not isinstance(self.hooks, tuple):
             raise DefinitionError(f"hooks must be a tuple of RunHooks, got {self.hooks!r}")
         chain_hooks(self.hooks)  # refuses what is not a RunHooks
+        live = self.live_steps
+        if live is not None and (
+            not isinstance(live, frozenset) or not all(isinstance(n, str) and n for n in live)
+        ):
+            raise DefinitionError(
+                f"live_steps must be None or a frozenset of step names, got {live!r}"
+            )
 
     def replace(self, **changes: Any) -> InstanceSettings:
         """A copy with ``changes`` (field names as keywords); ``TypeError`` for an unknown one."""
@@ -142,6 +153,7 @@ class WorkflowInstance(InstanceContext):
             lease=settings.lease,
             sensitive_keys=settings.sensitive_keys,
             hooks=settings.hooks,
+            live_steps=settings.live_steps,
         )
         self.settings = settings
 

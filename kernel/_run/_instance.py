@@ -108,6 +108,10 @@ class RunnerContext(Protocol):
     """The time of the next event. The run refuses a naive datetime (``ExecutionError``)."""
     hooks: tuple[RunHooks, ...]
     """The hooks every run on the instance calls, in order (``RunHooks``)."""
+    live_steps: frozenset[str] | None
+    """None: a recorded step's call that the run's book has no record of runs. Otherwise the
+    names of the only steps whose calls may run so (a rerun's scratch instance): any other such
+    call is refused, recorded as its error, never executed."""
 
     def new_id(self) -> str:
         """A fresh id, for a run or a superstep."""
@@ -180,6 +184,7 @@ class InstanceContext:
         lease: LeasePolicy | None = None,
         sensitive_keys: tuple[str, ...] = (),
         hooks: tuple[RunHooks, ...] = (),
+        live_steps: frozenset[str] | None = None,
     ) -> None:
         self.store = store
         self.lease = lease or LeasePolicy()
@@ -193,6 +198,7 @@ class InstanceContext:
         self.sensitive_keys = sensitive_keys
         self.clock = clock
         self.hooks = hooks
+        self.live_steps = live_steps
         self.new_id = id_factory
         self._committed = CommittedState()
         self._head = OpenRun()

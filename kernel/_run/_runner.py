@@ -118,7 +118,19 @@ class Run:
         message: Any,
         kwargs: dict[str, Any],
         continuation: Continuation | None = None,
+        *,
+        steps: StepBook | None = None,
     ) -> None:
+        """A run of ``instance`` on ``message`` (with ``kwargs``), or continuing a run by
+        ``continuation``.
+
+        ``steps`` is the one seam for serving recorded steps from elsewhere than the log (what
+        ``rerun`` gives its scratch run: the recorded run's calls): a run with a message is
+        served from it instead of beginning an empty book. A continuation always takes its
+        lineage's book from the log, so the two are not given together (``ValueError``).
+        """
+        if steps is not None and continuation is not None:
+            raise ValueError("a continuation is served its lineage's steps from the log")
         self.instance = instance
         self.message = message
         self.kwargs = kwargs
@@ -167,8 +179,9 @@ class Run:
         self._taken_over = False
         self._keeper: LeaseHold | None = None
         self._lost_lease: RunInProgressError | None = None
-        # The recorded steps of the run's lineage (a fresh run begins one: it has none).
-        self.steps = StepBook(self.run_id)
+        # The recorded steps of the run's lineage (a fresh run begins one: it has none, unless
+        # it is given a book; a continuation takes its lineage's in ``_continue``).
+        self.steps = steps if steps is not None else StepBook(self.run_id)
 
     # -- driving ------------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ does not matter: a step's record is durable at once, and provenance, not state.
 
 What a retry after a *failed* handler does is the step's ``after_failure`` (``"reuse"`` by
 default); after any other abort a recorded call is always served.
+
+A call the book has no record of runs; unless the instance names the steps that may
+(``RunnerContext.live_steps``: a rerun's scratch instance, see ``kernel._ops._rerun``): any other
+call without a record is then refused, recorded as the call's error, never executed.
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-from kernel._base._errors import EncodingError
+from kernel._base._errors import EncodingError, ExecutionError, LogIntegrityError
 from kernel._define._step import AfterFailure, Identity, StepCall
 from kernel._log._events import ErrorInfo, StepRecorded
 from kernel._run._hooks import HookChain, StepInfo, SuperstepInfo
@@ -35,7 +39,16 @@ if TYPE_CHECKING:
     from kernel._codec._values import ValueCodec
     from kernel._run._emit import Emit
 
-__all__ = ["RecordedCall", "StepBook", "StepScope", "StepSite", "StepsHost", "step_key_of"]
+__all__ = [
+    "RecordedCall",
+    "StepBook",
+    "StepScope",
+    "StepSite",
+    "StepsHost",
+    "returned",
+    "reused_record",
+    "step_key_of",
+]
 
 StepScope = Literal["superstep", "lineage"]
 
@@ -72,7 +85,7 @@ class StepBook:
 
     def add(self, event: StepRecorded, index: int | None) -> None:
         """Take ``event``, recorded in the superstep of lineage index ``index``."""
-        if event.lineage != self.lineage or event.error is not None or event.reused is not None:
+        if event.lineage != self.lineage or not returned(event):
             return
         found = RecordedCall(event.position, event.run_id, event.superstep_id, event.result)
         self.put(index, event.executor_id, event.key, found)
@@ -94,6 +107,32 @@ class StepBook:
         if scope == "lineage":
             return self._by_lineage.get((executor_id, key))
         return self._by_superstep.get((index, executor_id, key))
+
+
+def returned(event: StepRecorded) -> bool:
+    """Whether ``event`` records a call that returned (it neither raised nor was itself served):
+    the only records a call is ever served."""
+    return event.error is None and event.reused is None
+
+
+def reused_record(records: Mapping[int, StepRecorded], served: StepRecorded) -> StepRecorded:
+    """The record the served call ``served`` reused (``served.reused``), among ``records``: its
+    instance's records of calls that ``returned``, by stream position.
+
+    Raises ``LogIntegrityError`` (naming ``served``'s position) when that position holds no
+    recorded result of the same call (same executor and identity): the runner serves nothing
+    else."""
+    found = records.get(served.reused or 0)
+    if found is None or (found.executor_id, found.key) != (served.executor_id, served.key):
+        raise LogIntegrityError(
+            f"the call of step {served.name!r} at position {served.position} of "
+            f"{served.instance_id!r} was served the record at position {served.reused}, which "
+            "holds no recorded result of that call",
+            instance_id=served.instance_id,
+            position=served.position,
+            kind="reused",
+        )
+    return found
 
 
 def step_key_of(
@@ -130,7 +169,8 @@ class StepsHost:
 
     ``append_now(data)`` appends a ``StepRecorded`` (``data``: its fields but position and time)
     at once, with what the superstep buffered before it, and returns its position (None when the
-    superstep's closing is in the log already: nothing more of it may be appended).
+    superstep's closing is in the log already: nothing more of it may be appended). ``live`` is
+    the instance's ``live_steps``: None, or the only steps a call without a record may run.
     """
 
     __slots__ = (
@@ -142,6 +182,7 @@ class StepsHost:
         "_explicit",
         "_head",
         "_index",
+        "_live",
         "_occurrences",
         "_root",
         "_scope",
@@ -160,6 +201,7 @@ class StepsHost:
         append_now: Callable[[dict[str, Any]], int | None],
         emit: Emit,
         codec: ValueCodec,
+        live: frozenset[str] | None = None,
     ) -> None:
         self._step = step
         self.executor_id = executor_id
@@ -169,6 +211,7 @@ class StepsHost:
         self._append_now = append_now
         self._emit = emit
         self._codec = codec
+        self._live = live
         self._index = step.index
         self._calls = 0
         self._occurrences: dict[tuple[str, str, str], int] = {}
@@ -253,6 +296,19 @@ class StepsHost:
         await self._tell("executor_bypassed", call.name, result)
 
     async def started(self, call: StepCall) -> None:
+        """Tell the stream the call runs; or, when the instance does not let a call without a
+        record run (``live_steps``: a rerun's), record the refusal as its error and raise it."""
+        live = self._live
+        if live is not None and call.name not in live:
+            refused = ExecutionError(
+                f"step {call.name!r} of executor {self.executor_id!r} was not called: lineage "
+                f"{self.lineage} recorded no such call (with this identity: its arguments or "
+                "replay key) here, and this instance runs only the steps named live "
+                f"({', '.join(map(repr, sorted(live))) or 'none'}), as a rerun does"
+            )
+            call.started = time.perf_counter()
+            await self.finished(call, None, refused)
+            raise refused
         if call.args or call.kwargs:
             await self._tell(
                 "executor_invoked", call.name, {"args": call.args, "kwargs": call.kwargs}

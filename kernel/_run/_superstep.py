@@ -169,7 +169,10 @@ class Superstep:
         def append_now(data: dict[str, Any]) -> int | None:
             return run.append_now(StepRecorded, data, superstep_id)
 
-        return StepsHost(self, executor_id, scope, run.steps, append_now, run.emit, self._codec)
+        live = run.instance.live_steps
+        return StepsHost(
+            self, executor_id, scope, run.steps, append_now, run.emit, self._codec, live
+        )
 
     def step_head(self) -> dict[str, Any]:
         """What every ``StepRecorded`` of this superstep has alike."""

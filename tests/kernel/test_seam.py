@@ -58,6 +58,7 @@ class ListContext:
         self.sensitive_keys = ("token",)
         self.clock = lambda: T0
         self.hooks = ()
+        self.live_steps = None
         self.new_id = counter_ids("id")
         self.log: list[EventBase] = []
         self.batches: list[int] = []
