@@ -14,14 +14,16 @@ from typing import Any
 import orjson
 
 from kernel import EventStore, StepRecorded
-from projections import SensitiveKeys, SuperstepRecord
+from projections import SensitiveKeys, SuperstepRecord, is_redacted
 from projections._folds._steps import RecordedStep, recorded_steps
+from projections._frontend._render import show_json
 from projections._frontend._safe import visible
 
 __all__ = [
     "RESULT_CHARS",
     "arguments_text",
     "duration_text",
+    "result_parts",
     "result_text",
     "reused_text",
     "step_line",
@@ -118,6 +120,8 @@ def result_text(value: Any, *, limit: int = RESULT_CHARS) -> str:
     newlines and tabs kept), cut after ``limit`` characters saying how long it is in all."""
     if isinstance(value, str):
         text = visible(value, keep="\n\t")
+    elif is_redacted(value):
+        text = show_json(value)  # as every redacted value is shown: {"$t":"redacted"}
     else:
         text = visible(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode(), keep="\n")
     if len(text) <= limit:
@@ -126,3 +130,13 @@ def result_text(value: Any, *, limit: int = RESULT_CHARS) -> str:
         f"{text[:limit]}\n... ({len(text):,} characters in all; steplog steps RUN --json prints "
         "it whole)"
     )
+
+
+def result_parts(value: Any, *, limit: int = RESULT_CHARS) -> list[tuple[str | None, str]]:
+    """A step's result as labelled pieces of text to read (``result_text`` each): a plain JSON
+    object (a model call's ``{"prompt": ..., "response": ...}``, a tool's named outputs) one
+    piece per entry, labelled with its name; anything else (a string, a list, a value the codec
+    tagged, a redacted one) one piece without a label."""
+    if isinstance(value, dict) and value and "$t" not in value:
+        return [(str(name), result_text(item, limit=limit)) for name, item in value.items()]
+    return [(None, result_text(value, limit=limit))]

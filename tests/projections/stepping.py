@@ -32,8 +32,10 @@ from kernel import (
     report_usage,
     step,
 )
+from tests.ui.workflows import HOSTILE
 
-HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror=alert(1)>"
+__all__ = ["HOSTILE", "MAIL", "Outbox", "SpamCheckDown", "mail", "write_mail"]
+
 MAIL = "mail"
 """The default instance."""
 
