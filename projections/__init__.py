@@ -4,8 +4,8 @@ Pure folds work on a list of one instance's events read from any store (``store.
 committed state (the kernel's own fold, re-exported here), run history (with lineage: resumed
 runs, pending requests, forks; ``history_of`` adds an instance's forks from a store, and
 ``subworkflows_of``/``parent_of`` walk between a parent superstep and its sub-workflows), key
-provenance (of every
-key, or of a few read from a store with ``blame_keys``), time travel, diff and bisect.
+provenance (of every key, or of a few read from a store with ``blame_keys``), time travel, diff
+and bisect; a run's recorded steps beside their supersteps' verdicts (``recorded_steps``).
 ``SensitiveKeys`` shows any of these answers with the values of sensitive keys redacted.
 ``Projector`` keeps views in tables with exactly-once tracking; ``TimeTravel`` answers
 time-travel questions from a store, starting from snapshots.
@@ -54,6 +54,7 @@ from projections._folds._runrecords import (
     RunStatus,
     SuperstepRecord,
 )
+from projections._folds._steps import RecordedStep, recorded_steps
 from projections._folds._timetravel import (
     AtPosition,
     AtSuperstep,
@@ -113,6 +114,7 @@ __all__ = [
     "Point",
     "PostgresViewBackend",
     "Projector",
+    "RecordedStep",
     "RequestRecord",
     "ResealReport",
     "RunHistory",
@@ -150,6 +152,7 @@ __all__ = [
     "is_redacted",
     "key_index_position",
     "parent_of",
+    "recorded_steps",
     "reseal_views",
     "run_follower",
     "sensitive_keys_of",

@@ -19,7 +19,17 @@ answer unredacted to decode values). A ``delete`` has no value, so it is shown a
 What stays visible: that a key exists, that it was written, when, by which executor, run and
 superstep, with which operation, and whether the write counted; that its value changed between
 two points (a diff lists it as changed, with both values redacted). Only state values are
-redacted: run inputs, messages, outputs, request data and error messages are not state keys.
+redacted, and the results of recorded steps: run inputs, messages, outputs, request data and
+error messages are not state keys.
+
+**Recorded steps** (``StepRecorded``) are matched by their step's *name*, against the same
+patterns by the same rule (exact or ``fnmatch`` glob, case-sensitive): a step named like a
+sensitive key has its result redacted wherever a key's value would be (``steplog steps``,
+``show``, ``log``, the UI), and a call served from the log shows its origin's result, redacted
+by the same name. Declaring ``sensitive_keys=["call_model"]`` hides what ``@step call_model``
+returned; everything else about the call stays visible (executor, superstep and verdict,
+duration, token counts, error, whether it was served and from which run), as a sensitive key's
+writes stay listed. A step's arguments are never in the log (only their digest).
 
 Example::
 
@@ -43,9 +53,11 @@ from kernel import (
     ProjectionError,
     RunStarted,
     StateStaged,
+    StepRecorded,
 )
 from projections._folds._blame import KeyBlame, MemoryWriteRows, WriteRecord
 from projections._folds._diff import Change, StateDiff
+from projections._folds._steps import RecordedStep
 from projections._folds._timetravel import StateAt
 
 __all__ = [
@@ -175,17 +187,31 @@ class SensitiveKeys:
         return KeyBlame(blame.only, rows=rows, tracker=blame.tracker_json())
 
     def event(self, event: E) -> E:
-        """``event`` with sensitive values redacted: a ``StateStaged`` value, or the values a
-        fork started with (``InstanceForked.values``). Other events are returned as they are."""
+        """``event`` with sensitive values redacted: a ``StateStaged`` value, the values a fork
+        started with (``InstanceForked.values``), or the result of a recorded step whose name is
+        sensitive (``StepRecorded.result``; a served call's record holds none, a failed call's
+        has its error instead). Other events are returned as they are."""
         if not self:
             return event
         if isinstance(event, StateStaged):
             if event.op == "delete" or event.key not in self:
                 return event
             return event.model_copy(update={"value": _marker()})
+        if isinstance(event, StepRecorded):
+            if event.reused is not None or event.error is not None or event.name not in self:
+                return event
+            return event.model_copy(update={"result": _marker()})
         if isinstance(event, InstanceForked) and any(key in self for key in event.values):
             return event.model_copy(update={"values": self.values(event.values)})
         return event
+
+    def step(self, step: RecordedStep) -> RecordedStep:
+        """``step`` with its result redacted if its name is sensitive: its own record's, and for
+        a served call its origin's (the result it was served)."""
+        if not self:
+            return step
+        origin = None if step.origin is None else self.event(step.origin)
+        return replace(step, record=self.event(step.record), origin=origin)
 
     def events(self, events: Iterable[E]) -> list[E]:
         """``event()`` of each of ``events``."""

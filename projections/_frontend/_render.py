@@ -38,6 +38,7 @@ __all__ = [
     "blame_table",
     "broken_chain_text",
     "counts",
+    "cut_text",
     "event_document",
     "events_table",
     "history_document",
@@ -227,7 +228,7 @@ def history_runs_table(
         table.add_column(column, no_wrap=column != "lineage")
     table.add_column("error", overflow="fold", ratio=1)
     for run in runs:
-        error = _cut(f"{run.error.type}: {run.error.message}") if run.error else ""
+        error = cut_text(f"{run.error.type}: {run.error.message}") if run.error else ""
         lineage = []
         if run.continues is not None:
             lineage.append(continues_text(run, width=8))
@@ -365,7 +366,7 @@ def _details(data: dict[str, Any]) -> str:
         if key == "superstep_id":
             parts.append(f"step={str(value)[:8]}")
         elif key == "error":
-            parts.append(_cut(f"error={value['type']}: {value['message']}"))
+            parts.append(cut_text(f"error={value['type']}: {value['message']}"))
         else:
             text = show_json(value)
             parts.append(f"{key}={text if len(text) <= 48 else text[:45] + '...'}")
@@ -381,10 +382,12 @@ def show_value(value: Any, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
     """A JSON tree as compact JSON text for a table cell: whole when it has at most ``limit``
     characters, else its first ``limit`` followed by ``... (N characters in all)`` and ``hint``
     (say, which option prints it whole)."""
-    return _cut(show_json(value), limit=limit, hint=hint)
+    return cut_text(show_json(value), limit=limit, hint=hint)
 
 
-def _cut(text: str, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
+def cut_text(text: str, *, limit: int = SHOWN_CHARS, hint: str = "") -> str:
+    """``text`` whole when it has at most ``limit`` characters, else its first ``limit`` followed
+    by ``... (N characters in all)`` and ``hint``: never cut without saying so."""
     if len(text) <= limit:
         return text
     extra = f"; {hint}" if hint else ""

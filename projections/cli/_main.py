@@ -14,6 +14,7 @@
     steplog verify [VIEW...]           check the hash chain, then compare views with a rebuild
     steplog head INSTANCE              print its chain head as JSON (signed with a key), to keep
     steplog recover [INSTANCE]         close runs left open by dead processes; say what was closed
+    steplog steps RUN                  the recorded steps of a run: verdicts, results, reuse
     steplog keygen                     print a new key for encryption at rest
     steplog rekey                      re-seal every row and view document with the first key
     steplog ui                         a read-only time-travel debugger in the browser
@@ -26,7 +27,8 @@ and opens it with the keys of ``--keys-file FILE``, else ``$STEPLOG_KEYS`` (``_k
 The commands that show state values (``log``, ``state``, ``blame``, ``diff``, ``bisect``) show
 the values of sensitive keys redacted (``{"$t": "redacted"}``): the keys any run of the instance
 declared sensitive, and those matching ``--sensitive PATTERN`` (repeatable). ``--reveal`` shows
-them; ``bisect --equals`` on a sensitive key needs it.
+them; ``bisect --equals`` on a sensitive key needs it. ``steps``, ``show`` and ``log`` redact the
+results of recorded steps whose name matches those patterns.
 
 Only ``demo``, ``project`` and ``rebuild`` may create a store; the others (``recover`` too, though
 it writes) refuse a store that does not exist, and create nothing.
@@ -65,6 +67,7 @@ from projections.cli.commands import (
     _inspect,
     _maintenance,
     _rekey,
+    _steps,
     _ui,
     _views,
 )
@@ -91,7 +94,9 @@ _NAMES_AN_INSTANCE = frozenset(
 """The commands whose ``instance`` names an existing one, or a unique prefix of one. (``verify
 --instance`` takes the exact id: an instance deleted whole has no events, only a chain head.)"""
 
-_FAMILIES = (_rekey, _demo, _inspect, _audit, _views, _maintenance, _durable, _ui, _completion)
+_FAMILIES = (
+    _rekey, _demo, _inspect, _audit, _views, _maintenance, _durable, _steps, _ui, _completion
+)  # fmt: skip
 """The command families, in the order ``steplog --help`` lists their commands."""
 
 
@@ -225,6 +230,7 @@ COMMANDS: dict[str, Command] = {
     **_maintenance.COMMANDS,
     **_rekey.COMMANDS,
     **_durable.COMMANDS,
+    **_steps.COMMANDS,
     **_ui.COMMANDS,
     # (main runs it before opening any store: a completion script needs none)
     "completion": lambda store, args, console: completion_command(_parser(), args.shell),

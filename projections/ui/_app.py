@@ -30,6 +30,13 @@ from kernel import DecodeError, EventStore, LogIntegrityError, MissingKeyError
 from projections import RunRecord, SuperstepRecord
 from projections._folds._runrecords import STATUS_TEXT, closer_label, status_text
 from projections._frontend._render import broken_chain_text, read_error_text, show_value
+from projections._frontend._steps import (
+    arguments_text,
+    duration_text,
+    result_parts,
+    result_text,
+    usage_parts,
+)
 from projections._views._manifest import VIEW_MISMATCH
 from projections.ui._data import NotFound, Reader
 from projections.ui._graph import graph_of
@@ -75,6 +82,11 @@ def _environment() -> Environment:
     env.filters["utc_local"] = _utc_local
     env.filters["short"] = lambda text, n=10: text if len(text) <= n else text[:n]
     env.filters["closer"] = lambda text: closer_label(text, 10)
+    env.filters["duration"] = duration_text
+    env.filters["usage"] = usage_parts
+    env.filters["arguments"] = arguments_text
+    env.filters["result_parts"] = result_parts
+    env.filters["text"] = result_text
     return env
 
 

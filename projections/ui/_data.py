@@ -8,7 +8,8 @@ built it (``HistoryView``'s rows of the instance, read without creating anything
 against their manifest) and folds only the instance's events after the manifest's ``at``;
 without a readable view it folds the whole log.
 No page scans the instance's whole log: the run list reads the history; a timeline page
-reads only its supersteps' positions (``step_details``); run starts, answers and sub-workflow
+reads only its supersteps' positions (``step_details``; a served step's origin record where it
+is, one position each); run starts, answers and sub-workflow
 marks are found by ``store.find_events`` (which decodes only the rows that may hold one);
 state comes from ``TimeTravel`` (from snapshots when the snapshot view was built, by
 ``steplog project``), blame from ``blame_keys`` (through the key index when built), diff from
@@ -46,6 +47,7 @@ from kernel import (
     OutputYielded,
     ResponseReceived,
     StepLogError,
+    StepRecorded,
     SuperstepEvent,
     SuperstepStarted,
 )
@@ -55,6 +57,7 @@ from projections import (
     HistoryView,
     KeyBlame,
     Point,
+    RecordedStep,
     RunHistory,
     SensitiveKeys,
     SnapshotView,
@@ -73,6 +76,7 @@ from projections import (
 )
 from projections._frontend._ids import events_of, pick
 from projections._frontend._points import UsageError, point_in
+from projections._frontend._steps import steps_of
 from projections._views._manifest import MANIFEST_KEY, check_anchor, checked_rows
 
 __all__ = ["NotFound", "Reader", "StepDetail"]
@@ -125,11 +129,14 @@ class _Instance:
 @dataclass(frozen=True)
 class StepDetail:
     """What a superstep's own events say, beside its ``SuperstepRecord``: the messages it sent
-    (source, targets, the message), its outputs, the requests it made."""
+    (source, targets, the message), its outputs, the requests it made, and the recorded steps
+    its handlers called (``RecordedStep``: with the superstep's verdict, and for a served call
+    the record it reused)."""
 
     messages: list[tuple[str, tuple[str, ...], Any]]
     outputs: list[tuple[str, Any, str]]
     requests: list[tuple[str, str, Any]]
+    steps: list[RecordedStep] = field(default_factory=list)
 
 
 class Reader:
@@ -350,8 +357,9 @@ class Reader:
         return self._load(instance_id).redactor
 
     def step_details(self, instance_id: str, steps: list[SuperstepRecord]) -> dict[str, StepDetail]:
-        """The messages, outputs and requests of each of ``steps`` (one page of a timeline),
-        read from their positions of the log; values redacted as the instance's are. Every
+        """The messages, outputs, requests and recorded steps of each of ``steps`` (one page of
+        a timeline), read from their positions of the log (and, for a served call, the record
+        it reused, wherever it is: ``steps_of``); values redacted as the instance's are. Every
         event of those positions is read, so that each is checked against its hash: a page
         never shows supersteps whose events were altered."""
         found: dict[str, StepDetail] = {s.superstep_id: StepDetail([], [], []) for s in steps}
@@ -360,6 +368,7 @@ class Reader:
         redactor = self._load(instance_id).redactor
         first = min(s.start_position for s in steps)
         last = max(s.position or self.store.version(instance_id) for s in steps)
+        records: list[StepRecorded] = []
         for event in self.store.read(
             instance_id,
             after=first - 1,
@@ -367,6 +376,9 @@ class Reader:
         ):
             detail = found.get(getattr(event, "superstep_id", ""))
             if detail is None:
+                continue
+            if isinstance(event, StepRecorded):
+                records.append(event)  # redacted by ``steps_of``, with the record it reused
                 continue
             event = redactor.event(event)
             if isinstance(event, MessageStaged):
@@ -376,6 +388,9 @@ class Reader:
                 detail.outputs.append((event.executor_id, event.value, event.designation))
             elif isinstance(event, InfoRequested):
                 detail.requests.append((event.request_id, event.executor_id, event.data))
+        supersteps = {s.superstep_id: s for s in steps}
+        for recorded in steps_of(self.store, instance_id, records, supersteps, redactor):
+            found[recorded.record.superstep_id].steps.append(recorded)
         return found
 
     def page(

@@ -157,6 +157,7 @@ READING = [
     ["requests"],
     ["requests", "o1", "--json"],
     ["replay", "abc", "--json"],
+    ["steps", "abc"],
     ["head", "o1"],
     ["log", "o1", "--type", "state_staged", "--limit", "1"],
     ["state", "o1", "--key", "charged", "--json"],

@@ -1,6 +1,7 @@
 """docs/cli.md's examples are real output: each ```console block's command is run, in order, on
-one store made by real workflows with a fixed clock and counter ids, and its output compared
-with the block. ``STEPLOG_WRITE_DOCS=1`` rewrites the blocks instead."""
+one store made by real workflows with a fixed clock and counter ids (and ``mail.db``, a run of
+recorded steps), and its output compared with the block. ``STEPLOG_WRITE_DOCS=1`` rewrites the
+blocks instead."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +23,7 @@ from kernel import WorkflowBuilder, counter_ids, fork_at, open_store, record_res
 from projections.cli import main
 from projections.cli._demo import Checkout, Order
 from tests.durable.helpers import Tick, counting, reviewing
+from tests.projections.stepping import write_mail
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 BLOCK = re.compile(r"```console\n\$ steplog (?P<args>[^\n]*)\n(?P<out>.*?)```", re.S)
@@ -56,6 +59,24 @@ async def populate(url: str, clock: Callable[[], datetime]) -> None:
         await checkout.run(Order(id="A-1"))
 
 
+MODEL_SECONDS = (0.0, 1.203125, 2.0, 2.00390625, 3.0, 4.0, 4.001953125, 5.0, 5.046875)
+"""What ``time.perf_counter`` reads while ``mail`` runs, in the order its steps read it (start and
+end of each call; ``send_email`` of run 1 never ends): the model call takes 1.2 s, the spam
+check 3.9 ms and 2.0 ms, the mail 46.9 ms (binary fractions: the JSON shows them exactly). The
+kernel measures a step's duration so, not with the injected clock."""
+
+
+def populate_mail(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mail.db``: the recorded steps of ``tests.projections.stepping`` (a run cancelled in its
+    third step, then resumed with the first served from the log), with its own fixed clock."""
+    readings = iter(MODEL_SECONDS)
+    clock = ticking(datetime(2026, 11, 30, 15, 10, tzinfo=UTC))
+    with monkeypatch.context() as patched, open_store(url, create=True) as store:
+        patched.setattr(time, "perf_counter", lambda: next(readings))
+        asyncio.run(write_mail(store, clock=clock, id_factory=counter_ids("m")))
+    assert next(readings, None) is None  # every reading taken: the durations are the ones meant
+
+
 def run(args: str, capsys: pytest.CaptureFixture[str]) -> str:
     code = main(shlex.split(args))
     captured = capsys.readouterr()
@@ -77,6 +98,7 @@ def test_the_examples_in_cli_md_are_real_output(
     monkeypatch.setenv("COLUMNS", "110")
     clock = ticking(datetime(2026, 11, 30, 14, 55, tzinfo=UTC))
     asyncio.run(populate("sqlite:///steplog.db", clock))
+    populate_mail("sqlite:///mail.db", monkeypatch)
     monkeypatch.setattr(
         durable,
         "record_response",

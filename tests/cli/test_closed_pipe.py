@@ -9,13 +9,14 @@ output is far larger than a pipe's buffer, so the command is still writing when 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 
 import pytest
 
-from kernel import open_store
+from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, open_store, step
 from kernel.testing import LogBuilder, ticking_clock
 from projections.cli import EXIT_CLOSED_PIPE
 
@@ -39,6 +40,44 @@ def big(sqlite_url: str) -> str:
     with open_store(sqlite_url) as store:
         log.append_to(store)
     return sqlite_url
+
+
+@step
+async def tool(n: int) -> str:
+    return "x" * 40 + str(n)
+
+
+class Many(Executor):
+    """Calls ``tool`` ``count`` times: one recorded step each."""
+
+    @handler
+    async def go(self, count: int, ctx: WorkflowContext) -> None:
+        for n in range(count):
+            await tool(n)
+
+
+@pytest.fixture
+def stepped(sqlite_url: str) -> tuple[str, str]:
+    """A run of 400 recorded steps (some 580 kB of table, 240 kB of JSON): the store and the
+    run."""
+    with open_store(sqlite_url) as store:
+        workflow = WorkflowBuilder(start_executor=Many(id="many"), store=store, instance_id="many")
+        asyncio.run(workflow.build().run(400))
+        run = store.read("many", upto=1)[0].run_id
+    return sqlite_url, run
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_a_reader_closing_the_pipe_ends_steps_quietly(
+    stepped: tuple[str, str], as_json: bool
+) -> None:
+    url, run = stepped
+    line, status, err = head_then_close(
+        ["--store", url, "steps", *(["--json"] if as_json else []), "--", run]
+    )
+    assert line
+    assert err == b""
+    assert status == EXIT_CLOSED_PIPE
 
 
 def head_then_close(args: list[str]) -> tuple[bytes, int, bytes]:

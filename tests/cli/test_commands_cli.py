@@ -89,6 +89,7 @@ def json_commands(p: Prepared) -> list[list[str]]:
         ["requests"],
         ["requests", "r"],
         ["replay", "--", p.resumed_run[:6]],
+        ["steps", "--", p.resumed_run[:6]],
         ["head", "count"],
         ["verify"],
         ["recover"],

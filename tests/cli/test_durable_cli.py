@@ -12,6 +12,7 @@ from kernel import open_store
 from kernel.testing import LogBuilder
 from projections.cli import main
 from tests.durable.helpers import Tick, counting, reviewing
+from tests.projections.stepping import write_mail
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -152,6 +153,7 @@ def _show_from_everything(store, instance: str, run_id: str) -> dict:
     """``show --json`` as folded from every event of the instance (before ``run_window``)."""
     from collections import Counter
 
+    from projections import recorded_steps
     from projections._frontend._ids import events_of
     from projections._frontend._render import run_document
     from projections.cli.commands._durable import history
@@ -177,10 +179,20 @@ def _show_from_everything(store, instance: str, run_id: str) -> dict:
                     "position": e.position,
                 },
             )
+    every = list(events_of(store, instance, ("step_recorded",)))
+    recorded = recorded_steps(
+        [e for e in every if e.run_id == run_id],
+        {step.superstep_id: step for step in steps},
+        {e.position: e for e in every},
+    )
+    inside: dict[str, list] = {}
+    for found in recorded:
+        inside.setdefault(found.record.superstep_id, []).append(found.to_row())
     return {
         "run": run_document(run, instance),
         "supersteps": [step.to_row() for step in steps],
         "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+        "steps": inside,
         "responses": list(received.values()),
     }
 
@@ -190,7 +202,8 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
 ):
     """``show RUN`` folds only its run's window (and the later runs' starts, responses and
     ends): its JSON is the one folded from the whole instance, for every run of instances with
-    requests answered by ``respond`` and by a run, a failed and resumed run, and a fork."""
+    requests answered by ``respond`` and by a run, a failed and resumed run, a fork, and
+    recorded steps (a served one's origin read outside its run's window)."""
     from tests.projections.test_sensitive import fork_secrets, write_secrets
 
     url = durable_store_url
@@ -217,6 +230,7 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
         second = origin.checkpoints()[1].checkpoint_id
         await counting(store).fork(at=second, instance_id="count-fork").resume()
         await counting(store).resume()
+        await write_mail(store)  # steps, one served from the run before its window
         runs = {
             name: [e.run_id for e in store.read(name, types=["run_started"])]
             for name in store.instances()
@@ -230,6 +244,7 @@ async def test_show_reads_a_window_and_says_what_the_whole_history_says(
     pending = [doc for doc in expected.values() if doc["run"]["pending_requests"]]
     assert pending  # a run still waits (the second review)
     assert any(doc["responses"] for doc in expected.values())  # respond's run
+    assert any(s["reused"] for doc in expected.values() for v in doc["steps"].values() for s in v)
     for run_id, document in expected.items():
         code, out = cli(capsys, "--store", url, "show", "--json", "--", run_id)
         assert code == 0, out

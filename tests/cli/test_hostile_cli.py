@@ -259,7 +259,12 @@ def test_every_reading_command_works_on_a_read_only_store(tmp_path: Path, locked
     url = logged(directory / "s.db")
     with open_store(url) as store:
         run = store.read(INSTANCE, upto=1)[0].run_id
-    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    by_run = [
+        ["show", "--", run[:6]],
+        ["replay", "--", run],
+        ["replay", "--json", "--", run],
+        ["steps", "--", run],
+    ]
     commands = [["--store", url, *command] for command in [*READING, *by_run]]
     expected = run_all(commands, child=False)  # what each prints while the store is writable
     assert [status for status, _, _ in expected] == [0] * len(commands)
@@ -308,7 +313,12 @@ def test_every_reading_command_works_on_a_read_only_mount(tmp_path: Path) -> Non
     url = logged(directory / "s.db")
     with open_store(url) as store:
         run = store.read(INSTANCE, upto=1)[0].run_id
-    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    by_run = [
+        ["show", "--", run[:6]],
+        ["replay", "--", run],
+        ["replay", "--json", "--", run],
+        ["steps", "--", run],
+    ]
     commands = [["--store", url, *command] for command in [*READING, *by_run]]
     expected = run_all(commands, child=False)
     assert [status for status, _, _ in expected] == [0] * len(commands)
@@ -394,7 +404,12 @@ def test_every_reading_command_opens_sqlite_read_only_and_leaves_the_directory_a
     url = logged(directory / "s.db")
     with open_store(url) as store:
         run = store.read(INSTANCE, upto=1)[0].run_id
-    by_run = [["show", "--", run[:6]], ["replay", "--", run], ["replay", "--json", "--", run]]
+    by_run = [
+        ["show", "--", run[:6]],
+        ["replay", "--", run],
+        ["replay", "--json", "--", run],
+        ["steps", "--", run],
+    ]
     others = [["verify"], ["verify", "--json"], ["head", INSTANCE]]
     commands = [["--store", url, *command] for command in [*READING, *by_run, *others]]
     assert {c[2] for c in commands} == set(READING_COMMANDS)

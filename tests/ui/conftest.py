@@ -1,6 +1,7 @@
 """Fixtures of the UI's tests: a store prepared by real workflow runs (``steplog demo``'s three
-instances, plus a chain whose state holds hostile text and a sensitive key), a Starlette test
-client over it, and a real uvicorn server on a free 127.0.0.1 port."""
+instances, a chain whose state holds hostile text and a sensitive key, and two instances of
+recorded steps: ``mail`` and its hostile twin, each a run cancelled in a step then resumed), a
+Starlette test client over it, and a real uvicorn server on a free 127.0.0.1 port."""
 
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ from starlette.testclient import TestClient
 from kernel import EventStore, open_store
 from projections.cli import main
 from projections.ui import create_app
-from tests.ui.workflows import HOSTILE_INSTANCE, write_chain
+from tests.projections.stepping import MAIL, write_mail
+from tests.ui.workflows import HOSTILE, HOSTILE_INSTANCE, write_chain
 
 LOCAL = "http://127.0.0.1"
 """Where the test clients send their requests (the UI answers only its loopback names)."""
 DEMO = "orders"
 RECOVERY = f"{DEMO}-recovery"
 FORK = f"{DEMO}-recovery-fork"
+HOSTILE_MAIL = "hostile-mail"
+"""Recorded steps whose prompt, result and one step's name are hostile text."""
+SENSITIVE_STEP = "send_email"
+"""The step ``mail`` declares sensitive: its result is redacted."""
 
 
 def prepare(path: Path) -> str:
@@ -42,6 +48,8 @@ def prepare(path: Path) -> str:
     with open_store(url) as demo_store:
         asyncio.run(write_chain(demo_store, HOSTILE_INSTANCE, stop=3, fail_at=2))
         asyncio.run(write_chain(demo_store, HOSTILE_INSTANCE, stop=3))
+        asyncio.run(write_mail(demo_store, MAIL, sensitive_keys=[SENSITIVE_STEP]))
+        asyncio.run(write_mail(demo_store, HOSTILE_MAIL, prompt=f"write {HOSTILE}"))
     return url
 
 

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from kernel import fold_committed
+from kernel import StepRecorded, fold_committed
 from projections import blame_keys, fold_history
 from projections._frontend._render import show_value
-from tests.ui.conftest import DEMO, FORK, RECOVERY, Server
+from tests.projections.stepping import MAIL
+from tests.ui.conftest import DEMO, FORK, HOSTILE_MAIL, RECOVERY, SENSITIVE_STEP, Server
 from tests.ui.workflows import HOSTILE, HOSTILE_INSTANCE, write_chain
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -216,6 +217,56 @@ def test_a_hostile_value_renders_as_text(page: Any, server: Server) -> None:
         page.locator(".graph-box").first.screenshot(path=str(DOCS / "ui-graph.png"))
     page.goto("/i/no-such-instance")
     assert page.locator("h1").inner_text() == "not found"
+
+
+def test_recorded_steps_show_inside_their_superstep_and_a_served_one_names_its_origin(
+    page: Any, server: Server
+) -> None:
+    """The timeline of ``mail``: the aborted superstep lists the model call and the failed spam
+    check; the committed one the model call served from the log (marked reused, linking to the
+    run that recorded it first, where that record is), the spam check run again and the mail
+    sent (its result redacted: its step's name is sensitive). The model's answer reads as
+    text, its lines kept."""
+    events = server.store.read(MAIL)
+    aborted, committed = fold_history(events).supersteps()
+    origin = next(e for e in events if isinstance(e, StepRecorded) and e.reused is None)
+    page.goto(f"/i/{MAIL}")
+    names = page.locator(f'li[data-superstep="{aborted.superstep_id}"] li.recorded-step')
+    assert [n.get_attribute("data-name") for n in names.all()] == ["call_model", "check_spam"]
+    inside = page.locator(f'li[data-superstep="{committed.superstep_id}"] li.recorded-step')
+    assert [n.get_attribute("data-name") for n in inside.all()] == [
+        "call_model",
+        "check_spam",
+        SENSITIVE_STEP,
+    ]
+    served = page.locator("li.recorded-step.reused")
+    assert served.count() == 1
+    assert served.locator(".badge.reused").inner_text() == "reused"
+    assert served.get_attribute("data-origin-run") == aborted.run_id
+    answer = served.locator("pre.step-result").nth(1).inner_text()
+    assert answer == "Dear Ann,\nthank you. (write to Ann)"
+    assert "redacted" in inside.nth(2).locator("pre.step-result").inner_text()
+    assert "failed" in (inside.nth(1).get_attribute("class") or "")
+    shoot(page, "steps")
+    served.locator(".reused-from a").click()
+    page.wait_for_url(re.compile(rf"\?run={aborted.run_id}#p-{origin.position}$"))
+    first = page.locator(f"li#p-{origin.position}")
+    assert first.get_attribute("data-name") == "call_model"
+    assert first.is_visible()
+    assert page.locator("li.step").count() == 1  # the run that recorded it, alone
+
+
+def test_a_hostile_step_renders_as_text(page: Any, server: Server) -> None:
+    page.goto(f"/i/{HOSTILE_MAIL}")
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img[src=x]").count() == 0
+    hostile = page.locator(f'li.recorded-step[data-name="{HOSTILE}"]')
+    assert hostile.count() == 2  # recorded, then served
+    for n in range(2):
+        assert hostile.nth(n).locator(".step-name").inner_text() == HOSTILE
+        assert hostile.nth(n).locator("pre.step-result").inner_text() == HOSTILE
+    prompt = page.locator('li.recorded-step[data-name="call_model"] pre.step-result').first
+    assert prompt.inner_text() == f"write {HOSTILE}"
 
 
 def test_docs_name_every_screenshot() -> None:

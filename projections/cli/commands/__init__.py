@@ -11,6 +11,7 @@ options, and ``COMMANDS``, each command's function by name:
   _maintenance  verify (hash chain, saved heads, views), head, recover
   _rekey        keygen, rekey (encryption at rest)
   _durable      runs, show, checkpoints, requests, respond, replay, fork
+  _steps        steps (a run's recorded steps)
   _ui           ui (the browser debugger, projections.ui)
   _completion   completion (shell scripts made from the parser)
 

@@ -28,6 +28,7 @@ from kernel import (
     RecordedError,
     ResponseReceived,
     RunStarted,
+    StepRecorded,
     ValueCodec,
     WorkflowEvent,
     checkpoint_statuses,
@@ -35,7 +36,7 @@ from kernel import (
     record_response,
     replay,
 )
-from projections import RunHistory, RunRecord, fold_history, forks_of
+from projections import RecordedStep, RunHistory, RunRecord, fold_history, forks_of
 from projections._folds._runrecords import status_text
 from projections._frontend._ids import (
     events_of,
@@ -54,9 +55,11 @@ from projections._frontend._render import (
     show_value,
 )
 from projections._frontend._safe import cell, json_text, visible
+from projections._frontend._steps import step_line, steps_of
 from projections.cli._json import emit, emit_line
 from projections.cli._runstream import run_row, stream_runs
 from projections.cli.commands import Command
+from projections.cli.commands._reading import redactor, sensitivity_options
 
 __all__ = ["COMMANDS", "add_commands", "history", "run_window"]
 
@@ -65,8 +68,11 @@ def add_commands(commands: Any) -> None:
     """The subcommands of this module."""
     runs = commands.add_parser("runs", help="runs of an instance (or of every instance)")
     runs.add_argument("instance", nargs="?", help="one instance (default: every instance)")
-    show = commands.add_parser("show", help="one run: its supersteps, outputs and requests")
+    show = commands.add_parser(
+        "show", help="one run: its supersteps, outputs, requests and recorded steps"
+    )
     show.add_argument("run", help="a run id, or a unique prefix of one")
+    sensitivity_options(show)
     marks = commands.add_parser("checkpoints", help="the committed supersteps of an instance")
     marks.add_argument("instance")
     asked = commands.add_parser("requests", help="requests waiting for a response")
@@ -105,12 +111,14 @@ requests, and whether a later run continues it."""
 
 class RunWindow(NamedTuple):
     """What ``run_window`` read of one run: the run ``history``, the messages each superstep of
-    the run staged (``sent``), and the ``ResponseReceived`` events of the responses it recorded
-    (those its record lists in ``responses``), in order."""
+    the run staged (``sent``), the ``ResponseReceived`` events of the responses it recorded
+    (those its record lists in ``responses``), in order, and its recorded steps (``records``,
+    its ``StepRecorded`` events in order)."""
 
     history: RunHistory
     sent: Counter[str]
     responses: list[ResponseReceived]
+    records: list[StepRecorded]
 
 
 def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
@@ -119,7 +127,7 @@ def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
     and ends of the later runs (the run starts are found by their rows' bytes). Its record of the
     run, and of its supersteps, are those of the whole instance's history. With it, the number
     of messages each superstep of the run staged (delivered only if the superstep committed),
-    and the responses the run recorded."""
+    the responses the run recorded, and its step records."""
     starts = [e for e in store.find_events(instance, ("run_started",)) if isinstance(e, RunStarted)]
     at = next(n for n, e in enumerate(starts) if e.run_id == run_id)
     begin = starts[at].position - 1
@@ -133,11 +141,14 @@ def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
                 sent[event.superstep_id] += 1
             elif isinstance(event, ResponseReceived) and event.run_id == run_id:
                 received.append(event)
+            elif isinstance(event, StepRecorded) and event.run_id == run_id:
+                records.append(event)
             yield event
         yield from store.find_events(instance, _LATER, after=end)
 
     sent: Counter[str] = Counter()
     received: list[ResponseReceived] = []
+    records: list[StepRecorded] = []
     past = fold_history(events(), RunHistory(forks=forks_of(store, instance)))
     run = past.run(run_id)
     counted = set() if run is None else set(run.responses)
@@ -145,7 +156,7 @@ def run_window(store: EventStore, instance: str, run_id: str) -> RunWindow:
     for response in received:  # as the fold counts them: the first of each, while running
         if response.request_id in counted:
             first.setdefault(response.request_id, response)
-    return RunWindow(past, sent, list(first.values()))
+    return RunWindow(past, sent, list(first.values()), records)
 
 
 def _instances(store: EventStore, named: str | None) -> list[str]:
@@ -197,17 +208,25 @@ def _runs_table(page: list[tuple[str, RunRecord]], *, header: bool) -> Table:
 
 def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     instance, run_id = find_run(store, args.run)
-    past, sent, responses = run_window(store, instance, run_id)
+    past, sent, responses, records = run_window(store, instance, run_id)
     run = past.run(run_id)
     assert run is not None
     steps = past.supersteps(run_id)
     asked = {r.request_id: r for r in run.pending_requests}
+    rule = redactor(store, args, instance=instance)
+    inside: dict[str, list[RecordedStep]] = {}
+    for recorded in steps_of(store, instance, records, {s.superstep_id: s for s in steps}, rule):
+        inside.setdefault(recorded.record.superstep_id, []).append(recorded)
     if args.json:
         emit(
             {
                 "run": run_document(run, instance),
                 "supersteps": [step.to_row() for step in steps],
                 "messages": {step.superstep_id: sent[step.superstep_id] for step in steps},
+                "steps": {
+                    superstep_id: [recorded.to_row() for recorded in found]
+                    for superstep_id, found in inside.items()
+                },
                 "responses": [
                     {
                         "request_id": r.request_id,
@@ -251,8 +270,10 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
         table.add_column(column, overflow="fold")
     table.add_column("outputs", overflow="fold")
     table.add_column("requests", overflow="fold")
+    if inside:  # the recorded steps inside each superstep (the column only when there are)
+        table.add_column("recorded steps", overflow="fold")
     for step in steps:
-        table.add_row(
+        row = [
             str(step.index),
             cell(step.superstep_id[:8]),
             cell(step.status + (f" ({step.reason})" if step.reason else "")),
@@ -261,8 +282,15 @@ def _show(store: EventStore, args: argparse.Namespace, console: Console) -> int:
             str(sent[step.superstep_id]),
             cell(show_value(list(step.outputs))) if step.outputs else "",
             cell(", ".join(r + (" (pending)" if r in asked else "") for r in step.requests)),
-        )
+        ]
+        if inside:
+            row.append("\n".join(cell(step_line(r)) for r in inside.get(step.superstep_id, ())))
+        table.add_row(*row)
     console.print(table)
+    if inside:
+        console.print(
+            visible(f"each step's result: steplog steps {run_id}"), markup=False, soft_wrap=True
+        )
     if run.outputs:
         console.print(visible(f"outputs: {show_value(run.outputs)}"), markup=False, soft_wrap=True)
     return 0

@@ -14,14 +14,17 @@ __all__ = ["redactor", "require_events", "sensitivity_options"]
 
 def sensitivity_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
-        "--reveal", action="store_true", help="show the values of sensitive keys (not redacted)"
+        "--reveal",
+        action="store_true",
+        help="show the values of sensitive keys and steps (not redacted)",
     )
     command.add_argument(
         "--sensitive",
         action="append",
         default=[],
         metavar="PATTERN",
-        help="also redact the keys matching PATTERN (a key or an fnmatch glob; repeatable)",
+        help="also redact the keys (and results of steps named) matching PATTERN (a key or an "
+        "fnmatch glob; repeatable)",
     )
 
 
@@ -33,11 +36,17 @@ def require_events(store: EventStore, instance: str) -> list[EventBase]:
 
 
 def redactor(
-    store: EventStore, args: argparse.Namespace, events: list[EventBase] | None = None
+    store: EventStore,
+    args: argparse.Namespace,
+    events: list[EventBase] | None = None,
+    *,
+    instance: str | None = None,
 ) -> SensitiveKeys:
     """What a reading command redacts: nothing with ``--reveal``, else the instance's sensitive
-    keys and the ``--sensitive`` patterns (``events``: the instance's, when read already)."""
+    keys and the ``--sensitive`` patterns (``events``: the instance's, when read already;
+    ``instance``: the instance, when the command was not given it but a run)."""
     extra = SensitiveKeys(args.sensitive)  # a bad pattern is bad input, --reveal or not
     if args.reveal:
         return SensitiveKeys()
-    return sensitive_keys_of(store, args.instance, extra=extra.patterns, events=events)
+    name = args.instance if instance is None else instance
+    return sensitive_keys_of(store, name, extra=extra.patterns, events=events)
