@@ -139,6 +139,9 @@ class StepCall:
     started: float = 0.0
     reused: int | None = None
     """Set by ``lookup`` when the call is served: the position of the record served."""
+    auto_request_ids: int = 0
+    """How many automatic request ids the call used (a functional workflow counts them before
+    ``finished``); set by ``lookup`` from the record when the call is served."""
 
 
 class StepHost(Protocol):
