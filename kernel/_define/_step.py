@@ -42,6 +42,7 @@ __all__ = [
     "StepWrapper",
     "current_call",
     "identity_digest",
+    "is_run_context",
     "report_usage",
     "step",
     "step_key",
@@ -204,7 +205,9 @@ def step_key() -> str:
     return call.step_key
 
 
-def _is_run_context(annotation: Any) -> bool:
+def is_run_context(annotation: Any) -> bool:
+    """Whether a parameter annotated ``annotation`` receives the run's context (its class says
+    so with ``__steplog_run_context__ = True``, as the functional ``RunContext`` does)."""
     return getattr(annotation, "__steplog_run_context__", False) is True
 
 
@@ -249,7 +252,7 @@ class StepWrapper(Generic[R]):
         for pname, param in self._signature.parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
-            if _is_run_context(hints.get(pname, param.annotation)) or pname == "ctx":
+            if is_run_context(hints.get(pname, param.annotation)) or pname == "ctx":
                 self._ctx_param = pname
                 break
         self._identity_signature = self._signature.replace(
