@@ -264,8 +264,8 @@ class FunctionalWorkflow:
         **kwargs: Any,
     ) -> Coroutine[Any, Any, RunResult] | FunctionalRunStream:
         """Run the function on ``message``, or continue it with ``responses`` (by the
-        function's request ids; ``checkpoint_id``, the instance's latest checkpoint, may be
-        given too). ``await run(...)`` returns a ``RunResult``; ``run(..., stream=True)`` a
+        function's request ids) or from ``checkpoint_id`` (the instance's latest checkpoint), or
+        both: give at least one of the three, and a message alone. ``await run(...)`` returns a ``RunResult``; ``run(..., stream=True)`` a
         ``FunctionalRunStream``. ``kwargs`` are the run's arguments (``RunContext.run_kwargs``).
 
         Refused before anything is appended, with ``WorkflowArgumentError`` (a ``ValueError``,
