@@ -181,12 +181,14 @@ def workflow(
 @dataclass(frozen=True, slots=True)
 class _Lineage:
     """Where an instance's last run stands, in the function's request ids: its lineage, the
-    requests waiting for an answer (wire data, as the log recorded them) and the answers
-    recorded so far (wire values)."""
+    requests waiting for an answer (wire data, as the log recorded them), the answers recorded
+    so far (wire values), and whether answers recorded without a run (``steplog respond``)
+    still wait for ``resume()`` to deliver them."""
 
     lineage: str | None
     pending: dict[str, dict[str, Any]]
     answered: dict[str, Any]
+    undelivered: bool = False
 
 
 class FunctionalWorkflow:
@@ -202,11 +204,14 @@ class FunctionalWorkflow:
     """
 
     def __init__(
-        self, definition: FunctionalWorkflowDefinition, workflow: Workflow, function: Any
+        self,
+        definition: FunctionalWorkflowDefinition,
+        workflow: Workflow,
+        function: WorkflowFunction,
     ) -> None:
         self._definition = definition
         self.workflow = workflow
-        self._function: WorkflowFunction = function
+        self._function = function
         self._active: weakref.ref[FunctionalRunStream] | None = None
 
     @property
@@ -265,8 +270,9 @@ class FunctionalWorkflow:
     ) -> Coroutine[Any, Any, RunResult] | FunctionalRunStream:
         """Run the function on ``message``, or continue it with ``responses`` (by the
         function's request ids) or from ``checkpoint_id`` (the instance's latest checkpoint), or
-        both: give at least one of the three, and a message alone. ``await run(...)`` returns a ``RunResult``; ``run(..., stream=True)`` a
-        ``FunctionalRunStream``. ``kwargs`` are the run's arguments (``RunContext.run_kwargs``).
+        both: give at least one of the three, and a message alone. ``await run(...)`` returns a
+        ``RunResult``; ``run(..., stream=True)`` a ``FunctionalRunStream``. ``kwargs`` are the
+        run's arguments (``RunContext.run_kwargs``).
 
         Refused before anything is appended, with ``WorkflowArgumentError`` (a ``ValueError``,
         as AF's): a message with responses or a checkpoint, nothing to run, a message to a
@@ -274,8 +280,9 @@ class FunctionalWorkflow:
         the pending ones, an answer that differs from the one recorded for the same request, a
         response not of the type its request asked for, an unknown ``checkpoint_id``, and AF's
         ``checkpoint_storage``. A message while requests are pending gives them up (AF warns so,
-        and so does this, on ``kernel._ops._functional``'s logger). ``RunInProgressError``
-        while a run of this object is still going.
+        and so does this, on ``kernel._ops._functional``'s logger); while answers recorded with
+        ``steplog respond`` wait for ``resume()``, it is refused (``PendingRequestsError``).
+        ``RunInProgressError`` while a run of this object is still going.
         """
         if message is not None and responses is not None:
             raise WorkflowArgumentError(
@@ -320,7 +327,9 @@ class FunctionalWorkflow:
                 message,
                 stream=True,
                 include_status_events=include_status_events,
-                supersede_requests=True,
+                # AF gives pending requests up with a warning; answers recorded with `steplog
+                # respond` are steplog's own, and the run refuses to drop them (PendingRequests)
+                supersede_requests=not where.undelivered,
                 **kwargs,
             )
             return self._launch(inner, inner.run_id, stream, include_status_events)
@@ -408,7 +417,8 @@ class FunctionalWorkflow:
             return _Lineage(None, {}, {})
         lineage = line.lineage
         pending = {}
-        for logged, request in waiting(ledger).requests.items():
+        left = waiting(ledger)
+        for logged, request in left.requests.items():
             own = request_id_of(logged, lineage)
             if own is not None:
                 pending[own] = request
@@ -419,7 +429,7 @@ class FunctionalWorkflow:
                 own = request_id_of(response.request_id, lineage)
                 if own is not None:
                     answered[own] = response.value
-        return _Lineage(lineage, pending, answered)
+        return _Lineage(lineage, pending, answered, bool(left.responses))
 
     def _line(self, ledger: Ledger, run_id: str | None) -> tuple[Ledger, RunLine | None]:
         """Run ``run_id`` (default: the last), and the ledger it is in: a fork that has not

@@ -22,12 +22,14 @@ import pytest
 from kernel import (
     DefinitionError,
     FunctionalWorkflow,
+    PendingRequestsError,
     RunContext,
     RunInProgressError,
     WorkflowArgumentError,
     WorkflowEvent,
     get_run_context,
     open_store,
+    record_response,
     step,
     workflow,
 )
@@ -346,6 +348,22 @@ async def test_two_answers_delivered_together_run_the_function_once():
     assert shown(result).count(("output", "both")) == 1
 
 
+async def test_an_answer_recorded_by_steplog_respond_is_delivered_by_resume_never_dropped():
+    @workflow
+    async def ask(x: int, ctx: RunContext) -> str:
+        return await ctx.request_info("q", response_type=str, request_id="q")
+
+    store = open_store("memory://")
+    wf = ask.build(store=store, instance_id="answered-elsewhere")
+    paused = await wf.run(1)
+    (logged,) = [e.request_id for e in of_type(wf.events(), "info_requested")]
+    record_response(store, paused.run_id, logged, "from the command line")  # steplog respond
+
+    with pytest.raises(PendingRequestsError, match="resume"):
+        await wf.run(2)  # a new message would drop the recorded answer: refused
+    assert (await wf.resume()).get_outputs() == ["from the command line"]
+
+
 async def test_an_answer_given_again_must_be_the_recorded_one():
     @workflow
     async def two(x: int, ctx: RunContext) -> str:
@@ -500,6 +518,38 @@ async def test_equal_calls_are_told_apart_by_their_occurrence_and_ctx_is_no_part
     assert result.get_outputs() == [["x", "x"]]
     assert calls.counts == {"echo": 2}
     assert [e.type for e in result if e.executor_id == "echo"] == ["executor_bypassed"] * 2
+
+
+async def test_bytes_complex_numbers_and_frozensets_have_identities_as_in_af():
+    @step
+    async def show(value: Any) -> str:
+        return type(value).__name__
+
+    @workflow
+    async def kinds_of(_: str) -> list[str]:  # concurrent calls need an identity
+        values = (b"raw", 1 + 2j, frozenset({"b", "a"}))
+        return list(await asyncio.gather(*(show(v) for v in values)))
+
+    result = await kinds_of.build(store=open_store("memory://")).run("x")
+    assert result.get_outputs() == [["bytes", "complex", "frozenset"]]
+
+
+async def test_a_step_named_as_its_workflow_keeps_its_events():
+    @step(name="same")
+    async def inner(x: int) -> int:
+        return x + 1
+
+    @workflow(name="same")
+    async def outer(x: int) -> int:
+        return await inner(x)
+
+    result = await outer.build(store=open_store("memory://")).run(1)
+    assert shown(result) == [
+        ("executor_invoked", "same"),
+        ("executor_completed", "same"),
+        ("output", "same"),
+        ("completed", None),
+    ]
 
 
 # -- the caller's side ----------------------------------------------------------------------------
