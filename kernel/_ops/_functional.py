@@ -135,7 +135,7 @@ class FunctionalWorkflowDefinition:
             hints = []
         builder.register_types(*types, *value_classes(*hints))
 
-    def bind(self, store: EventStore, settings: InstanceSettings) -> FunctionalWorkflow:
+    def _bind(self, store: EventStore, settings: InstanceSettings) -> FunctionalWorkflow:
         """This workflow on the instance ``settings`` name (a fork's), with its own executor."""
         function = WorkflowFunction(self._func, self.name)
         builder = self._builder(function, store=store)
@@ -543,7 +543,7 @@ class FunctionalWorkflow:
         """Start instance ``instance_id`` from this one's log at ``at`` (``Workflow.fork``):
         the same functional workflow, on the fork."""
         forked = self.workflow.fork(at=at, instance_id=instance_id)
-        return self._definition.bind(self.store, forked.settings)
+        return self._definition._bind(self.store, forked.settings)
 
     def __repr__(self) -> str:
         return f"FunctionalWorkflow({self.name!r}, instance={self.instance_id!r})"
