@@ -348,11 +348,11 @@ class Segment:
         await self.inner.served(call, _snapshot(result))
 
     async def started(self, call: StepCall) -> None:
+        await self.inner.started(call)  # may refuse the call (a rerun's instance)
         task = asyncio.current_task()
         if task is not None:
             task.add_done_callback(self._task_done)
         self.calls[call] = _Open(task, self.auto)
-        await self.inner.started(call)
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
         opened = self.calls.pop(call, None)
