@@ -41,6 +41,7 @@ from kernel._base._errors import (
     TypeCompatibilityError,
     ValidationTypeEnum,
     VisualizationError,
+    WorkflowArgumentError,
     WorkflowValidationError,
 )
 from kernel._base._ids import MAX_ID_BYTES, MAX_KEY_BYTES
@@ -107,10 +108,17 @@ from kernel._log._fold import (
 from kernel._log._requests import PendingRequest
 from kernel._ops._builder import WorkflowBuilder
 from kernel._ops._checkpoint_status import checkpoint_statuses
+from kernel._ops._functional import (
+    FunctionalRunStream,
+    FunctionalWorkflow,
+    FunctionalWorkflowDefinition,
+    workflow,
+)
 from kernel._ops._recovery import RecoveredRun, recover
 from kernel._ops._replay import RecordedError, replay
 from kernel._ops._rerun import Divergence, DivergenceKind, RerunReport, rerun
 from kernel._ops._respond import RecordedResponse, fork_at, record_response
+from kernel._ops._runcontext import RunContext, get_run_context
 from kernel._ops._settings import InstanceSettings
 from kernel._ops._subworkflow import (
     SubworkflowLinks,
@@ -176,6 +184,9 @@ __all__ = [
     "ExecutorInvoked",
     "Fold",
     "FunctionExecutor",
+    "FunctionalRunStream",
+    "FunctionalWorkflow",
+    "FunctionalWorkflowDefinition",
     "GraphConnectivityError",
     "GraphvizNotFoundError",
     "HandlerSpec",
@@ -211,6 +222,7 @@ __all__ = [
     "RunAwaitingInput",
     "RunCancelled",
     "RunCompleted",
+    "RunContext",
     "RunEvent",
     "RunFailed",
     "RunHooks",
@@ -249,6 +261,7 @@ __all__ = [
     "ValueCodec",
     "VisualizationError",
     "Workflow",
+    "WorkflowArgumentError",
     "WorkflowBuilder",
     "WorkflowContext",
     "WorkflowErrorDetails",
@@ -268,6 +281,7 @@ __all__ = [
     "fold_committed",
     "folds",
     "fork_at",
+    "get_run_context",
     "handler",
     "mask_url",
     "open_store",
@@ -282,6 +296,7 @@ __all__ = [
     "step_key",
     "system_clock",
     "uuid_ids",
+    "workflow",
 ]
 
 

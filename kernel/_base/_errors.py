@@ -16,7 +16,9 @@ Every error that steplog raises on its own account derives from ``StepLogError``
     │   ├── RoutingError             a message that no edge can deliver
     │   ├── ResumeError              a checkpoint or run that cannot be continued (names why)
     │   ├── ResponseError            a response to a request that is unknown, answered or mistyped
-    │   └── PendingRequestsError     a new message while requests or responses still wait
+    │   ├── PendingRequestsError     a new message while requests or responses still wait
+    │   └── WorkflowArgumentError    a functional workflow's call with arguments it refuses, as
+    │                                AF refuses them with ValueError (so a ValueError too)
     ├── RecordedError                an exception as the log recorded it, in a replayed stream
     │                                (kernel._ops._replay: it carries the recorded ErrorInfo)
     ├── EncodingError                a value or message that cannot be stored as JSON
@@ -83,6 +85,7 @@ __all__ = [
     "TypeCompatibilityError",
     "ValidationTypeEnum",
     "VisualizationError",
+    "WorkflowArgumentError",
     "WorkflowValidationError",
 ]
 
@@ -282,6 +285,14 @@ def _pending_requests(
     message: str, request_ids: tuple[str, ...], responded_ids: tuple[str, ...] = ()
 ) -> PendingRequestsError:
     return PendingRequestsError(message, request_ids=request_ids, responded_ids=responded_ids)
+
+
+class WorkflowArgumentError(ExecutionError, ValueError):
+    """A functional workflow refused a call's arguments where Agent Framework raises
+    ``ValueError``: ``run()`` given a message and responses (or neither), responses that answer
+    no pending request, a response of the wrong type, an unknown ``checkpoint_id``, a reserved
+    state key. Raised before anything is appended, except the response type, which a
+    ``RunContext.request_info`` may only learn inside its run (the run then fails)."""
 
 
 class EncodingError(StepLogError, TypeError):

@@ -30,6 +30,7 @@ __all__ = [
     "ResponseHandlerSpec",
     "ResponseOptions",
     "handler_spec",
+    "matches",
     "positional_params",
     "refuse_descriptor",
     "response_spec",
@@ -84,7 +85,7 @@ class HandlerSpec:
             return True
         if not isinstance(message, self.accepts):
             return False
-        return self._shallow or _matches(message, self.input_type)
+        return self._shallow or matches(message, self.input_type)
 
     def accepts_type(self, kind: type) -> bool:
         return self.accepts is None or any(_is_subtype(kind, t) for t in self.accepts)
@@ -413,7 +414,7 @@ def _is_shallow(annotation: Any) -> bool:
     return annotation is None
 
 
-def _matches(value: Any, annotation: Any) -> bool:
+def matches(value: Any, annotation: Any) -> bool:
     """Whether ``value`` fits ``annotation``: classes by ``isinstance``, ``Literal`` by value,
     the items of lists, sets, tuples and dicts by their declared types. What cannot be checked
     at runtime (a protocol, a special form) is taken as a match."""
@@ -426,11 +427,11 @@ def _matches(value: Any, annotation: Any) -> bool:
         return isinstance(value, annotation) if isinstance(annotation, type) else True
     args = get_args(annotation)
     if origin is Union or origin is types.UnionType:
-        return any(_matches(value, arg) for arg in args)
+        return any(matches(value, arg) for arg in args)
     if origin is Literal:
         return any(type(value) is type(member) and value == member for member in args)
     if origin is typing.Annotated:
-        return _matches(value, args[0])
+        return matches(value, args[0])
     if not isinstance(origin, type):
         return True
     try:
@@ -444,12 +445,12 @@ def _matches(value: Any, annotation: Any) -> bool:
 def _items_match(value: Any, origin: type, args: tuple[Any, ...]) -> bool:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(item, args[0]) for item in value)
+            return all(matches(item, args[0]) for item in value)
         if args == ((),):
             return len(value) == 0
-        return len(value) == len(args) and all(map(_matches, value, args))
+        return len(value) == len(args) and all(map(matches, value, args))
     if issubclass(origin, _MAPPINGS) and len(args) == 2:
-        return all(_matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
+        return all(matches(k, args[0]) and matches(v, args[1]) for k, v in value.items())
     if issubclass(origin, _ITEMS) and len(args) == 1 and not isinstance(value, str | bytes):
-        return all(_matches(item, args[0]) for item in value)
+        return all(matches(item, args[0]) for item in value)
     return True

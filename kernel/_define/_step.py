@@ -7,9 +7,10 @@ sets for each handler invocation (``ACTIVE_HOST``): this module never knows the 
 run a step is its plain function.
 
 A call's identity, as AF makes it: the step's name and either its ``replay_key`` (hashed) or its
-canonical bound arguments (``None``, ``bool``, ``int``, finite ``float``, ``str``, and lists,
-tuples and ``str``-keyed mappings of them, type-preserving), with the occurrence of that identity
-in the invocation. Arguments outside that set have no identity: such a call is keyed by its
+canonical bound arguments (``None``, ``bool``, ``int``, finite ``float`` and ``complex``,
+``str``, ``bytes``, and lists, tuples, frozensets and ``str``-keyed mappings of them,
+type-preserving), with the occurrence of that identity in the invocation. Arguments outside that
+set (or a container that holds itself) have no identity: such a call is keyed by its
 order among the step's calls, and refused (``ValueError``) in a task other than the handler's,
 where order is not stable.
 """
@@ -41,6 +42,7 @@ __all__ = [
     "StepWrapper",
     "current_call",
     "identity_digest",
+    "is_run_context",
     "report_usage",
     "step",
     "step_key",
@@ -61,8 +63,9 @@ Identity = tuple[Literal["auto", "explicit", "order"], str]
 _UNSUPPORTED = object()
 
 
-def _canonical(value: Any) -> Any:
-    """A type-preserving JSON tree of ``value``, or ``_UNSUPPORTED``."""
+def _canonical(value: Any, open_: frozenset[int] = frozenset()) -> Any:
+    """A type-preserving JSON tree of ``value``, or ``_UNSUPPORTED`` (also for a container that
+    holds itself: ``open_`` are the ids of the containers being walked)."""
     kind = type(value)
     if value is None:
         return ["none"]
@@ -72,26 +75,39 @@ def _canonical(value: Any) -> Any:
         return ["int", value]
     if kind is float:
         return ["float", value.hex()] if math.isfinite(value) else _UNSUPPORTED
+    if kind is complex:
+        parts = (value.real, value.imag)
+        if not all(map(math.isfinite, parts)):
+            return _UNSUPPORTED
+        return ["complex", value.real.hex(), value.imag.hex()]
     if kind is str:
         return ["str", value]
-    if kind is list or kind is tuple:
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind is frozenset:  # no order of its own: its items' trees, sorted by their JSON
+        trees = [_canonical(item, open_) for item in value]
+        if any(tree is _UNSUPPORTED for tree in trees):
+            return _UNSUPPORTED
+        return ["frozenset", sorted(trees, key=orjson.dumps)]
+    if kind is list or kind is tuple or isinstance(value, Mapping):
+        if id(value) in open_:
+            return _UNSUPPORTED  # it holds itself
+        inner = open_ | {id(value)}
+        if isinstance(value, Mapping):
+            pairs = []
+            for key, item in value.items():
+                tree = _canonical(item, inner) if type(key) is str else _UNSUPPORTED
+                if tree is _UNSUPPORTED:
+                    return _UNSUPPORTED
+                pairs.append([key, tree])
+            return ["mapping", f"{kind.__module__}.{kind.__qualname__}", pairs]
         items = []
         for item in value:
-            tree = _canonical(item)
+            tree = _canonical(item, inner)
             if tree is _UNSUPPORTED:
                 return _UNSUPPORTED
             items.append(tree)
         return ["list" if kind is list else "tuple", items]
-    if isinstance(value, Mapping):
-        pairs = []
-        for key, item in value.items():
-            if type(key) is not str:
-                return _UNSUPPORTED
-            tree = _canonical(item)
-            if tree is _UNSUPPORTED:
-                return _UNSUPPORTED
-            pairs.append([key, tree])
-        return ["mapping", f"{kind.__module__}.{kind.__qualname__}", pairs]
     return _UNSUPPORTED
 
 
@@ -124,6 +140,9 @@ class StepCall:
     started: float = 0.0
     reused: int | None = None
     """Set by ``lookup`` when the call is served: the position of the record served."""
+    auto_request_ids: int = 0
+    """How many automatic request ids the call used (a functional workflow counts them before
+    ``finished``); set by ``lookup`` from the record when the call is served."""
 
 
 class StepHost(Protocol):
@@ -186,7 +205,9 @@ def step_key() -> str:
     return call.step_key
 
 
-def _is_run_context(annotation: Any) -> bool:
+def is_run_context(annotation: Any) -> bool:
+    """Whether a parameter annotated ``annotation`` receives the run's context (its class says
+    so with ``__steplog_run_context__ = True``, as the functional ``RunContext`` does)."""
     return getattr(annotation, "__steplog_run_context__", False) is True
 
 
@@ -231,7 +252,7 @@ class StepWrapper(Generic[R]):
         for pname, param in self._signature.parameters.items():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
-            if _is_run_context(hints.get(pname, param.annotation)) or pname == "ctx":
+            if is_run_context(hints.get(pname, param.annotation)) or pname == "ctx":
                 self._ctx_param = pname
                 break
         self._identity_signature = self._signature.replace(
@@ -246,7 +267,10 @@ class StepWrapper(Generic[R]):
     def _identity(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Identity, str | None]:
-        bound = self._identity_signature.bind(*args, **kwargs)
+        named = kwargs
+        if self._ctx_param is not None and self._ctx_param in kwargs:  # the context, given by hand
+            named = {k: v for k, v in kwargs.items() if k != self._ctx_param}
+        bound = self._identity_signature.bind(*args, **named)
         bound.apply_defaults()
         digest = identity_digest(bound.arguments) if bound.arguments else None
         if self._replay_key is not None:

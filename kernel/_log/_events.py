@@ -329,6 +329,9 @@ class StepRecorded(SuperstepEvent):
     served: the call runs again). ``duration`` is in seconds; ``usage`` token counts when the
     step reported them (``input_tokens``, ``output_tokens``, ...). ``reused`` is set instead of a
     result when this call was served from the log: the stream position of the record it reused.
+    ``auto_request_ids`` counts the automatic request ids (a functional workflow's ``auto::N``)
+    the call used: a served call moves the count on by as many, as running it would (0 in graph
+    handlers).
     """
 
     type: Literal["step_recorded"] = "step_recorded"
@@ -344,6 +347,7 @@ class StepRecorded(SuperstepEvent):
     duration: float = Field(default=0.0, ge=0.0)
     usage: dict[str, int] | None = None
     reused: int | None = Field(default=None, ge=1)
+    auto_request_ids: int = Field(default=0, ge=0)
 
 
 class SuperstepCommitted(SuperstepEvent):

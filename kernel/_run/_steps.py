@@ -55,13 +55,14 @@ StepScope = Literal["superstep", "lineage"]
 
 @dataclass(frozen=True, slots=True)
 class RecordedCall:
-    """A call a lineage recorded: where (``position``, ``run_id``, ``superstep_id``), and its
-    result as stored (a JSON tree)."""
+    """A call a lineage recorded: where (``position``, ``run_id``, ``superstep_id``), its
+    result as stored (a JSON tree), and the automatic request ids it used."""
 
     position: int
     run_id: str
     superstep_id: str
     result: Any
+    auto_request_ids: int = 0
 
 
 class StepBook:
@@ -87,7 +88,13 @@ class StepBook:
         """Take ``event``, recorded in the superstep of lineage index ``index``."""
         if event.lineage != self.lineage or not returned(event):
             return
-        found = RecordedCall(event.position, event.run_id, event.superstep_id, event.result)
+        found = RecordedCall(
+            event.position,
+            event.run_id,
+            event.superstep_id,
+            event.result,
+            event.auto_request_ids,
+        )
         self.put(index, event.executor_id, event.key, found)
 
     def put(self, index: int | None, executor_id: str, key: str, found: RecordedCall) -> None:
@@ -264,6 +271,7 @@ class StepsHost:
             return False, None
         value = self._codec.decode(found.result, what=f"the recorded result of step {call.name!r}")
         call.reused = found.position
+        call.auto_request_ids = found.auto_request_ids
         return True, value
 
     def _fields(self, call: StepCall) -> dict[str, Any]:
@@ -334,11 +342,14 @@ class StepsHost:
             "duration": duration,
             "usage": dict(call.usage) or None,
             "reused": None,
+            "auto_request_ids": call.auto_request_ids,
         }
         position = self._append_now(data)
         step = self._step
         if position is not None and error is None:
-            found = RecordedCall(position, step.run_id, step.superstep_id, wire)
+            found = RecordedCall(
+                position, step.run_id, step.superstep_id, wire, call.auto_request_ids
+            )
             self._book.put(self._index, self.executor_id, call.key, found)
         self._report(call, duration, False, position, error)
         if error is None:
