@@ -26,6 +26,7 @@ from projections._views._sqlbackends import _SQLBackend
 
 __all__ = ["PostgresViewBackend"]
 
+
 class PostgresViewBackend(_SQLBackend):
     """View tables in the store's PostgreSQL schema."""
 

@@ -548,4 +548,3 @@ class _SQLBackend(ViewBackend):
 
     def _consistent_reads(self, cursor: Any) -> None:
         """Make the reads of this transaction see one snapshot (SQLite always does)."""
-
