@@ -37,7 +37,7 @@ names. See docs/agents.md.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import orjson
@@ -52,11 +52,13 @@ from agent_framework import (
     ChatMiddleware,
     ChatMiddlewareLayer,
     ChatResponse,
+    ChatResponseUpdate,
     Content,
     FunctionInvocationContext,
     FunctionMiddleware,
     Message,
     MiddlewareFailure,
+    ResponseStream,
     SupportsAgentRun,
 )
 from pydantic import BaseModel
@@ -143,25 +145,38 @@ def _arguments_text(arguments: BaseModel | Mapping[str, Any] | None) -> str:
 
 
 class _RecordedModelCalls(ChatMiddleware):
-    """Chat middleware that makes each model call a recorded step (``model_call``)."""
+    """Chat middleware that makes each model call a recorded step (``model_call``): what is
+    recorded is the call's ``ChatResponse``, streamed or not. A streamed call is consumed inside
+    its step and handed on as the response's updates, one per message."""
 
     async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
-        if context.stream:
-            raise ExecutionError(
-                "a recorded model call is not streamed: AgentExecutor runs its agent with "
-                "stream=False"
-            )
         live: list[ChatResponse] = []
 
         async def model_call() -> dict[str, Any]:
             await call_next()
-            response = cast(ChatResponse, context.result)
+            if context.stream:
+                stream = cast(ResponseStream[ChatResponseUpdate, ChatResponse], context.result)
+                async for _ in stream:
+                    pass
+                response = await stream.get_final_response()
+            else:
+                response = cast(ChatResponse, context.result)
             live.append(response)
             _report(response.usage_details)
             return response.to_dict()
 
         recorded = await step(name=MODEL_CALL)(model_call)()
-        context.result = live[0] if live else ChatResponse.from_dict(recorded)
+        response = live[0] if live else ChatResponse.from_dict(recorded)
+        if context.stream:
+            updates = response.to_updates()
+            context.result = ResponseStream(_each(updates), finalizer=ChatResponse.from_updates)
+        else:
+            context.result = response
+
+
+async def _each(items: Sequence[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
 
 
 class _RecordedToolCalls(FunctionMiddleware):
@@ -289,7 +304,8 @@ class AgentExecutor(Executor):
 
     It takes an ``AgentExecutorRequest`` (its messages join the conversation; the agent answers
     if ``should_respond``), an ``AgentExecutorResponse``, a ``str``, a ``Message`` or a list of
-    them. A turn yields the agent's ``AgentResponse`` as a workflow output and sends an
+    them. A turn yields the agent's ``AgentResponse`` as a workflow output (its
+    ``AgentResponseUpdate``s when the run is streamed, ``ctx.is_streaming()``) and sends an
     ``AgentExecutorResponse`` (the response and the full conversation) along its edges; when the
     agent asks for input (a tool approval, a client-side tool call), each request is a
     ``request_info`` under the request's own id, and the turn goes on when every one is answered.
@@ -420,7 +436,11 @@ class AgentExecutor(Executor):
         messages = list(conversation.cache)
         if self._ensure_trailing_user_turn and messages and messages[-1].role == "assistant":
             messages.append(Message("user", ["please continue."]))
-        response = await self._run_agent(ctx, conversation, messages)
+        streaming = ctx.is_streaming()
+        response, updates = await self._run_agent(ctx, conversation, messages, streaming)
+        for update in updates:  # a streamed turn's outputs: its updates, but requests for input
+            if not update.user_input_requests:
+                await ctx.yield_output(update)
         requests = list(response.user_input_requests)
         if requests:
             conversation.full = list(conversation.cache)
@@ -434,38 +454,54 @@ class AgentExecutor(Executor):
             for request in requests:
                 await ctx.request_info(request, Content, request_id=request.id)
             return
-        await ctx.yield_output(response)
+        if not streaming:
+            await ctx.yield_output(response)
         conversation.full = [*conversation.cache, *response.messages]
         await ctx.send_message(AgentExecutorResponse(self.id, response, conversation.full))
         conversation.cache = []
 
     async def _run_agent(
-        self, ctx: AgentContext, conversation: _Conversation, messages: list[Message]
-    ) -> AgentResponse:
+        self,
+        ctx: AgentContext,
+        conversation: _Conversation,
+        messages: list[Message],
+        streaming: bool,
+    ) -> tuple[AgentResponse, list[AgentResponseUpdate]]:
+        """Run the agent on ``messages``: its response, and its updates when ``streaming``."""
         function_kwargs, client_kwargs = self._invocation_kwargs(ctx.run_kwargs)
-        run = cast(Callable[..., Awaitable[AgentResponse]], self._agent.run)
         kwargs: dict[str, Any] = {
-            "stream": False,
+            "stream": streaming,
             "session": conversation.session,
             "function_invocation_kwargs": function_kwargs,
             "client_kwargs": client_kwargs,
         }
         if _records_calls(self._agent):
-            return await run(messages, middleware=list(_RECORDERS), **kwargs)
+            return await _agent_run(self._agent, messages, middleware=list(_RECORDERS), **kwargs)
         session = conversation.session
-        live: list[AgentResponse] = []
+        live: list[tuple[AgentResponse, list[AgentResponseUpdate]]] = []
 
         async def agent_run() -> dict[str, Any]:
-            response = await run(messages, **kwargs)
-            live.append(response)
+            response, updates = await _agent_run(self._agent, messages, **kwargs)
+            live.append((response, updates))
             _report(response.usage_details)
-            return {"response": response.to_dict(), "session": session.to_dict()}
+            recorded: dict[str, Any] = {
+                "response": response.to_dict(),
+                "session": session.to_dict(),
+            }
+            if streaming:
+                recorded["updates"] = [update.to_dict() for update in updates]
+            return recorded
 
         recorded = await step(name=AGENT_RUN)(agent_run)()
         if live:
             return live[0]
         conversation.session = AgentSession.from_dict(recorded["session"])
-        return AgentResponse.from_dict(recorded["response"])
+        response = AgentResponse.from_dict(recorded["response"])
+        if not streaming:
+            return response, []
+        if "updates" not in recorded:  # recorded by an attempt that was not streamed
+            return response, response.to_updates()
+        return response, [AgentResponseUpdate.from_dict(u) for u in recorded["updates"]]
 
     def _invocation_kwargs(
         self, run_kwargs: Mapping[str, Any]
@@ -484,6 +520,22 @@ class AgentExecutor(Executor):
             else:
                 found.append(dict(given))
         return found[0], found[1]
+
+
+async def _agent_run(
+    agent: SupportsAgentRun, messages: list[Message], **kwargs: Any
+) -> tuple[AgentResponse, list[AgentResponseUpdate]]:
+    """``agent.run(messages, **kwargs)``: its response, and, streamed, the updates it streamed
+    (the response is the stream's final one, so the stream's result hooks run)."""
+    run = cast(Callable[..., Any], agent.run)
+    if not kwargs["stream"]:
+        return await run(messages, **kwargs), []
+    stream = run(messages, **kwargs)
+    updates: list[AgentResponseUpdate] = [update async for update in stream]
+    final = getattr(stream, "get_final_response", None)
+    if callable(final):
+        return await final(), updates
+    return AgentResponse.from_updates(updates), updates
 
 
 def _answer_messages(answers: Sequence[Content]) -> list[Message]:

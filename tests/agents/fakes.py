@@ -18,7 +18,7 @@ counting (a test blocks or kills the process there).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from agent_framework import (
     BaseChatClient,
     ChatMiddlewareLayer,
     ChatResponse,
+    ChatResponseUpdate,
     Content,
     FunctionInvocationLayer,
     FunctionTool,
@@ -86,25 +87,32 @@ class PlannedChatClient(
 
     def _inner_get_response(
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **_: Any
-    ) -> Awaitable[ChatResponse]:
-        async def answer() -> ChatResponse:
-            self.counts.bump("model")
-            prompt = [[m.role, m.text] for m in messages]
-            self.counts.bump("prompts", json.dumps(prompt))
-            done = tool_results(messages)
-            usage = {"input_token_count": 100 + 10 * len(messages), "output_token_count": 7}
-            usage["total_token_count"] = usage["input_token_count"] + 7
-            if done < len(self.plan):
-                name, arguments = self.plan[done]
-                call = Content.from_function_call(
-                    call_id=f"call-{done + 1}", name=name, arguments=arguments
-                )
-                reply = Message("assistant", [call])
-            else:
-                reply = Message("assistant", [self.final])
-            return ChatResponse(messages=[reply], usage_details=usage)  # type: ignore[arg-type]
+    ) -> Any:
+        if stream:  # the same answer, as a stream of its updates
 
-        return answer()
+            async def updates() -> AsyncIterator[ChatResponseUpdate]:
+                for update in (await self._answer(messages)).to_updates():
+                    yield update
+
+            return self._build_response_stream(updates())
+        return self._answer(messages)
+
+    async def _answer(self, messages: Sequence[Message]) -> ChatResponse:
+        self.counts.bump("model")
+        prompt = [[m.role, m.text] for m in messages]
+        self.counts.bump("prompts", json.dumps(prompt))
+        done = tool_results(messages)
+        usage = {"input_token_count": 100 + 10 * len(messages), "output_token_count": 7}
+        usage["total_token_count"] = usage["input_token_count"] + 7
+        if done < len(self.plan):
+            name, arguments = self.plan[done]
+            call = Content.from_function_call(
+                call_id=f"call-{done + 1}", name=name, arguments=arguments
+            )
+            reply = Message("assistant", [call])
+        else:
+            reply = Message("assistant", [self.final])
+        return ChatResponse(messages=[reply], usage_details=usage)  # type: ignore[arg-type]
 
 
 def trip_tools(

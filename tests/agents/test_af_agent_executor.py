@@ -39,11 +39,6 @@ from agent_framework import (
 from kernel import WorkflowBuilder, WorkflowContext, WorkflowEvent, WorkflowRunState, executor
 from kernel.agents import AgentExecutor, AgentExecutorResponse
 
-STREAMING = pytest.mark.xfail(
-    strict=True,
-    reason="steplog's AgentExecutor runs its agent with stream=False (each model call is one "
-    "recorded step), so a streaming run yields the turn's AgentResponse, not its updates",
-)
 NO_CHECKPOINT_HOOKS = pytest.mark.xfail(
     strict=True,
     reason="steplog keeps the conversation as state (agent:<id>), written when a turn ends; "
@@ -75,7 +70,7 @@ class _ScriptedAgent(BaseAgent):
         self.runs += 1
         given = messages if isinstance(messages, list) else [messages]
         self.last_messages = [m if isinstance(m, Message) else Message("user", [m]) for m in given]  # type: ignore[misc]
-        contents = [self.reply] if isinstance(self.reply, str) else self.reply
+        contents = [Content.from_text(self.reply)] if isinstance(self.reply, str) else self.reply
         if stream:
 
             async def updates() -> AsyncIterable[AgentResponseUpdate]:
@@ -94,7 +89,6 @@ class _ScriptedAgent(BaseAgent):
         return answer()
 
 
-@STREAMING
 async def test_agent_executor_streaming_finalizes_stream_and_runs_result_hooks() -> None:
     agent = _ScriptedAgent("hook test", id="hook_agent", name="HookAgent")
     workflow = WorkflowBuilder(start_executor=AgentExecutor(agent, id="hook_exec")).build()
@@ -131,7 +125,9 @@ async def test_agent_executor_workflow_with_non_copyable_raw_representation() ->
     assert len(completed) == 1
     assert completed[0].data is not None
     # port: executor_completed lists the messages sent (outputs come when the superstep commits)
-    responses = [d.agent_response for d in completed[0].data if isinstance(d, AgentExecutorResponse)]
+    responses = [
+        d.agent_response for d in completed[0].data if isinstance(d, AgentExecutorResponse)
+    ]
     assert responses[0].text == "reply from AgentA"
     assert responses[0].raw_representation is raw
 
@@ -233,7 +229,9 @@ async def test_agent_executor_does_not_double_emit_approval_streaming() -> None:
 async def test_agent_executor_request_info_uses_user_input_request_id() -> None:
     agent = _ScriptedAgent([_approval("apr_match")], id="approve_agent_id", name="ApproveAgentId")
     workflow = WorkflowBuilder(start_executor=AgentExecutor(agent, id="approve_exec_id")).build()
-    asked = [e async for e in workflow.run("please delete it", stream=True) if e.type == "request_info"]
+    asked = [
+        e async for e in workflow.run("please delete it", stream=True) if e.type == "request_info"
+    ]
     assert len(asked) == 1
     assert asked[0].request_id == "apr_match"
 
@@ -250,12 +248,20 @@ class _ToolCallingAgent(BaseAgent):
         if stream:
 
             async def updates() -> AsyncIterable[AgentResponseUpdate]:
-                yield AgentResponseUpdate(contents=[Content.from_text("Let me search...")], role="assistant")
-                call = Content.from_function_call(call_id="call_123", name="search", arguments={"query": "weather"})
+                yield AgentResponseUpdate(
+                    contents=[Content.from_text("Let me search...")], role="assistant"
+                )
+                call = Content.from_function_call(
+                    call_id="call_123", name="search", arguments={"query": "weather"}
+                )
                 yield AgentResponseUpdate(contents=[call], role="assistant")
-                result = Content.from_function_result(call_id="call_123", result={"temperature": 72})
+                result = Content.from_function_result(
+                    call_id="call_123", result={"temperature": 72}
+                )
                 yield AgentResponseUpdate(contents=[result], role="tool")
-                yield AgentResponseUpdate(contents=[Content.from_text("The weather is sunny, 72°F.")], role="assistant")
+                yield AgentResponseUpdate(
+                    contents=[Content.from_text("The weather is sunny, 72°F.")], role="assistant"
+                )
 
             return ResponseStream(updates(), finalizer=AgentResponse.from_updates)
 
@@ -265,7 +271,6 @@ class _ToolCallingAgent(BaseAgent):
         return answer()
 
 
-@STREAMING
 async def test_agent_executor_emits_tool_calls_in_streaming_mode() -> None:
     agent_exec = AgentExecutor(_ToolCallingAgent(id="tool_agent", name="ToolAgent"), id="tool_exec")
     workflow = WorkflowBuilder(start_executor=agent_exec).build()
@@ -274,7 +279,12 @@ async def test_agent_executor_emits_tool_calls_in_streaming_mode() -> None:
         async for e in workflow.run("What's the weather?", stream=True)
         if e.type == "output" and isinstance(e.data, AgentResponseUpdate)
     ]
-    assert [u.contents[0].type for u in updates] == ["text", "function_call", "function_result", "text"]
+    assert [u.contents[0].type for u in updates] == [
+        "text",
+        "function_call",
+        "function_result",
+        "text",
+    ]
 
 
 @tool(approval_mode="always_require")
@@ -287,7 +297,11 @@ declaration_only_tool = FunctionTool(
     name="client_side_tool",
     func=None,
     description="A client-side tool that the framework cannot execute.",
-    input_model={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    input_model={
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+    },
 )
 
 
@@ -305,12 +319,19 @@ class _MockChatClient(FunctionInvocationLayer[Any], BaseChatClient[Any]):
     def _calls(self) -> list[Content]:
         count = 2 if self.parallel_request else 1
         return [
-            Content.from_function_call(call_id=str(n), name=self.tool, arguments='{"query": "test"}')
+            Content.from_function_call(
+                call_id=str(n), name=self.tool, arguments='{"query": "test"}'
+            )
             for n in range(1, count + 1)
         ]
 
     def _inner_get_response(
-        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+        self,
+        *,
+        messages: Sequence[Message],
+        stream: bool,
+        options: Mapping[str, Any],
+        **kwargs: Any,
     ) -> Any:
         first = self.iteration == 0
         self.iteration += 1
@@ -320,8 +341,12 @@ class _MockChatClient(FunctionInvocationLayer[Any], BaseChatClient[Any]):
                 if first:
                     yield ChatResponseUpdate(contents=self._calls(), role="assistant")
                 else:
-                    yield ChatResponseUpdate(contents=[Content.from_text("Tool executed ")], role="assistant")
-                    yield ChatResponseUpdate(contents=[Content.from_text("successfully.")], role="assistant")
+                    yield ChatResponseUpdate(
+                        contents=[Content.from_text("Tool executed ")], role="assistant"
+                    )
+                    yield ChatResponseUpdate(
+                        contents=[Content.from_text("successfully.")], role="assistant"
+                    )
 
             return self._build_response_stream(updates())
 
@@ -334,16 +359,22 @@ class _MockChatClient(FunctionInvocationLayer[Any], BaseChatClient[Any]):
 
 
 @executor(id="test_executor")
-async def _text_of(agent_executor_response: AgentExecutorResponse, ctx: WorkflowContext[Never, str]) -> None:
+async def _text_of(
+    agent_executor_response: AgentExecutorResponse, ctx: WorkflowContext[Never, str]
+) -> None:
     await ctx.yield_output(agent_executor_response.agent_response.text)
 
 
-def _workflow(tool_: FunctionTool, *, parallel_request: bool = False, output_from: bool = True) -> Any:
+def _workflow(
+    tool_: FunctionTool, *, parallel_request: bool = False, output_from: bool = True
+) -> Any:
     client = _MockChatClient(tool_.name, parallel_request)
     agent = Agent(client=client, name="ApprovalAgent", tools=[tool_])
     agent_exec = AgentExecutor(agent)  # port: steplog's builder takes executors, not agents
     kwargs: dict[str, Any] = {"output_from": [_text_of]} if output_from else {}
-    return WorkflowBuilder(start_executor=agent_exec, **kwargs).add_edge(agent_exec, _text_of).build()
+    return (
+        WorkflowBuilder(start_executor=agent_exec, **kwargs).add_edge(agent_exec, _text_of).build()
+    )
 
 
 def _approve_all(asked: list[WorkflowEvent[Any]]) -> dict[str, Any]:
@@ -367,16 +398,28 @@ async def test_agent_executor_tool_call_with_approval(parallel_request: bool) ->
 @pytest.mark.parametrize("parallel_request", [False, True], ids=["one", "parallel"])
 async def test_agent_executor_tool_call_with_approval_streaming(parallel_request: bool) -> None:
     """Also ``test_agent_executor_parallel_tool_call_with_approval_streaming``."""
-    workflow = _workflow(mock_tool_requiring_approval, parallel_request=parallel_request, output_from=False)
-    asked = [e async for e in workflow.run("Invoke tool requiring approval", stream=True) if e.type == "request_info"]
+    workflow = _workflow(
+        mock_tool_requiring_approval, parallel_request=parallel_request, output_from=False
+    )
+    asked = [
+        e
+        async for e in workflow.run("Invoke tool requiring approval", stream=True)
+        if e.type == "request_info"
+    ]
     assert len(asked) == (2 if parallel_request else 1)
     assert all(e.data.function_call.name == "mock_tool_requiring_approval" for e in asked)
-    outputs = [e.data async for e in workflow.run(stream=True, responses=_approve_all(asked)) if e.type == "output"]
+    outputs = [
+        e.data
+        async for e in workflow.run(stream=True, responses=_approve_all(asked))
+        if e.type == "output"
+    ]
     assert outputs[-1] == "Tool executed successfully."
 
 
 @pytest.mark.parametrize("parallel_request", [False, True], ids=["one", "parallel"])
-async def test_agent_executor_declaration_only_tool_emits_request_info(parallel_request: bool) -> None:
+async def test_agent_executor_declaration_only_tool_emits_request_info(
+    parallel_request: bool,
+) -> None:
     """Also ``test_agent_executor_parallel_declaration_only_tool_emits_request_info``."""
     workflow = _workflow(declaration_only_tool, parallel_request=parallel_request)
     asked = (await workflow.run("Use the client side tool")).get_request_info_events()
@@ -385,7 +428,9 @@ async def test_agent_executor_declaration_only_tool_emits_request_info(parallel_
         assert request.data.type == "function_call"
         assert request.data.name == "client_side_tool"
     results = {
-        e.request_id: Content.from_function_result(call_id=e.data.call_id, result=f"result for {e.data.call_id}")
+        e.request_id: Content.from_function_result(
+            call_id=e.data.call_id, result=f"result for {e.data.call_id}"
+        )
         for e in asked
     }
     events = await workflow.run(responses=results)
@@ -394,8 +439,18 @@ async def test_agent_executor_declaration_only_tool_emits_request_info(parallel_
 
 async def test_agent_executor_declaration_only_tool_emits_request_info_streaming() -> None:
     workflow = _workflow(declaration_only_tool, output_from=False)
-    asked = [e async for e in workflow.run("Use the client side tool", stream=True) if e.type == "request_info"]
-    assert [(e.data.type, e.data.name, e.data.call_id) for e in asked] == [("function_call", "client_side_tool", "1")]
-    answer = {asked[0].request_id: Content.from_function_result(call_id="1", result="client result")}
-    outputs = [e.data async for e in workflow.run(stream=True, responses=answer) if e.type == "output"]
+    asked = [
+        e
+        async for e in workflow.run("Use the client side tool", stream=True)
+        if e.type == "request_info"
+    ]
+    assert [(e.data.type, e.data.name, e.data.call_id) for e in asked] == [
+        ("function_call", "client_side_tool", "1")
+    ]
+    answer = {
+        asked[0].request_id: Content.from_function_result(call_id="1", result="client result")
+    }
+    outputs = [
+        e.data async for e in workflow.run(stream=True, responses=answer) if e.type == "output"
+    ]
     assert outputs[-1] == "Tool executed successfully."

@@ -212,6 +212,28 @@ async def test_a_turn_cancelled_inside_tool_2_runs_it_again_under_the_same_step_
     assert first_key == second_key  # an external system can deduplicate the two attempts
 
 
+async def test_a_streamed_turn_yields_its_updates_and_resumes_as_a_plain_one_does(
+    store: EventStore, counts: Counts
+) -> None:
+    hooks = CancelAfter("hold_seat")
+    wf = trip(store, counts, hooks=[hooks])
+
+    async def stream(events: Any) -> list[Any]:
+        return [e.data async for e in events if e.type == "output"]
+
+    await cancelled(stream(wf.run(TURN, stream=True)), hooks)
+    assert calls(counts) == {"model": 2, "search_flights": 1, "hold_seat": 1, "send_email": 0}
+    outputs = await stream(wf.resume(stream=True))
+    assert all(isinstance(o, AgentResponseUpdate) for o in outputs)
+    assert outputs[-1].text == FINAL
+    assert calls(counts) == {"model": 4, "search_flights": 1, "hold_seat": 1, "send_email": 1}
+    served = [s.name for s in steps(wf) if s.reused is not None]
+    assert served == ["model_call", "search_flights", "model_call", "hold_seat"]
+    # A resumed turn need not be streamed as its first attempt was.
+    await wf.run("And a hotel?")
+    assert prompt(counts)[-2:] == [["assistant", FINAL], ["user", "And a hotel?"]]
+
+
 # -- a turn killed in a real process -----------------------------------------------------------
 
 
