@@ -141,7 +141,7 @@ def test_every_former_name_leads_to_a_stored_public_class() -> None:
 
 @pytest.mark.parametrize(
     ("package", "allowed"),
-    [(kernel, {"testing"}), (projections, {"cli", "ui"})],
+    [(kernel, {"testing", "agents"}), (projections, {"cli", "ui"})],
     ids=lambda value: getattr(value, "__name__", ""),
 )
 def test_no_public_attribute_is_a_module_the_package_merely_imported(

@@ -19,6 +19,9 @@ Enum members              ``{"$t": "enum", "cls": "module:Qualname", "v": value}
 pydantic models           ``{"$t": "model", "cls": ..., "v": fields}``
 dataclasses               ``{"$t": "dataclass", "cls": ..., "v": fields}``
 named tuples              ``{"$t": "namedtuple", "cls": ..., "v": fields}``
+self-serializing objects  ``{"$t": "object", "cls": ..., "v": value.to_dict()}``: a class with a
+                          ``to_dict()`` method and a ``from_dict`` classmethod (Agent Framework's
+                          ``Message``, ``Content``, ``AgentResponse``, ``AgentSession``)
 ========================  ======================================================================
 
 Nothing else is stored, and nothing is ever pickled. A value of any other class (a plain class,
@@ -33,15 +36,17 @@ deep (or one that contains itself). So whatever ``encode`` returns can be writte
 where an event or a materialized view puts it a few levels down inside its own document.
 
 **Decoding is data only: it never imports a module or calls a class it was not given.** A tagged
-enum, model, dataclass or named tuple names its class as ``"module:qualname"``; that name is looked
-up in the codec's allow-list, never imported. A class is on the allow-list only if the application
-put it there: with ``ValueCodec.register`` (``codec.register(Order, list[Item] | None)``), with
-``WorkflowBuilder.register_types``, or by declaring it in a handler's annotations (the types a
-handler accepts, sends and yields, looked into through generics and unions, and the field types of
-the models and dataclasses found) when the workflow is built. A registered class is rebuilt from
-the stored fields (``model_validate`` for models, the constructor for dataclasses, named tuples and
-enums); a class that is not registered decodes to its stored fields as plain data (a dict of fields
-for a model, dataclass or named tuple; the value for an enum).
+enum, model, dataclass, named tuple or self-serializing object names its class as
+``"module:qualname"``; that name is looked up in the codec's allow-list, never imported. A class is
+on the allow-list only if the application put it there: with ``ValueCodec.register``
+(``codec.register(Order, list[Item] | None)``), with ``WorkflowBuilder.register_types``, or by
+declaring it in a handler's annotations (the types a handler accepts, sends and yields, looked into
+through generics and unions, and the field types of the models and dataclasses found) when the
+workflow is built. A registered class is rebuilt from the stored fields (``model_validate`` for
+models, the constructor for dataclasses, named tuples and enums, ``from_dict`` for a
+self-serializing class); a class that is not registered decodes to its stored fields as plain data
+(a dict of fields for a model, dataclass, named tuple or self-serializing object; the value for an
+enum).
 
 Encoding a class does **not** register it: what ``decode`` returns depends only on the allow-list,
 never on what this process happened to write before, so a reader process and a writer process see
@@ -76,7 +81,7 @@ from pydantic import BaseModel
 
 from kernel._base._errors import DecodeError, DefinitionError, EncodingError
 from kernel._codec._renamed import FORMER_NAMES
-from kernel._codec._valuetypes import is_namedtuple, storable_hint, value_classes
+from kernel._codec._valuetypes import is_namedtuple, is_serializable, storable_hint, value_classes
 
 __all__ = ["MAX_DEPTH", "ValueCodec"]
 
@@ -310,12 +315,26 @@ class ValueCodec:
             for base, base_encoder in _SIMPLE_ENCODERS.items():
                 if isinstance(value, base):
                     return base_encoder(value)
+        if is_serializable(kind):
+            if depth >= MAX_DEPTH:
+                raise _Refused(_TOO_DEEP)
+            return {TAG: "object", "cls": self._path(kind), "v": self._encode_own(value, depth)}
         raise _Refused(
             f"a value of type {kind.__module__}.{kind.__qualname__} is not storable: "
             f"{storable_hint(kind)} (storable: JSON types, datetimes, UUIDs, Decimals, bytes, "
-            "tuples, sets, enums, pydantic models, dataclasses and named tuples; nothing is "
-            "pickled)"
+            "tuples, sets, enums, pydantic models, dataclasses, named tuples and classes with "
+            "to_dict() and a from_dict classmethod; nothing is pickled)"
         )
+
+    def _encode_own(self, value: Any, depth: int) -> Json:
+        """What a self-serializing ``value``'s ``to_dict()`` gives, encoded (it must be a dict)."""
+        try:
+            data = value.to_dict()
+        except Exception as error:
+            raise _Refused(f"its to_dict() raised {type(error).__name__}: {error}") from error
+        if not isinstance(data, dict):
+            raise _Refused(f"its to_dict() returned a {type(data).__name__}, not a dict")
+        return self._encode(data if type(data) is dict else dict(data), depth + 1)
 
     def _path(self, cls: type) -> str:
         path = self._paths.get(cls)
@@ -385,7 +404,7 @@ class ValueCodec:
             except TypeError as error:
                 reason = f"{_show(tree)} has an item that cannot be one: {error}"
                 raise _Malformed(reason) from error
-        if tag == "enum" or tag == "model" or tag == "dataclass" or tag == "namedtuple":
+        if type(tag) is str and tag in _OBJECT_TAGS:
             return self._decode_object(tag, tree, depth)
         raise _Malformed(f"unknown value tag {tag!r} in {_show(tree)}: written by a newer steplog?")
 
@@ -416,6 +435,8 @@ class ValueCodec:
                 return _build_dataclass(cls, inner)
             if tag == "namedtuple" and is_namedtuple(cls):
                 return cls(**inner)
+            if tag == "object" and is_serializable(cls):
+                return cls.from_dict(inner)  # type: ignore[attr-defined]
         except Exception as error:
             raise _Malformed(
                 f"the stored {tag} does not fit the registered class {name}: {error}"
@@ -424,6 +445,7 @@ class ValueCodec:
 
 
 _DECODE_TOO_DEEP = f"it nests more than {MAX_DEPTH} levels deep, deeper than encode ever writes"
+_OBJECT_TAGS = frozenset({"enum", "model", "dataclass", "namedtuple", "object"})
 
 
 def _is_unicode(text: str) -> bool:

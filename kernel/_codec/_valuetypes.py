@@ -1,9 +1,10 @@
 """Which value classes a type annotation names: what ``ValueCodec.register`` puts on its allow-list.
 
-The codec rebuilds enums, pydantic models, dataclasses and named tuples; ``value_classes`` finds
-them inside an annotation (``list[Order] | None``), as ``build()`` does for every handler's
-annotations. ``unstorable_class`` finds a class an annotation names whose values can never be
-stored, and ``storable_hint`` says how to make such a class storable: ``build()`` refuses a
+The codec rebuilds enums, pydantic models, dataclasses, named tuples and classes that serialize
+themselves (``is_serializable``: a ``to_dict()`` method and a ``from_dict`` classmethod);
+``value_classes`` finds them inside an annotation (``list[Order] | None``), as ``build()`` does for
+every handler's annotations. ``unstorable_class`` finds a class an annotation names whose values can
+never be stored, and ``storable_hint`` says how to make such a class storable: ``build()`` refuses a
 handler that declares one, and the codec names the hint when it refuses a value.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import inspect
 import pathlib
 import types
 import typing
@@ -22,7 +24,13 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-__all__ = ["is_namedtuple", "storable_hint", "unstorable_class", "value_classes"]
+__all__ = [
+    "is_namedtuple",
+    "is_serializable",
+    "storable_hint",
+    "unstorable_class",
+    "value_classes",
+]
 
 _STORED_AS_THEMSELVES: tuple[type, ...] = (
     str, int, float, bool, type(None), list, dict, tuple, set, frozenset,
@@ -87,12 +95,24 @@ def is_namedtuple(cls: type) -> bool:
     )
 
 
+def is_serializable(cls: type) -> bool:
+    """Whether ``cls`` serializes itself: it has a ``to_dict()`` method giving its data as a
+    ``dict`` and a ``from_dict(mapping)`` classmethod rebuilding an instance from it (Agent
+    Framework's ``SerializationProtocol``: ``Message``, ``Content``, ``AgentResponse``,
+    ``AgentSession``). The codec stores such a value as what ``to_dict()`` returns and, once the
+    class is registered, rebuilds it with ``from_dict``. Enums, pydantic models, dataclasses and
+    named tuples are stored as such, whatever methods they have."""
+    return callable(getattr(cls, "to_dict", None)) and isinstance(
+        inspect.getattr_static(cls, "from_dict", None), classmethod
+    )
+
+
 def _rebuildable(cls: type) -> bool:
     if issubclass(cls, enum.Enum):
         return cls.__module__ != "enum"
     if issubclass(cls, BaseModel):
         return cls is not BaseModel
-    return dataclasses.is_dataclass(cls) or is_namedtuple(cls)
+    return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or is_serializable(cls)
 
 
 def _field_types(cls: type) -> list[Any]:
@@ -116,13 +136,13 @@ def unstorable_class(*annotations: Any) -> type | None:
     """The first class that ``annotations`` name whose values the codec can never store, or None.
 
     Looks where ``value_classes`` looks (generics, unions, ``Annotated``, the fields of models,
-    dataclasses and named tuples). A class counts as storable when the codec stores its values
-    (JSON types, datetimes, UUIDs, Decimals, bytes, tuples, sets, enums, pydantic models,
-    dataclasses, named tuples), when one of those is a subclass of it (``Sequence``,
-    ``Mapping``, ``numbers.Number``, a protocol), or when one of its own subclasses is storable
-    (a plain base class of dataclasses). What cannot be judged (type variables, forward
-    references as text, special forms) is taken as storable: the value is still checked when it
-    is written.
+    dataclasses and named tuples). A class counts as storable when the codec stores its values (JSON
+    types, datetimes, UUIDs, Decimals, bytes, tuples, sets, enums, pydantic models, dataclasses,
+    named tuples, classes that serialize themselves), when one of those is a subclass of it
+    (``Sequence``, ``Mapping``, ``numbers.Number``, a protocol), or when one of its own subclasses
+    is storable (a plain base class of dataclasses). What cannot be judged (type variables, forward
+    references as text, special forms) is taken as storable: the value is still checked when it is
+    written.
 
     >>> class Plain:
     ...     pass
@@ -204,7 +224,8 @@ def storable_hint(cls: type) -> str:
         return f"{model} (@dataclass(slots=True) keeps the slots)"
     return (
         f"{model} (rebuilt when read, once registered: build() registers the classes the "
-        "handlers declare), or store its data as JSON types"
+        "handlers declare), give it a to_dict() method and a from_dict classmethod, or store "
+        "its data as JSON types"
     )
 
 

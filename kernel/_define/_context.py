@@ -43,6 +43,11 @@ class SuperstepPort(Protocol):
         """The keyword arguments of the run."""
         ...
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the run's caller streams its events (``run(..., stream=True)``)."""
+        ...
+
     def send_routed(self, source: str, message: Any, target_id: str | None) -> bool:
         """Stage ``message`` from ``source`` if its route is known without evaluating anything
         (a route that depends on its type only, taken before); False, staging nothing, if not."""
@@ -125,6 +130,12 @@ class WorkflowContext(Generic[OutT, WorkflowOutT]):
     def run_kwargs(self) -> dict[str, Any]:
         """The keyword arguments given to ``workflow.run``."""
         return self._step.run_kwargs
+
+    def is_streaming(self) -> bool:
+        """Whether the run's caller streams its events (``workflow.run(..., stream=True)``, or
+        ``resume(stream=True)``), as Agent Framework's ``is_streaming`` says. Outputs reach the
+        caller when their superstep commits either way."""
+        return self._step.streaming
 
     async def send_message(self, message: OutT, target_id: str | None = None) -> None:
         """Send ``message`` along this executor's edges (or to ``target_id`` only).

@@ -27,7 +27,7 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, ClassVar, TypeVar, cast, overload
 
 from kernel._base._errors import DefinitionError
 from kernel._codec._valuetypes import storable_hint, unstorable_class
@@ -166,6 +166,12 @@ class Executor:
     name. The handlers are resolved here, so a missing handler, two handlers for one type or an
     annotation that cannot be resolved raise ``DefinitionError`` when the executor is made.
     """
+
+    handlers_are_alternatives: ClassVar[bool] = False
+    """Whether the handlers are alternative ways in, of which a workflow uses some (an
+    ``AgentExecutor`` takes a request, another agent's response, a text, a message or a list):
+    ``build()`` then does not require an incoming edge to feed each handler, only that what each
+    edge carries has a handler (the edge check)."""
 
     def __init__(self, id: str, *, type: str | None = None, type_: str | None = None) -> None:
         if not isinstance(id, str) or not id:

@@ -237,7 +237,8 @@ def _check_outputs(designation: OutputDesignation, executors: dict[str, Executor
 
 
 def _check_handlers(graph: Graph) -> None:
-    """A handler of a non-start executor must accept some type an incoming edge can carry."""
+    """A handler of a non-start executor must accept some type an incoming edge can carry (unless
+    the executor's handlers are alternatives: ``Executor.handlers_are_alternatives``)."""
     incoming: dict[str, list[type]] = {}
     unknown: set[str] = set()  # targets with a source whose sent types are not declared
     for group in graph.groups:
@@ -253,9 +254,10 @@ def _check_handlers(graph: Graph) -> None:
                 else:
                     kinds.extend(sent)
     for target, kinds in incoming.items():
-        if target == graph.start or target in unknown:
+        executor = graph.executors[target]
+        if target == graph.start or target in unknown or executor.handlers_are_alternatives:
             continue
-        for spec in graph.executors[target].handlers:
+        for spec in executor.handlers:
             if spec.accepts is not None and not any(spec.accepts_type(k) for k in kinds):
                 accepted = ", ".join(t.__qualname__ for t in spec.accepts) or "nothing"
                 raise WorkflowValidationError(

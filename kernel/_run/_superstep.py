@@ -34,6 +34,7 @@ from kernel._log._events import (
 )
 from kernel._log._requests import PendingRequest
 from kernel._run._algo import Delivery, Router, Sent
+from kernel._run._emit import silent
 from kernel._run._hooks import HookChain, SuperstepInfo
 from kernel._run._steps import StepBook, StepsHost
 
@@ -129,6 +130,10 @@ class Superstep:
     @property
     def run_kwargs(self) -> dict[str, Any]:
         return self._scope.kwargs
+
+    @property
+    def streaming(self) -> bool:
+        return self._scope.emit is not silent
 
     @property
     def info(self) -> SuperstepInfo:

@@ -300,6 +300,17 @@ async def test_run_records_input_kwargs_and_timestamps_from_the_injected_clock(s
     assert {e.timestamp for e in wf.events()} == {datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)}
 
 
+async def test_a_handler_knows_whether_its_caller_streams_the_run():
+    @executor(id="told")
+    async def told(n: int, ctx: WorkflowContext[Any, bool]) -> None:
+        await ctx.yield_output(ctx.is_streaming())
+
+    wf = WorkflowBuilder(start_executor=told).build()
+    assert (await wf.run(1)).get_outputs() == [False]
+    streamed = [e.data async for e in wf.run(2, stream=True) if e.type == "output"]
+    assert streamed == [True]
+
+
 def test_defaults_come_from_the_environment_and_fresh_ids(monkeypatch, sqlite_url):
     monkeypatch.setenv("STEPLOG_STORE", sqlite_url)
     wf = WorkflowBuilder(start_executor=Router("r")).build()

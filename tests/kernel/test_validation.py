@@ -223,6 +223,27 @@ def test_a_handler_no_incoming_edge_feeds_is_a_type_compatibility_error():
     assert caught.value.validation_type is ValidationTypeEnum.TYPE_COMPATIBILITY
 
 
+def test_handlers_that_are_alternatives_need_not_each_be_fed():
+    class Either(Executor):
+        handlers_are_alternatives = True
+
+        @handler
+        async def texts(self, text: str, ctx: WorkflowContext[str]) -> None: ...
+
+        @handler
+        async def numbers(self, n: int, ctx: WorkflowContext[int]) -> None: ...
+
+    class Fractions(Executor):
+        @handler
+        async def run(self, text: str, ctx: WorkflowContext[float]) -> None: ...
+
+    start = Upper("a")
+    WorkflowBuilder(start_executor=start).add_edge(start, Either("b")).build()
+    start = Fractions("a")
+    with pytest.raises(TypeCompatibilityError):  # what an edge carries still needs a handler
+        WorkflowBuilder(start_executor=start).add_edge(start, Either("b")).build()
+
+
 @pytest.mark.parametrize("target", [Anything("t"), Undeclared("t")])
 def test_targets_taking_anything_and_sources_that_declare_nothing_pass(target):
     for source in (Upper("s"), Undeclared("s")):

@@ -38,7 +38,7 @@ from kernel import (
 )
 from kernel._codec._mapper import RowMapper
 from kernel._codec._values import MAX_DEPTH
-from kernel._codec._valuetypes import value_classes
+from kernel._codec._valuetypes import unstorable_class, value_classes
 
 # -- classes the codec must rebuild (module level: importable by path) ----------------------
 
@@ -437,10 +437,96 @@ def test_the_deepest_values_encode_writes_survive_the_store(store: EventStore) -
     assert codec.decode(back_staged.value) == deepest[2]  # type: ignore[attr-defined]
 
 
+# -- classes that serialize themselves (to_dict / from_dict, as Agent Framework's do) ---------
+
+
+class Memo:
+    """Neither a model nor a dataclass: it says what it is with to_dict() and from_dict."""
+
+    rebuilt = 0  # how many times from_dict ran, in this process
+
+    def __init__(self, text: str, when: date | None = None) -> None:
+        self.text, self.when = text, when
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "memo", "text": self.text, "when": self.when}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Memo:
+        if value.get("type") != "memo":
+            raise ValueError(f"not a memo: {value.get('type')!r}")
+        Memo.rebuilt += 1
+        return cls(value["text"], value["when"])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Memo) and (self.text, self.when) == (other.text, other.when)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass
+class Pinned:
+    note: Memo
+    notes: list[Memo]
+
+
+def test_a_self_serializing_value_is_stored_as_its_to_dict_and_rebuilt_once_registered() -> None:
+    note = Memo("hello", date(2024, 1, 2))
+    codec = ValueCodec()
+    tree = orjson.loads(orjson.dumps(codec.encode(note)))
+    assert tree == {
+        "$t": "object",
+        "cls": f"{__name__}:Memo",
+        "v": {"type": "memo", "text": "hello", "when": {"$t": "date", "v": "2024-01-02"}},
+    }
+    before = Memo.rebuilt
+    assert codec.decode(tree) == {"type": "memo", "text": "hello", "when": date(2024, 1, 2)}
+    assert Memo.rebuilt == before  # not registered: from_dict is never called
+    codec.register(Memo)
+    assert codec.decode(tree) == note
+    assert Memo.rebuilt == before + 1
+
+
+def test_a_self_serializing_class_is_found_in_annotations_and_fields_and_is_storable() -> None:
+    assert value_classes(list[Pinned] | None) == [Pinned, Memo]
+    assert unstorable_class(Pinned, dict[str, Memo]) is None
+    codec = ValueCodec()
+    codec.register(Pinned)
+    pinned = Pinned(Memo("a"), [Memo("b"), Memo("c", date(2025, 5, 6))])
+    assert round_trip(pinned, codec) == pinned
+
+
+@pytest.mark.parametrize(
+    ("to_dict", "problem"),
+    [
+        (lambda self: [self.text], "its to_dict() returned a list, not a dict"),
+        (lambda self: {"text": socket.socket}, "['text']"),
+        (lambda self: 1 / 0, "its to_dict() raised ZeroDivisionError"),
+    ],
+    ids=["not-a-dict", "unstorable-inside", "raises"],
+)
+def test_a_to_dict_that_gives_no_storable_dict_is_an_encoding_error(
+    to_dict: Any, problem: str
+) -> None:
+    odd = type("Odd", (Memo,), {"to_dict": to_dict})
+    with pytest.raises(EncodingError) as caught:
+        ValueCodec().encode(odd("x"), what="state key 'k'")
+    assert str(caught.value).startswith("cannot encode state key 'k'")
+    assert problem in str(caught.value)
+
+
+def test_fields_a_registered_from_dict_refuses_are_a_decode_error() -> None:
+    codec = ValueCodec()
+    codec.register(Memo)
+    tree = {"$t": "object", "cls": f"{__name__}:Memo", "v": {"type": "letter", "text": "x"}}
+    with pytest.raises(DecodeError, match=f"does not fit the registered class {__name__}:Memo"):
+        codec.decode(tree)
+
+
 # -- decoding is data only: an allow-list, never an import -----------------------------------
 
 
-@pytest.mark.parametrize("tag", ["enum", "model", "dataclass"])
+@pytest.mark.parametrize("tag", ["enum", "model", "dataclass", "object"])
 def test_decoding_never_imports_the_module_a_value_names(trap: Path, tag: str) -> None:
     inner = {"v": 1} if tag != "enum" else "x"
     tree = {"$t": tag, "cls": "steplog_trap:Box" if tag != "enum" else "steplog_trap:Evil"}
@@ -454,6 +540,7 @@ def test_decoding_never_calls_a_class_that_was_not_registered(tmp_path: Path) ->
     hostile = {"$t": "enum", "cls": "subprocess:Popen", "v": ["touch", str(marker)]}
     assert ValueCodec().decode(hostile) == ["touch", str(marker)]
     assert ValueCodec().decode({**hostile, "$t": "dataclass", "v": {"args": "x"}}) == {"args": "x"}
+    assert ValueCodec().decode({**hostile, "$t": "object", "v": {"args": "x"}}) == {"args": "x"}
     assert not marker.exists()
     # A class this process has imported, even one this codec encodes, is not rebuilt either.
     codec = ValueCodec()
