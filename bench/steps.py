@@ -11,9 +11,11 @@ Two benchmarks of one name (``--only steps`` runs both):
   N times, each call recorded and durable before the next. DBOS Transact does the same work, one
   ``@DBOS.workflow`` calling its ``@DBOS.step`` N times, on its SQLite system database with its
   defaults (one transaction per step; SQLite's rollback journal, ``synchronous=FULL``); the
-  baseline is its sync form (its faster one here), its async form is shown beside it. Every case
-  checks its result and reads back what it recorded: N step records (steplog's log, DBOS's
-  ``list_workflow_steps``), each with the right output.
+  baseline is its sync form (its faster one here); its async form, and the sync form on a file
+  switched to WAL (steplog's journal mode), are shown beside it. Every case checks its result and
+  reads back what it recorded: N step records (steplog's log, DBOS's ``list_workflow_steps``),
+  each with the right output. Two floor rows give the disk's 1-row SQLite commits per second in
+  each journal mode, measured in the same run: a durable step costs at least one commit.
 * ``BENCHMARK_CRASH`` (duplicate executions). ``bench.step_crash``'s workflow in a process of its
   own, killed with SIGKILL inside its third step (before that step's record) or right after it
   (all three recorded), then resumed by another process; the counts file says how often each step
@@ -36,6 +38,7 @@ from bench import step_crash
 from bench._core import Benchmark, Case, Config, Measurement, Target, bench_extra, expect
 from bench._db import fresh_schema, sqlite_growth, url_with_query
 from bench._timing import timed, timed_async
+from bench.fsync_floor import sqlite_commit_rate
 from bench.loop import sqlite_url, steplog_loop
 from kernel import EventStore, open_store
 
@@ -209,6 +212,19 @@ def dbos_wal(cfg: Config) -> Measurement:
     return _dbos(cfg, asynchronous=False, wal=True)
 
 
+# -- the disk's floor ---------------------------------------------------------------------------
+
+
+def floor_wal(cfg: Config) -> Measurement:
+    rate = sqlite_commit_rate(cfg.workdir, cfg.sizes.floor_syncs)
+    return Measurement(rate, note="1-row commits/s: a step's floor in steplog's journal mode")
+
+
+def floor_rollback(cfg: Config) -> Measurement:
+    rate = sqlite_commit_rate(cfg.workdir, cfg.sizes.floor_syncs, journal="DELETE")
+    return Measurement(rate, note="1-row commits/s: a step's floor in DBOS's default journal mode")
+
+
 BENCHMARK = Benchmark(
     name="steps",
     title="11. Recorded steps: what recording costs, and DBOS Transact",
@@ -220,8 +236,10 @@ BENCHMARK = Benchmark(
         "unrecorded rate (supersteps/s), 'cost' time with / time without, 'us/step' the time "
         "recording adds per superstep. '1 handler' calls `advance` N times in one superstep. "
         "DBOS Transact: one @DBOS.workflow calling its @DBOS.step N times, SQLite system database "
-        "with DBOS's defaults (rollback journal, synchronous=FULL). Bytes: on-disk growth / N. "
-        "Every case reads back its N records and their results."
+        "with DBOS's defaults (rollback journal, synchronous=FULL); 'WAL (tuned)' switches the "
+        "file to WAL, steplog's journal mode, after DBOS's migrations. Bytes: on-disk growth / N. "
+        "Every case reads back its N records and their results. The floor rows are 1-row SQLite "
+        "commits/s in the same directory, in each journal mode: a durable step costs at least one."
     ),
     metric="steps/s",
     higher_is_better=True,
@@ -242,6 +260,10 @@ BENCHMARK = Benchmark(
         Case(DBOS, dbos_sync),
         Case(DBOS_ASYNC, dbos_async),
         Case(DBOS_WAL, dbos_wal),
+        Case("floor: raw sqlite3 1-row commits (WAL, synchronous=FULL)", floor_wal),
+        Case(
+            "floor: raw sqlite3 1-row commits (rollback journal, synchronous=FULL)", floor_rollback
+        ),
     ],
     targets=[
         Target("sqlite loop, 1 step/superstep >= 10x DBOS", LOOP_SQLITE, ">=", 10.0, DBOS),
