@@ -18,7 +18,7 @@ from bench._core import Benchmark, Case, Config, Measurement, Target, bench_extr
 from bench._db import pg_growth, sqlite_growth, url_with_query
 from bench._raw import raw_psycopg_run, raw_sqlite_run
 from bench._rows import RowShape, calibrate
-from bench._timing import timed, timed_async
+from bench._timing import timed, timed_async, timed_async_cpu
 from kernel import EventStore, open_store
 
 __all__ = ["BENCHMARK", "loop_shape", "sqlite_url", "steplog_loop"]
@@ -67,26 +67,26 @@ def steplog_loop(
     durability: str = "superstep",
     advance: graphs.Advance | None = None,
     check: Callable[[EventStore, str], None] | None = None,
-) -> float:
-    """Seconds of one steplog loop of ``n`` supersteps on a store opened at ``url``, its output
-    and committed state checked; ``advance`` as ``loop_workflow``'s; ``check(store, instance)``
-    runs after the clock, before the store is closed."""
+) -> tuple[float, float]:
+    """Seconds and CPU seconds of one steplog loop of ``n`` supersteps on a store opened at
+    ``url``, its output and committed state checked; ``advance`` as ``loop_workflow``'s;
+    ``check(store, instance)`` runs after the clock, before the store is closed."""
     store = open_store(url)
     try:
         instance = f"bench-loop-{uuid.uuid4().hex[:8]}"
         wf = graphs.loop_workflow(store, instance, n, durability, advance)
-        result, seconds = timed_async(lambda: wf.run(0))
+        result, seconds, cpu = timed_async_cpu(lambda: wf.run(0))
         expect(result.get_outputs(), [n], "steplog loop outputs")
         expect(dict(wf.committed_state()), _expected_state(n), "steplog loop committed state")
         if check is not None:
             check(store, instance)
     finally:
         store.close()
-    return seconds
+    return seconds, cpu
 
 
 def _steplog_run(cfg: Config, url: str, durability: str = "superstep") -> float:
-    return steplog_loop(url, cfg.sizes.loop_n, durability)
+    return steplog_loop(url, cfg.sizes.loop_n, durability)[0]
 
 
 def _steplog_durable(

@@ -37,7 +37,7 @@ from bench import _steplog_graphs as graphs
 from bench import step_crash
 from bench._core import Benchmark, Case, Config, Measurement, Target, bench_extra, expect
 from bench._db import fresh_schema, sqlite_growth, url_with_query
-from bench._timing import timed, timed_async
+from bench._timing import timed_async_cpu, timed_cpu
 from bench.fsync_floor import sqlite_commit_rate
 from bench.loop import sqlite_url, steplog_loop
 from kernel import EventStore, open_store
@@ -80,11 +80,13 @@ def _with_and_without(cfg: Config, store: str) -> Measurement:
     n = cfg.sizes.steps_n
     flip = cfg.shared[f"steps order {store}"] = not cfg.shared.get(f"steps order {store}", False)
     runs = [(graphs.advance, _unrecorded), (graphs.advance_recorded, _recorded(n))]
-    seconds: list[float] = []
+    seconds: list[tuple[float, float]] = []
     grown: int | None = None
     for advance, check in runs if flip else runs[::-1]:
 
-        def loop(url: str, advance: graphs.Advance = advance, check: Any = check) -> float:
+        def loop(
+            url: str, advance: graphs.Advance = advance, check: Any = check
+        ) -> tuple[float, float]:
             return steplog_loop(url, n, "superstep", advance, check)
 
         if store == "memory":
@@ -97,7 +99,7 @@ def _with_and_without(cfg: Config, store: str) -> Measurement:
             if advance is graphs.advance_recorded:
                 grown = added
         seconds.append(took)
-    plain, recorded = seconds if flip else seconds[::-1]
+    (plain, _), (recorded, cpu) = seconds if flip else seconds[::-1]
     return Measurement(
         n / recorded,
         bytes_per_step=None if grown is None else grown / n,
@@ -105,6 +107,7 @@ def _with_and_without(cfg: Config, store: str) -> Measurement:
             "plain": n / plain,
             "cost": recorded / plain,
             "us": (recorded - plain) / n * 1e6,
+            "cpu": cpu / n * 1e6,
         },
     )
 
@@ -120,34 +123,43 @@ def loop_sqlite(cfg: Config) -> Measurement:
 # -- N steps in one handler ---------------------------------------------------------------------
 
 
-def _one_handler(cfg: Config, url: str) -> float:
+def _one_handler(cfg: Config, url: str) -> tuple[float, float]:
     n = cfg.sizes.steps_n
     store = open_store(url)
     try:
         instance = f"bench-steps-{uuid.uuid4().hex[:8]}"
         wf = graphs.steps_workflow(store, instance, n)
-        result, seconds = timed_async(lambda: wf.run(0))
+        result, seconds, cpu = timed_async_cpu(lambda: wf.run(0))
         expect(result.get_outputs(), [n], "steplog steps outputs")
         expect(dict(wf.committed_state()), {"count": n}, "steplog steps committed state")
         _recorded(n)(store, instance)
     finally:
         store.close()
-    return seconds
+    return seconds, cpu
+
+
+def _rate(cfg: Config, seconds: float, cpu: float, grown: int | None = None) -> Measurement:
+    """N steps in ``seconds`` (``cpu`` of them the process's CPU), ``grown`` bytes added."""
+    n = cfg.sizes.steps_n
+    return Measurement(
+        n / seconds,
+        bytes_per_step=None if grown is None else grown / n,
+        extra={"cpu": cpu / n * 1e6},
+    )
 
 
 def one_memory(cfg: Config) -> Measurement:
-    return Measurement(cfg.sizes.steps_n / _one_handler(cfg, "memory://"))
+    return _rate(cfg, *_one_handler(cfg, "memory://"))
 
 
 def one_sqlite(cfg: Config) -> Measurement:
     path = cfg.workdir / f"steps-one-{uuid.uuid4().hex[:8]}.db"
-    seconds, grown = sqlite_growth(
+    (seconds, cpu), grown = sqlite_growth(
         path,
         lambda p: open_store(sqlite_url(p)).close(),
         lambda p: _one_handler(cfg, sqlite_url(p)),
     )
-    n = cfg.sizes.steps_n
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+    return _rate(cfg, seconds, cpu, grown)
 
 
 # -- DBOS Transact ------------------------------------------------------------------------------
@@ -159,7 +171,7 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
     dbos = bench_extra("_dbos_graphs")
     n = cfg.sizes.steps_n
 
-    def run(path: Path) -> float:
+    def run(path: Path) -> tuple[float, float]:
         workflow_id = uuid.uuid4().hex
         with dbos.launched(path):
             if asynchronous:
@@ -169,7 +181,7 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
                         count: int = await dbos.steps_async(n)
                         return count
 
-                result, seconds = timed_async(go)
+                result, seconds, cpu = timed_async_cpu(go)
             else:
 
                 def go_sync() -> int:
@@ -177,12 +189,12 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
                         count: int = dbos.steps(n)
                         return count
 
-                result, seconds = timed(go_sync)
+                result, seconds, cpu = timed_cpu(go_sync)
             expect(result, n, "dbos workflow result")
             recorded = dbos.recorded_steps(workflow_id)
             expect(len(recorded), n, "dbos steps recorded")
             expect([s["output"] for s in recorded], list(range(1, n + 1)), "dbos recorded outputs")
-        return seconds
+        return seconds, cpu
 
     def create(path: Path) -> None:
         with dbos.launched(path):  # its migrations make the tables
@@ -196,8 +208,8 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
             expect(mode, "wal", "the DBOS system database's journal mode")
 
     path = cfg.workdir / f"dbos-{uuid.uuid4().hex[:8]}.sqlite"
-    seconds, grown = sqlite_growth(path, create, run)
-    return Measurement(n / seconds, bytes_per_step=grown / n)
+    (seconds, cpu), grown = sqlite_growth(path, create, run)
+    return _rate(cfg, seconds, cpu, grown)
 
 
 def dbos_sync(cfg: Config) -> Measurement:
@@ -238,6 +250,8 @@ BENCHMARK = Benchmark(
         "DBOS Transact: one @DBOS.workflow calling its @DBOS.step N times, SQLite system database "
         "with DBOS's defaults (rollback journal, synchronous=FULL); 'WAL (tuned)' switches the "
         "file to WAL, steplog's journal mode, after DBOS's migrations. Bytes: on-disk growth / N. "
+        "CPU: the process's CPU time (user + system, all threads) per step; wall time minus it is "
+        "mostly waiting on the disk. "
         "Every case reads back its N records and their results. The floor rows are 1-row SQLite "
         "commits/s in the same directory, in each journal mode: a durable step costs at least one."
     ),
@@ -251,6 +265,7 @@ BENCHMARK = Benchmark(
         ("plain", "without recording, supersteps/s"),
         ("cost", "recording cost (time x)"),
         ("us", "us/step added"),
+        ("cpu", "CPU us/step"),
     ],
     cases=[
         Case(LOOP_MEMORY, loop_memory, steplog=True),
