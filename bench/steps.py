@@ -11,11 +11,12 @@ Two benchmarks of one name (``--only steps`` runs both):
   N times, each call recorded and durable before the next. DBOS Transact does the same work, one
   ``@DBOS.workflow`` calling its ``@DBOS.step`` N times, on its SQLite system database with its
   defaults (one transaction per step; SQLite's rollback journal, ``synchronous=FULL``); the
-  baseline is its sync form (its faster one here); its async form, and the sync form on a file
-  switched to WAL (steplog's journal mode), are shown beside it. Every case checks its result and
-  reads back what it recorded: N step records (steplog's log, DBOS's ``list_workflow_steps``),
-  each with the right output. Two floor rows give the disk's 1-row SQLite commits per second in
-  each journal mode, measured in the same run: a durable step costs at least one commit.
+  baseline is its sync form (neither form is reliably the faster); its async form, and the sync
+  form on a file switched to WAL (steplog's journal mode), are shown beside it. Every case checks
+  its result and reads back what it recorded: N step records (steplog's log, DBOS's
+  ``list_workflow_steps``), each with the right output. Two floor rows give the disk's 1-row
+  SQLite commits per second in each journal mode, measured in the same run: a durable step costs
+  at least one commit.
 * ``BENCHMARK_CRASH`` (duplicate executions). ``bench.step_crash``'s workflow in a process of its
   own, killed with SIGKILL inside its third step (before that step's record) or right after it
   (all three recorded), then resumed by another process; the counts file says how often each step
