@@ -3,7 +3,8 @@
 Each benchmark module exposes ``BENCHMARK``: a list of cases (plain functions returning a
 ``Measurement``) with a named baseline; ``benchmarks()`` lists them in report order.
 ``resume`` is two benchmarks of one name (1,000 and 100,000 supersteps of history), so that
-each size has its own ratios; ``--only resume`` runs both.
+each size has its own ratios; ``--only resume`` runs both. ``steps`` likewise: its rates, and
+its crash counts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ __all__ = ["benchmarks"]
 
 
 def benchmarks() -> list[Benchmark]:
-    from bench import chain, concurrent, fanout, loop, rebuild, resume, scaleout, timetravel, ui
+    from bench import (
+        chain,
+        concurrent,
+        fanout,
+        loop,
+        rebuild,
+        resume,
+        scaleout,
+        steps,
+        timetravel,
+        ui,
+    )
 
     return [
         loop.BENCHMARK,
@@ -27,4 +39,6 @@ def benchmarks() -> list[Benchmark]:
         resume.BENCHMARK_LARGE,
         chain.BENCHMARK,
         ui.BENCHMARK,
+        steps.BENCHMARK,
+        steps.BENCHMARK_CRASH,
     ]

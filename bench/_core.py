@@ -78,6 +78,8 @@ class Sizes:
     floor_syncs: int = 1000
     chain_events: int = 100_000
     chain_instances: int = 4
+    steps_n: int = 1000
+    """Recorded steps per case of the steps benchmark (loop supersteps, or calls in a handler)."""
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -94,6 +96,7 @@ class Sizes:
             floor_syncs=30,
             chain_events=3000,
             chain_instances=2,
+            steps_n=20,
         )
 
 

@@ -4,19 +4,43 @@ No ``from __future__ import annotations`` here: handlers' annotations are real t
 runner may read them to route messages.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernel import Executor, WorkflowBuilder, WorkflowContext, handler
+from kernel import Executor, WorkflowBuilder, WorkflowContext, handler, step
 
-__all__ = ["LoopStep", "fanout_workflow", "loop_workflow"]
+__all__ = [
+    "Advance",
+    "LoopStep",
+    "advance",
+    "advance_recorded",
+    "fanout_workflow",
+    "loop_workflow",
+    "steps_workflow",
+]
+
+Advance = Callable[[int], Awaitable[int]]
+
+
+async def advance(count: int) -> int:
+    """The work of one step: the next count."""
+    return count + 1
+
+
+advance_recorded = step(name="advance")(advance)
+"""``advance`` as a recorded step (``StepRecorded`` in the log, durable at once)."""
 
 
 class LoopStep(Executor):
-    """Each superstep: set two keys, send one message; at ``n`` yield the count and stop."""
+    """Each superstep: set two keys, send one message; at ``n`` yield the count and stop.
 
-    def __init__(self, id: str, n: int) -> None:
+    The next message is ``message + 1``, or what ``advance(message)`` returns when given (the
+    steps benchmark: a recorded step, or the same coroutine unrecorded)."""
+
+    def __init__(self, id: str, n: int, advance: Advance | None = None) -> None:
         super().__init__(id=id)
         self.n = n
+        self.advance = advance
 
     @handler
     async def step(self, message: int, ctx: WorkflowContext[int, int]) -> None:
@@ -25,11 +49,17 @@ class LoopStep(Executor):
             return
         ctx.set_state("a", message)
         ctx.set_state("b", message)
-        await ctx.send_message(message + 1)
+        await ctx.send_message(message + 1 if self.advance is None else await self.advance(message))
 
 
-def loop_workflow(store: Any, instance_id: str, n: int, durability: str = "superstep") -> Any:
-    a, b = LoopStep("a", n), LoopStep("b", n)
+def loop_workflow(
+    store: Any,
+    instance_id: str,
+    n: int,
+    durability: str = "superstep",
+    advance: Advance | None = None,
+) -> Any:
+    a, b = LoopStep("a", n, advance), LoopStep("b", n, advance)
     return (
         WorkflowBuilder(
             start_executor=a,
@@ -88,3 +118,32 @@ def fanout_workflow(store: Any, instance_id: str, rounds: int, width: int, keys:
     for worker in workers:
         builder = builder.add_edge(source, worker)
     return builder.add_edge(workers[0], source).build()
+
+
+class Stepper(Executor):
+    """One superstep: ``advance`` from the message up to ``n``, one call after the other, then
+    set ``count`` and yield it (DBOS's shape: one workflow function calling its steps)."""
+
+    def __init__(self, id: str, n: int, advance: Advance) -> None:
+        super().__init__(id=id)
+        self.n = n
+        self.advance = advance
+
+    @handler
+    async def run(self, message: int, ctx: WorkflowContext[int, int]) -> None:
+        count = message
+        while count < self.n:
+            count = await self.advance(count)
+        ctx.set_state("count", count)
+        await ctx.yield_output(count)
+
+
+def steps_workflow(
+    store: Any, instance_id: str, n: int, advance: Advance = advance_recorded
+) -> Any:
+    return WorkflowBuilder(
+        start_executor=Stepper("stepper", n, advance),
+        store=store,
+        instance_id=instance_id,
+        durability="superstep",
+    ).build()

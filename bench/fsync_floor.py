@@ -63,14 +63,19 @@ def fdatasync_rate(directory: Path, count: int) -> float:
     return _synced_appends(directory, count, getattr(os, "fdatasync", os.fsync))
 
 
-def sqlite_commit_rate(directory: Path, count: int, row_bytes: int = 200) -> float:
+def sqlite_commit_rate(
+    directory: Path, count: int, row_bytes: int = 200, journal: str = "WAL"
+) -> float:
     """One-row transactions per second on a fresh SQLite file: WAL mode, ``synchronous=FULL``
-    (steplog's store settings). Raises ``AssertionError`` if a row is missing afterwards."""
+    (steplog's store settings), or another ``journal`` mode (``DELETE``: SQLite's default
+    rollback journal). Raises ``AssertionError`` if a row is missing afterwards."""
     path = directory / f"sqlite-floor-{uuid.uuid4().hex[:8]}.db"
     payload = b"\x5a" * row_bytes
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        mode = conn.execute(f"PRAGMA journal_mode={journal}").fetchone()[0]
+        if mode.upper() != journal.upper():
+            raise AssertionError(f"sqlite floor: journal mode {mode}, expected {journal}")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("CREATE TABLE floor (id INTEGER PRIMARY KEY, value BLOB)")
         execute = conn.execute
@@ -85,7 +90,7 @@ def sqlite_commit_rate(directory: Path, count: int, row_bytes: int = 200) -> flo
             raise AssertionError(f"sqlite floor: {rows} rows committed, expected {count}")
     finally:
         conn.close()
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
     return count / seconds
 

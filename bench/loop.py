@@ -18,10 +18,10 @@ from bench._core import Benchmark, Case, Config, Measurement, Target, bench_extr
 from bench._db import pg_growth, sqlite_growth, url_with_query
 from bench._raw import raw_psycopg_run, raw_sqlite_run
 from bench._rows import RowShape, calibrate
-from bench._timing import timed, timed_async
-from kernel import open_store
+from bench._timing import timed, timed_async, timed_async_cpu
+from kernel import EventStore, open_store
 
-__all__ = ["BENCHMARK", "loop_shape"]
+__all__ = ["BENCHMARK", "loop_shape", "sqlite_url", "steplog_loop"]
 
 # A durable case's growth: ``measure(create, run)`` -> (seconds, bytes added); ``create`` and
 # ``run`` take where the run goes (a SQLite path or a PostgreSQL schema).
@@ -61,17 +61,32 @@ def _on_postgres(cfg: Config, prefix: str) -> Measure:
 # -- steplog ------------------------------------------------------------------------------------
 
 
-def _steplog_run(cfg: Config, url: str, durability: str = "superstep") -> float:
-    n = cfg.sizes.loop_n
+def steplog_loop(
+    url: str,
+    n: int,
+    durability: str = "superstep",
+    advance: graphs.Advance | None = None,
+    check: Callable[[EventStore, str], None] | None = None,
+) -> tuple[float, float]:
+    """Seconds and CPU seconds of one steplog loop of ``n`` supersteps on a store opened at
+    ``url``, its output and committed state checked; ``advance`` as ``loop_workflow``'s;
+    ``check(store, instance)`` runs after the clock, before the store is closed."""
     store = open_store(url)
     try:
-        wf = graphs.loop_workflow(store, f"bench-loop-{uuid.uuid4().hex[:8]}", n, durability)
-        result, seconds = timed_async(lambda: wf.run(0))
+        instance = f"bench-loop-{uuid.uuid4().hex[:8]}"
+        wf = graphs.loop_workflow(store, instance, n, durability, advance)
+        result, seconds, cpu = timed_async_cpu(lambda: wf.run(0))
         expect(result.get_outputs(), [n], "steplog loop outputs")
         expect(dict(wf.committed_state()), _expected_state(n), "steplog loop committed state")
+        if check is not None:
+            check(store, instance)
     finally:
         store.close()
-    return seconds
+    return seconds, cpu
+
+
+def _steplog_run(cfg: Config, url: str, durability: str = "superstep") -> float:
+    return steplog_loop(url, cfg.sizes.loop_n, durability)[0]
 
 
 def _steplog_durable(
@@ -85,7 +100,7 @@ def _steplog_durable(
     return _per_step(cfg, seconds, grown)
 
 
-def _sqlite_url(path: Path) -> str:
+def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"  # an absolute path: sqlite:////abs/path
 
 
@@ -94,11 +109,11 @@ def steplog_memory(cfg: Config) -> Measurement:
 
 
 def steplog_sqlite(cfg: Config) -> Measurement:
-    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), _sqlite_url)
+    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), sqlite_url)
 
 
 def steplog_sqlite_write(cfg: Config) -> Measurement:
-    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), _sqlite_url, "write")
+    return _steplog_durable(cfg, _on_sqlite(cfg, "steplog-loop"), sqlite_url, "write")
 
 
 def steplog_postgres(cfg: Config) -> Measurement:

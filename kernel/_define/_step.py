@@ -272,13 +272,14 @@ class StepWrapper(Generic[R]):
             named = {k: v for k, v in kwargs.items() if k != self._ctx_param}
         bound = self._identity_signature.bind(*args, **named)
         bound.apply_defaults()
-        digest = identity_digest(bound.arguments) if bound.arguments else None
+        arguments = bound.arguments
+        digest = identity_digest(arguments) if arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
             if not isinstance(explicit, str) or not explicit:
                 raise ValueError(f"@step '{self.name}' replay_key must return a non-empty string.")
             return ("explicit", hashlib.sha256(explicit.encode("utf-8")).hexdigest()), digest
-        auto = identity_digest(bound.arguments)
+        auto = digest if arguments else identity_digest(arguments)  # hashed once, not twice
         if auto is None:
             return ("order", ""), digest
         return ("auto", auto), digest
