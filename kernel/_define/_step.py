@@ -20,6 +20,7 @@ import contextvars
 import functools
 import hashlib
 import inspect
+import json
 import math
 import time
 import typing
@@ -96,11 +97,23 @@ def _canonical(value: Any) -> Any:
 
 
 def identity_digest(value: Any) -> str | None:
-    """The SHA-256 of ``value``'s canonical form, or None when it has none."""
+    """The SHA-256 of ``value``'s canonical form as compact JSON text, or None when it has none.
+
+    The text is Agent Framework's (no ASCII escapes, no spaces), so the digest is the one AF's
+    step keys use. orjson writes it, except for what orjson refuses and JSON holds all the same
+    (an integer past 64 bits, a lone surrogate in a string): the standard library writes the
+    same text then, a lone surrogate passed through as its code point's bytes.
+    """
     tree = _canonical(value)
     if tree is _UNSUPPORTED:
         return None
-    return hashlib.sha256(orjson.dumps(tree)).hexdigest()
+    try:
+        text = orjson.dumps(tree)
+    except orjson.JSONEncodeError:
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass"
+        )
+    return hashlib.sha256(text).hexdigest()
 
 
 @dataclass(slots=True, eq=False)
@@ -247,13 +260,13 @@ class StepWrapper(Generic[R]):
     ) -> tuple[Identity, str | None]:
         bound = self._identity_signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        digest = identity_digest(bound.arguments) if bound.arguments else None
+        auto = identity_digest(bound.arguments)
+        digest = auto if bound.arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
             if not isinstance(explicit, str) or not explicit:
                 raise ValueError(f"@step '{self.name}' replay_key must return a non-empty string.")
             return ("explicit", hashlib.sha256(explicit.encode("utf-8")).hexdigest()), digest
-        auto = identity_digest(bound.arguments)
         if auto is None:
             return ("order", ""), digest
         return ("auto", auto), digest
