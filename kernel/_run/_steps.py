@@ -12,7 +12,8 @@ segment) is keyed across the whole lineage. The verdict of the superstep that re
 does not matter: a step's record is durable at once, and provenance, not state.
 
 What a retry after a *failed* handler does is the step's ``after_failure`` (``"reuse"`` by
-default); after any other abort a recorded call is always served.
+default): ``"rerun"`` calls it again when any attempt that had its result (the one that recorded
+it, or one that was served it) failed. After any other abort a recorded call is always served.
 """
 
 from __future__ import annotations
@@ -55,17 +56,20 @@ class RecordedCall:
 class StepBook:
     """The step calls one lineage recorded that may be served, and why their supersteps aborted.
 
-    ``add`` takes ``StepRecorded`` events in log order (records of other lineages, of calls that
-    raised, and of calls that were themselves served are skipped); ``abort`` notes a superstep's
-    abort reason. A later record of the same call replaces an earlier one.
+    ``add`` takes ``StepRecorded`` events in log order (records of other lineages and of calls
+    that raised are skipped; a record of a served call notes where the result it names was used
+    again); ``abort`` notes a superstep's abort reason. A later record of the same call replaces
+    an earlier one.
     """
 
-    __slots__ = ("_by_lineage", "_by_superstep", "aborted", "lineage")
+    __slots__ = ("_by_lineage", "_by_superstep", "_served_in", "aborted", "lineage")
 
     def __init__(self, lineage: str) -> None:
         self.lineage = lineage
         self._by_superstep: dict[tuple[int, str, str], RecordedCall] = {}
         self._by_lineage: dict[tuple[str, str], RecordedCall] = {}
+        # the position of a record -> the supersteps a later attempt was served it in
+        self._served_in: dict[int, list[str]] = {}
         self.aborted: dict[str, str] = {}
 
     def __len__(self) -> int:
@@ -73,7 +77,10 @@ class StepBook:
 
     def add(self, event: StepRecorded, index: int | None) -> None:
         """Take ``event``, recorded in the superstep of lineage index ``index``."""
-        if event.lineage != self.lineage or event.error is not None or event.reused is not None:
+        if event.lineage != self.lineage or event.error is not None:
+            return
+        if event.reused is not None:
+            self._served_in.setdefault(event.reused, []).append(event.superstep_id)
             return
         found = RecordedCall(event.position, event.run_id, event.superstep_id, event.result)
         self.put(index, event.executor_id, event.key, found)
@@ -95,6 +102,15 @@ class StepBook:
         if scope == "lineage":
             return self._by_lineage.get((executor_id, key))
         return self._by_superstep.get((index, executor_id, key))
+
+    def failed_with(self, found: RecordedCall) -> bool:
+        """Whether a superstep that had ``found``'s result (it recorded it, or was served it)
+        aborted because it failed: its result may be what failed it."""
+        aborted = self.aborted
+        return aborted.get(found.superstep_id) == "failed" or any(
+            aborted.get(superstep_id) == "failed"
+            for superstep_id in self._served_in.get(found.position, ())
+        )
 
 
 def step_key_of(
@@ -198,7 +214,7 @@ class StepsHost:
         found = self._book.find(self._scope, self._index, self.executor_id, call.key)
         if found is None:
             return False, None
-        if after_failure == "rerun" and self._book.aborted.get(found.superstep_id) == "failed":
+        if after_failure == "rerun" and self._book.failed_with(found):
             return False, None
         value = self._codec.decode(found.result, what=f"the recorded result of step {call.name!r}")
         call.reused = found.position

@@ -8,6 +8,7 @@ Most tests run on the memory and SQLite stores (``url``); one runs on PostgreSQL
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import json
@@ -27,6 +28,7 @@ from kernel import (
     open_store,
     step,
 )
+from tests.durable.helpers import reopen
 
 calls: collections.Counter[str] = collections.Counter()
 """How many times each step's function ran (the steps below count themselves here)."""
@@ -107,3 +109,61 @@ async def test_arguments_json_holds_and_orjson_refuses_still_identify_a_call() -
         (af_digest(["mapping", "builtins.dict", [["value", ["int", value]]]]), "auto")
         for value in (big, big + 1)
     ] + [(af_digest(["mapping", "builtins.dict", [["value", ["str", odd]]]]), "auto")]
+
+
+# -- the retry policy after a failed handler ------------------------------------------------------
+
+
+@step(after_failure="rerun")
+async def parse_model(prompt: str) -> str:
+    """A model call whose first answer the handler cannot parse."""
+    calls["parse_model"] += 1
+    return "garbled" if calls["parse_model"] == 1 else "42"
+
+
+class Parses(Executor):
+    """Asks ``parse_model``, then runs ``between`` (if set), then fails on an answer that is no
+    number, else yields it."""
+
+    def __init__(self, id: str, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__(id)
+        self.between = between
+
+    @handler
+    async def handle(self, prompt: str, ctx: WorkflowContext[str, int]) -> None:
+        answer = await parse_model(prompt)
+        if self.between is not None:
+            await self.between()
+        await ctx.yield_output(int(answer))
+
+
+async def test_rerun_calls_again_a_result_served_to_an_attempt_that_failed(url: str) -> None:
+    """The first attempt recorded the model's answer and was cancelled; the next was served it
+    and failed parsing it. A step with after_failure="rerun" is called again on the next retry,
+    though the superstep that recorded it was only cancelled: the attempt that failed had it."""
+    store = open_store(url)
+    recorded_once = asyncio.Event()
+
+    async def hang() -> None:
+        recorded_once.set()
+        await asyncio.Event().wait()
+
+    parses = Parses("parses", between=hang)
+    wf = build(store, parses)
+    task = asyncio.create_task(wf.run("the answer?"))
+    await recorded_once.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    parses.between = None
+    with pytest.raises(ValueError, match="garbled"):
+        await wf.resume()  # served the cancelled attempt's answer, which fails parsing
+    assert calls["parse_model"] == 1
+
+    result = await build(reopen(url, store), parses).resume()
+
+    assert result.get_outputs() == [42]
+    assert calls["parse_model"] == 2
+    first, served, again = recorded(wf)
+    assert (first.result, served.reused, again.result) == ("garbled", first.position, "42")
+    assert first.key == served.key == again.key
