@@ -86,7 +86,7 @@ from kernel._run._ledger import (
     waiting,
 )
 from kernel._run._result import RunResult
-from kernel._run._steps import StepBook
+from kernel._run._steps import StepBook, StepsHost
 from kernel._run._superstep import RunScope, Superstep, SuperstepOutcome
 from kernel._run._tasks import (
     cancel_and_wait,
@@ -614,21 +614,27 @@ class Run:
         host = step.steps_host(executor_id, getattr(executor, "step_scope", "superstep"))
         token = ACTIVE_HOST.set(host)
         try:
-            await self._invoke_each(step, executor, messages, inline)
+            await self._invoke_each(step, executor, messages, inline, host)
         finally:
             ACTIVE_HOST.reset(token)
 
     async def _invoke_each(
-        self, step: Superstep, executor: Any, messages: list[Any], inline: bool
+        self,
+        step: Superstep,
+        executor: Any,
+        messages: list[Any],
+        inline: bool,
+        host: StepsHost,
     ) -> None:
         executor_id = executor.id
         emit, hooks = self._emit, self._hooks
         streaming = emit is not silent
         record, in_flight = self.record, step.in_flight
         superstep_id = step.superstep_id
-        for message in messages:
+        for invocation, message in enumerate(messages):
             if step.outcome is not None:
                 return
+            host.begin(invocation)
             record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
             in_flight.add(executor_id)
             if streaming or hooks is not None:

@@ -139,6 +139,7 @@ class StepsHost:
         "_explicit",
         "_head",
         "_index",
+        "_invocation",
         "_occurrences",
         "_root",
         "_scope",
@@ -168,6 +169,7 @@ class StepsHost:
         self._codec = codec
         self._index = step.index
         self._calls = 0
+        self._invocation = 0
         self._occurrences: dict[tuple[str, str, str], int] = {}
         self._explicit: set[str] = set()
         self._root = asyncio.current_task()
@@ -181,13 +183,22 @@ class StepsHost:
         self._explicit.clear()
         self._calls = 0
 
+    def begin(self, invocation: int) -> None:
+        """The handler is invoked for the executor's ``invocation``-th message of the superstep
+        (from 0, in the order the log delivers them): its calls are identified, counted and
+        numbered within this invocation, and their keys name it (after the first), so that two
+        invocations' calls with the same identity are different calls."""
+        self.reset()
+        self._invocation = invocation
+
     def open(
         self, name: str, identity: Identity, digest: str | None, concurrent_ok: bool
     ) -> StepCall:
         self._step.refuse_if_closed(self.executor_id, f"call of step {name!r}")
         kind, ident = identity
+        where = [self._invocation] if self._invocation else []
         if kind == "explicit":
-            key = orjson.dumps(["explicit", name, ident]).decode()
+            key = orjson.dumps(["explicit", name, ident, *where]).decode()
             if key in self._explicit:
                 raise ValueError(
                     f"@step '{name}' produced duplicate replay_key values in one workflow run. "
@@ -203,7 +214,7 @@ class StepsHost:
             counted = (kind, name, ident)
             occurrence = self._occurrences.get(counted, 0)
             self._occurrences[counted] = occurrence + 1
-            key = orjson.dumps([kind, name, ident, occurrence]).decode()
+            key = orjson.dumps([kind, name, ident, occurrence, *where]).decode()
         call = self._calls
         self._calls += 1
         index = None if self._scope == "lineage" else self._index

@@ -62,6 +62,20 @@ def recorded(wf: Workflow) -> list[StepRecorded]:
     return [e for e in wf.events() if isinstance(e, StepRecorded)]
 
 
+async def cancel_when(event: asyncio.Event, task: asyncio.Task[Any]) -> None:
+    """Cancel the run ``task`` once ``event`` is set, and wait until it has recorded its end.
+    If the run ends first, it raises what the run raised (or fails the test)."""
+    waiting = asyncio.ensure_future(event.wait())
+    await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if not event.is_set():
+        waiting.cancel()
+        await task
+        pytest.fail("the run ended before it got there")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 class Calls(Executor):
     """Runs ``body(message)`` as its handler, and yields what it returns."""
 
@@ -150,11 +164,7 @@ async def test_rerun_calls_again_a_result_served_to_an_attempt_that_failed(url: 
 
     parses = Parses("parses", between=hang)
     wf = build(store, parses)
-    task = asyncio.create_task(wf.run("the answer?"))
-    await recorded_once.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_when(recorded_once, asyncio.create_task(wf.run("the answer?")))
     parses.between = None
     with pytest.raises(ValueError, match="garbled"):
         await wf.resume()  # served the cancelled attempt's answer, which fails parsing
@@ -167,3 +177,86 @@ async def test_rerun_calls_again_a_result_served_to_an_attempt_that_failed(url: 
     first, served, again = recorded(wf)
     assert (first.result, served.reused, again.result) == ("garbled", first.position, "42")
     assert first.key == served.key == again.key
+
+
+# -- several messages for one executor in one superstep -------------------------------------------
+
+
+@step(replay_key=lambda: "the one summary")
+async def summarize() -> str:
+    calls["summarize"] += 1
+    return f"summary {calls['summarize']}"
+
+
+class Forward(Executor):
+    @handler
+    async def forward(self, message: str, ctx: WorkflowContext[str]) -> None:
+        await ctx.send_message(f"{message} via {self.id}")
+
+
+class Gathers(Executor):
+    """For each message: ``summarize()`` (one replay key), ``echo("same")`` (equal arguments),
+    ``echo(message)``; then ``between(message)`` if set; yields what the steps returned."""
+
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.between: Callable[[str], Awaitable[None]] | None = None
+
+    @handler
+    async def gather(self, message: str, ctx: WorkflowContext[str, list[Any]]) -> None:
+        got = [await summarize(), await echo("same"), await echo(message)]
+        if self.between is not None:
+            await self.between(message)
+        await ctx.yield_output(got)
+
+
+def fanned(store: EventStore, gathers: Gathers) -> Workflow:
+    """``start`` sends to ``a`` and ``b``, which both send to ``gathers``: it is invoked twice in
+    superstep 3."""
+    start, a, b = Forward("start"), Forward("a"), Forward("b")
+    return (
+        WorkflowBuilder(start_executor=start, store=store, instance_id="fan")
+        .add_edge(start, a)
+        .add_edge(start, b)
+        .add_edge(a, gathers)
+        .add_edge(b, gathers)
+        .build()
+    )
+
+
+async def test_two_invocations_in_one_superstep_keep_distinct_keys_that_a_retry_finds_again(
+    url: str,
+) -> None:
+    """A replay key unique within one invocation is unique per invocation, not refused as a
+    duplicate when the executor gets two messages in one superstep; equal arguments in two
+    invocations are two calls; each invocation numbers its calls from 0. A retry of the
+    superstep is served both invocations' calls, under the same keys."""
+    store = open_store(url)
+    gathers = Gathers("gathers")
+    second_done = asyncio.Event()
+
+    async def hang_at_b(message: str) -> None:
+        if message.endswith("via b"):
+            second_done.set()
+            await asyncio.Event().wait()
+
+    gathers.between = hang_at_b
+    wf = fanned(store, gathers)
+    await cancel_when(second_done, asyncio.create_task(wf.run("m")))
+    first_attempt = recorded(wf)
+    assert len({r.key for r in first_attempt}) == len({r.step_key for r in first_attempt}) == 6
+    assert [r.call for r in first_attempt] == [0, 1, 2, 0, 1, 2]
+    assert dict(calls) == {"summarize": 2, "echo": 4}
+
+    gathers.between = None
+    result = await fanned(reopen(url, store), gathers).resume()
+
+    assert result.get_outputs() == [
+        ["summary 1", "same", "m via start via a"],
+        ["summary 2", "same", "m via start via b"],
+    ]
+    assert dict(calls) == {"summarize": 2, "echo": 4}  # nothing ran twice
+    served = recorded(wf)[6:]
+    assert [(r.key, r.step_key, r.reused) for r in served] == [
+        (r.key, r.step_key, r.position) for r in first_attempt
+    ]
