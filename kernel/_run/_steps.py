@@ -126,8 +126,9 @@ class StepsHost:
     """The ``StepHost`` of one executor's invocations in one superstep.
 
     ``append_now(data)`` appends a ``StepRecorded`` (``data``: its fields but position and time)
-    at once, with what the superstep buffered before it, and returns its position (None when the
-    superstep's closing is in the log already: nothing more of it may be appended).
+    at once, with what the superstep buffered before it, and returns its position (None once the
+    superstep's commit batch is sealed or its closing is in the log: nothing more of it may be
+    appended).
     """
 
     __slots__ = (
@@ -270,7 +271,9 @@ class StepsHost:
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
         """Record the call; raises ``EncodingError`` (recorded as the call's error, so that it
-        runs again next time) when its result cannot be stored."""
+        runs again next time) when its result cannot be stored, and ``StateWriteRejectedError``
+        when it returned after its superstep closed (its commit sealed, or its closing in the
+        log): nothing of the call is recorded then, and no hook or stream hears of it."""
         duration = max(0.0, time.perf_counter() - call.started)
         unstorable: EncodingError | None = None
         wire = None
@@ -289,7 +292,13 @@ class StepsHost:
         }
         position = self._append_now(data)
         step = self._step
-        if position is not None and error is None:
+        if position is None:
+            if unstorable is not None:
+                raise unstorable
+            if error is None:
+                raise step.closed_error(self.executor_id, f"the record of step {call.name!r}")
+            return  # the caller raises what the step raised
+        if error is None:
             found = RecordedCall(position, step.run_id, step.superstep_id, wire)
             self._book.put(self._index, self.executor_id, call.key, found)
         self._report(call, duration, False, position, error)

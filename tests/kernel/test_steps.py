@@ -20,6 +20,7 @@ import pytest
 from kernel import (
     EventStore,
     Executor,
+    StateWriteRejectedError,
     StepRecorded,
     Workflow,
     WorkflowBuilder,
@@ -260,3 +261,52 @@ async def test_two_invocations_in_one_superstep_keep_distinct_keys_that_a_retry_
     assert [(r.key, r.step_key, r.reused) for r in served] == [
         (r.key, r.step_key, r.position) for r in first_attempt
     ]
+
+
+# -- a call the superstep's closing overtakes -----------------------------------------------------
+
+
+async def test_a_step_that_returns_while_its_superstep_commits_is_refused_and_the_commit_lands(
+    durable_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background task's step returns while the superstep's commit batch is with the store's
+    group commit: its record would take the commit's positions. It is refused
+    (``StateWriteRejectedError``, nothing appended for it); the commit lands."""
+    from kernel._run import _instance
+
+    committing = asyncio.Event()
+    submit = _instance.InstanceContext.append_commit
+
+    def append_commit(self: Any, batch: Any, *, expected_version: int) -> Any:
+        pending = submit(self, batch, expected_version=expected_version)
+        if any(event.type == "superstep_committed" for event in batch):
+            committing.set()  # the late step returns now, while the batch is in flight
+        return pending
+
+    monkeypatch.setattr(_instance.InstanceContext, "append_commit", append_commit)
+
+    @step
+    async def late() -> str:
+        await committing.wait()
+        calls["late"] += 1
+        return "late"
+
+    background: list[asyncio.Task[str]] = []
+
+    async def body(_: str) -> str:
+        background.append(asyncio.create_task(late()))
+        await asyncio.sleep(0)  # the step has started
+        return "done"
+
+    store = open_store(durable_store_url)
+    wf = build(store, Calls("c", body))
+    result = await wf.run("go")
+    with pytest.raises(StateWriteRejectedError, match=r"record of step 'late'.*already committed"):
+        await background[0]
+
+    assert result.get_outputs() == ["done"]
+    assert calls["late"] == 1
+    events = open_store(durable_store_url).read("steps")
+    assert [e.type for e in events][-2:] == ["superstep_committed", "run_completed"]
+    assert [e.position for e in events] == list(range(1, len(events) + 1))
+    assert recorded(wf) == []
