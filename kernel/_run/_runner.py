@@ -522,13 +522,12 @@ class Run:
     ) -> int | None:
         """Append an event of superstep ``superstep_id`` at once, with what the run buffered
         before it (durable now, whatever the durability); its position, or None when the
-        superstep's closing is logged already (nothing more of it may be appended)."""
+        superstep's closing is logged already (nothing more of it may be appended). If the store
+        refuses, its error is raised, and what was buffered stays buffered
+        (``RunLog.append_now``)."""
         if self.finished or self._open_superstep_id != superstep_id:
             return None
-        self.writer.record(cls, data)
-        self.writer.flush()
-        position: int = data["position"]
-        return position
+        return self.writer.append_now(cls, data)
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden

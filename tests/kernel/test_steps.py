@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
@@ -22,6 +23,7 @@ from kernel import (
     Executor,
     StateWriteRejectedError,
     StepRecorded,
+    StoreBusyError,
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
@@ -310,3 +312,51 @@ async def test_a_step_that_returns_while_its_superstep_commits_is_refused_and_th
     assert [e.type for e in events][-2:] == ["superstep_committed", "run_completed"]
     assert [e.position for e in events] == list(range(1, len(events) + 1))
     assert recorded(wf) == []
+
+
+# -- a store error while recording ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["superstep", "write"])
+async def test_a_record_the_store_refuses_loses_none_of_the_writes_staged_before_it(
+    url: str, durability: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the append that carries a step's record (busy, say) and the handler
+    catches the error. The record is not made; what the superstep staged before it (here a write
+    and the executor's invocation) still goes in with the commit, and counts."""
+    from kernel._run import _instance
+
+    append = _instance.InstanceContext.append
+    refusals = [StoreBusyError("database is locked")]
+
+    def refusing(self: Any, batch: Any, *, expected_version: int) -> None:
+        if refusals and any(event.type == "step_recorded" for event in batch):
+            raise refusals.pop()
+        append(self, batch, expected_version=expected_version)
+
+    monkeypatch.setattr(_instance.InstanceContext, "append", refusing)
+
+    class Careful(Executor):
+        @handler
+        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+            ctx.set_state("before", 1)
+            with contextlib.suppress(StoreBusyError):
+                await echo("x")
+            ctx.set_state("after", 2)
+            await ctx.yield_output("done")
+
+    wf = build(open_store(url), Careful("careful"), durability=durability)
+    result = await wf.run("go")
+
+    assert result.get_outputs() == ["done"]
+    assert wf.committed_state() == {"before": 1, "after": 2}
+    assert [e.type for e in wf.events()][2:] == [
+        "executor_invoked",
+        "state_staged",
+        "state_staged",
+        "output_yielded",
+        "executor_completed",
+        "superstep_committed",
+        "run_completed",
+    ]
+    assert calls["echo"] == 1
