@@ -160,7 +160,8 @@ class StepHost(Protocol):
         ...
 
     async def started(self, call: StepCall) -> None:
-        """The call is about to run (tell the stream)."""
+        """The call is about to run (tell the stream). Raises ``StateWriteRejectedError`` if the
+        superstep closed meanwhile: the call does not run."""
         ...
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from kernel._base._errors import EncodingError
+from kernel._base._errors import EncodingError, StateWriteRejectedError
 from kernel._define._step import AfterFailure, Identity, StepCall
 from kernel._log._events import ErrorInfo, StepRecorded
 from kernel._run._hooks import StepInfo
@@ -262,12 +262,20 @@ class StepsHost:
         await self._tell("executor_bypassed", call.name, result)
 
     async def started(self, call: StepCall) -> None:
+        """Tell the stream; then refuse the call if its superstep closed while the stream's
+        consumer took its time (the step has not run: ``StateWriteRejectedError``, told to the
+        stream as the call's failure)."""
         if call.args or call.kwargs:
             await self._tell(
                 "executor_invoked", call.name, {"args": call.args, "kwargs": call.kwargs}
             )
         else:
             await self._tell("executor_invoked", call.name, None)
+        try:
+            self._step.refuse_if_closed(self.executor_id, f"call of step {call.name!r}")
+        except StateWriteRejectedError as refused:
+            await self._tell("executor_failed", call.name, None, refused)
+            raise
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
         """Record the call; raises ``EncodingError`` (recorded as the call's error, so that it

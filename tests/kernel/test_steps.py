@@ -360,3 +360,31 @@ async def test_a_record_the_store_refuses_loses_none_of_the_writes_staged_before
         "run_completed",
     ]
     assert calls["echo"] == 1
+
+
+async def test_a_step_whose_superstep_commits_before_it_starts_never_runs() -> None:
+    """A background task opens a step call while its superstep is open, then waits its turn on
+    the stream (the consumer takes each event in turn); the superstep commits meanwhile. The call
+    is refused before its function runs, not after it did its work."""
+
+    @step
+    async def late() -> str:
+        calls["late"] += 1
+        return "late"
+
+    background: list[asyncio.Task[str]] = []
+
+    async def body(_: str) -> str:
+        background.append(asyncio.create_task(late()))  # starts once the handler has returned
+        return "done"
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    seen = [(e.type, e.executor_id) async for e in wf.run("go", stream=True)]
+    with pytest.raises(StateWriteRejectedError, match=r"call of step 'late'.*already committed"):
+        await background[0]
+
+    assert calls["late"] == 0
+    invoked = seen.index(("executor_invoked", "late"))
+    assert invoked > seen.index(("executor_completed", "c"))
+    assert ("executor_failed", "late") in seen[invoked:]
+    assert recorded(wf) == []
