@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from kernel import (
     EventStore,
     Executor,
+    RunInProgressError,
     StateWriteRejectedError,
     StepRecorded,
     StoreBusyError,
@@ -30,6 +32,7 @@ from kernel import (
     handler,
     open_store,
     step,
+    step_key,
 )
 from tests.durable.helpers import reopen
 
@@ -388,3 +391,430 @@ async def test_a_step_whose_superstep_commits_before_it_starts_never_runs() -> N
     assert invoked > seen.index(("executor_completed", "c"))
     assert ("executor_failed", "late") in seen[invoked:]
     assert recorded(wf) == []
+
+
+# -- served on a retry -----------------------------------------------------------------------------
+
+
+@step
+async def fetch(query: str) -> dict[str, str]:
+    """A lookup that costs money: its answer names how many times it ran."""
+    calls["fetch"] += 1
+    return {"query": query, "answer": f"answer {calls['fetch']}"}
+
+
+@step
+async def send(text: str) -> str:
+    """A side effect (a mail): it must happen once."""
+    calls["send"] += 1
+    return f"sent {text}"
+
+
+class Agent(Executor):
+    """Fetches, runs ``between`` (if set), sends what it fetched, stages and yields the receipt."""
+
+    def __init__(self, id: str, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__(id)
+        self.between = between
+
+    @handler
+    async def handle(self, query: str, ctx: WorkflowContext[str, str]) -> None:
+        found = await fetch(query)
+        if self.between is not None:
+            await self.between()
+        receipt = await send(found["answer"])
+        ctx.set_state("receipt", receipt)
+        await ctx.yield_output(receipt)
+
+
+def hangs(reached: asyncio.Event) -> Callable[[], Awaitable[None]]:
+    async def hang() -> None:
+        reached.set()
+        await asyncio.Event().wait()
+
+    return hang
+
+
+def assert_served(first: StepRecorded, served: StepRecorded) -> None:
+    """``served`` is the record of a later attempt's call that was served ``first``."""
+    assert served.reused == first.position
+    assert (served.result, served.error, served.usage, served.duration) == (None, None, None, 0.0)
+    assert (served.key, served.step_key, served.call, served.name, served.executor_id) == (
+        first.key,
+        first.step_key,
+        first.call,
+        first.name,
+        first.executor_id,
+    )
+    assert served.lineage == first.lineage
+    assert served.superstep_id != first.superstep_id
+
+
+async def test_after_a_cancelled_run_resume_serves_the_completed_step_and_runs_only_the_rest(
+    url: str,
+) -> None:
+    store = open_store(url)
+    fetched = asyncio.Event()
+    agent = Agent("agent", between=hangs(fetched))
+    wf = build(store, agent)
+    await cancel_when(fetched, asyncio.create_task(wf.run("weather")))
+    (first,) = recorded(wf)
+    assert (first.name, first.result) == ("fetch", {"query": "weather", "answer": "answer 1"})
+
+    agent.between = None
+    again = build(reopen(url, store), agent)  # another workflow object, on another store object
+    result = await again.resume()
+
+    assert result.get_outputs() == ["sent answer 1"]
+    assert dict(calls) == {"fetch": 1, "send": 1}
+    _, served, sent = recorded(again)
+    assert_served(first, served)
+    assert served.run_id == result.run_id != first.run_id
+    assert (sent.name, sent.reused, sent.result) == ("send", None, "sent answer 1")
+    assert again.committed_state() == {"receipt": "sent answer 1"}
+
+
+async def test_after_a_dropped_stream_the_next_attempt_is_served_the_completed_step(
+    url: str,
+) -> None:
+    store = open_store(url)
+    fetched = asyncio.Event()
+    agent = Agent("agent", between=hangs(fetched))
+    wf = build(store, agent)
+    stream = wf.run("weather", stream=True)
+    async for event in stream:
+        if (event.type, event.executor_id) == ("executor_completed", "fetch"):
+            break
+    await fetched.wait()
+    del stream, event  # dropped: the run is abandoned
+    agent.between = None
+
+    result = await wf.resume()
+
+    assert result.get_outputs() == ["sent answer 1"]
+    assert dict(calls) == {"fetch": 1, "send": 1}
+    aborted = [e for e in wf.events() if e.type == "superstep_aborted"]
+    assert [a.reason for a in aborted] == ["abandoned"]
+    first, served, _ = recorded(wf)
+    assert_served(first, served)
+
+
+async def test_after_a_lost_lease_the_run_that_takes_over_closes_it_as_crashed_and_is_served(
+    url: str,
+) -> None:
+    """Another process takes the instance's lease over while the handler waits between its two
+    steps (this one looked dead): the run stops, appending nothing more. The next run takes the
+    expired lease over, closes the superstep as crashed and is served the recorded step."""
+    store = open_store(url)
+
+    async def taken_over() -> None:
+        lease = store.read_lease("steps")
+        an_hour_ago = datetime.now(UTC) - timedelta(hours=1)  # already expired
+        store.acquire_lease("steps", "far-away-host:9/x", ttl=60.0, now=an_hour_ago, replace=lease)
+        await asyncio.sleep(30)  # the heartbeat notices long before this ends
+
+    agent = Agent("agent", between=taken_over)
+    leased = WorkflowBuilder(start_executor=agent, store=store, instance_id="steps")
+    with pytest.raises(RunInProgressError, match="lost the lease"):
+        await leased.with_lease(ttl=0.15).build().run("weather")
+    assert calls["fetch"] == 1
+
+    agent.between = None
+    again = build(reopen(url, store), agent)
+    result = await again.resume()
+
+    assert result.get_outputs() == ["sent answer 1"]
+    assert dict(calls) == {"fetch": 1, "send": 1}
+    aborted = [e for e in again.events() if e.type == "superstep_aborted"]
+    assert [a.reason for a in aborted] == ["crashed"]
+    first, served, _ = recorded(again)
+    assert_served(first, served)
+
+
+async def test_after_a_failed_handler_a_step_is_served_by_default(url: str) -> None:
+    """after_failure="reuse" (the default): what the failed attempt did is not done again."""
+    store = open_store(url)
+    failures = [ConnectionError("the mail relay is down")]
+
+    async def relay_down() -> None:
+        if failures:
+            raise failures.pop()
+
+    wf = build(store, Agent("agent", between=relay_down))
+    with pytest.raises(ConnectionError):
+        await wf.run("weather")
+
+    result = await build(reopen(url, store), Agent("agent")).resume()
+
+    assert result.get_outputs() == ["sent answer 1"]
+    assert dict(calls) == {"fetch": 1, "send": 1}
+    first, served, _ = recorded(wf)
+    assert_served(first, served)
+
+
+async def test_after_a_failed_handler_a_rerun_step_is_called_again(url: str) -> None:
+    """after_failure="rerun": the model's answer failed the handler, so a retry asks again."""
+    store = open_store(url)
+    wf = build(store, Parses("parses"))
+    with pytest.raises(ValueError, match="garbled"):
+        await wf.run("the answer?")
+
+    result = await build(reopen(url, store), Parses("parses")).resume()
+
+    assert result.get_outputs() == [42]
+    assert calls["parse_model"] == 2
+    first, again = recorded(wf)
+    assert (first.result, again.result, again.reused) == ("garbled", "42", None)
+    assert (first.key, first.step_key) == (again.key, again.step_key)
+
+
+async def test_after_a_cancellation_a_rerun_step_is_still_served(url: str) -> None:
+    """ "rerun" concerns failures only: after a cancellation nothing failed, nothing runs twice."""
+    store = open_store(url)
+    asked = asyncio.Event()
+    parses = Parses("parses", between=hangs(asked))
+    wf = build(store, parses)
+    await cancel_when(asked, asyncio.create_task(wf.run("the answer?")))
+    parses.between = None
+    with pytest.raises(ValueError, match="garbled"):
+        await wf.resume()
+    assert calls["parse_model"] == 1
+
+
+async def test_a_step_that_raised_is_not_served_and_runs_again(url: str) -> None:
+    store = open_store(url)
+
+    @step
+    async def flaky(query: str) -> str:
+        calls["flaky"] += 1
+        if calls["flaky"] == 1:
+            raise TimeoutError("the service timed out")
+        return f"{query}: ok"
+
+    wf = build(store, Calls("c", flaky))
+    with pytest.raises(TimeoutError):
+        await wf.run("q")
+
+    result = await build(reopen(url, store), Calls("c", flaky)).resume()
+
+    assert result.get_outputs() == ["q: ok"]
+    assert calls["flaky"] == 2
+    failed, succeeded = recorded(wf)
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.message) == ("TimeoutError", "the service timed out")
+    assert (failed.result, succeeded.result, succeeded.reused) == (None, "q: ok", None)
+    assert failed.key == succeeded.key
+
+
+# -- identities (Agent Framework's rules) ---------------------------------------------------------
+
+
+class Opaque:
+    """An argument with no canonical form (a client, a connection)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+@step
+async def greet(name: str, greeting: str = "hello", *, ctx: Any = None) -> str:
+    calls["greet"] += 1
+    return f"{greeting} {name}"
+
+
+@step(name="greet")
+async def greet_without_context(name: str, greeting: str = "hello") -> str:
+    return f"{greeting} {name}"
+
+
+async def digests_of(*made: Callable[[], Awaitable[Any]]) -> list[str | None]:
+    """The digests of the step calls ``made`` makes, one after another in one handler."""
+
+    async def body(_: str) -> None:
+        for make in made:
+            await make()
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    await wf.run("go")
+    return [r.digest for r in recorded(wf)]
+
+
+async def test_the_identity_is_the_canonical_bound_arguments_preserving_types_and_order() -> None:
+    """1, 1.0 and True differ; a list and a tuple differ; a mapping's key order counts (as in
+    AF, which keeps insertion order); defaults are applied, so a keyword, a positional and an
+    omitted default argument are one identity; the context parameter is no part of it."""
+    one, one_float, true, a_list, a_tuple, ab, ba = await digests_of(
+        lambda: echo(1),
+        lambda: echo(1.0),
+        lambda: echo(True),
+        lambda: echo([1, 2]),
+        lambda: echo((1, 2)),
+        lambda: echo({"a": 1, "b": 2}),
+        lambda: echo({"b": 2, "a": 1}),
+    )
+    assert len({one, one_float, true, a_list, a_tuple, ab, ba}) == 7
+    assert one == af_digest(["mapping", "builtins.dict", [["value", ["int", 1]]]])
+    assert one_float == af_digest(["mapping", "builtins.dict", [["value", ["float", (1.0).hex()]]]])
+    assert true == af_digest(["mapping", "builtins.dict", [["value", ["bool", True]]]])
+
+    spelled = await digests_of(
+        lambda: greet("ada"),
+        lambda: greet("ada", "hello"),
+        lambda: greet(name="ada", greeting="hello"),
+        lambda: greet_without_context("ada"),
+        lambda: greet("ada", "hi"),
+    )
+    assert len(set(spelled[:4])) == 1
+    assert spelled[4] != spelled[0]
+
+
+async def test_a_retry_finds_each_call_by_its_arguments_not_by_its_order(url: str) -> None:
+    """The retry makes the same calls in another order: each is served its own result."""
+    store = open_store(url)
+    both = asyncio.Event()
+    order = ["ada", "alan"]
+
+    async def body(_: str) -> list[str]:
+        got = [await greet(name) for name in order]
+        if not both.is_set():
+            await hangs(both)()
+        return got
+
+    wf = build(store, Calls("c", body))
+    await cancel_when(both, asyncio.create_task(wf.run("go")))
+    order.reverse()
+
+    result = await build(reopen(url, store), Calls("c", body)).resume()
+
+    assert result.get_outputs() == [["hello alan", "hello ada"]]
+    assert calls["greet"] == 2
+    ada, alan, served_alan, served_ada = recorded(wf)
+    assert (served_alan.reused, served_ada.reused) == (alan.position, ada.position)
+
+
+async def test_a_replay_key_names_calls_whose_arguments_cannot(url: str) -> None:
+    """Opaque arguments with a replay key: served on the retry, though the argument is another
+    object; the key is hashed, and the digest is of the arguments (None: they have none)."""
+    store = open_store(url)
+    loaded = asyncio.Event()
+
+    @step(replay_key=lambda connection, record_id: record_id)
+    async def load(connection: Opaque, record_id: str) -> str:
+        calls["load"] += 1
+        return f"{record_id} from {connection.name}"
+
+    async def body(_: str) -> str:
+        got = await load(Opaque("db"), "r-1")
+        if not loaded.is_set():
+            await hangs(loaded)()
+        return got
+
+    wf = build(store, Calls("c", body))
+    await cancel_when(loaded, asyncio.create_task(wf.run("go")))
+
+    result = await build(reopen(url, store), Calls("c", body)).resume()
+
+    assert result.get_outputs() == ["r-1 from db"]
+    assert calls["load"] == 1
+    first, served = recorded(wf)
+    assert json.loads(first.key) == ["explicit", "load", hashlib.sha256(b"r-1").hexdigest()]
+    assert first.digest is None
+    assert_served(first, served)
+
+
+@pytest.mark.parametrize("bad", ["", 7, None])
+async def test_a_replay_key_must_return_a_non_empty_string(bad: Any) -> None:
+    @step(replay_key=lambda _: bad)
+    async def keyed(value: str) -> str:
+        return value
+
+    wf = build(open_store("memory://"), Calls("c", keyed))
+    with pytest.raises(ValueError, match=r"^@step 'keyed' replay_key must return a non-empty"):
+        await wf.run("go")
+
+
+async def test_a_replay_key_used_twice_in_one_invocation_is_refused() -> None:
+    @step(replay_key=lambda value: "always the same")
+    async def keyed(value: str) -> str:
+        calls["keyed"] += 1
+        return value
+
+    async def body(_: str) -> list[str]:
+        return [await keyed("a"), await keyed("b")]
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    with pytest.raises(
+        ValueError,
+        match=r"^@step 'keyed' produced duplicate replay_key values in one workflow run\. "
+        r"Each explicit replay key must identify exactly one logical invocation\.$",
+    ):
+        await wf.run("go")
+    assert calls["keyed"] == 1  # refused before it ran
+
+
+@step
+async def describe(thing: Opaque) -> str:
+    calls["describe"] += 1
+    return f"a {thing.name}"
+
+
+async def test_calls_without_identity_are_keyed_by_their_order(url: str) -> None:
+    store = open_store(url)
+    done = asyncio.Event()
+
+    async def body(_: str) -> list[str]:
+        got = [await describe(Opaque("cup")), await describe(Opaque("pot"))]
+        if not done.is_set():
+            await hangs(done)()
+        return got
+
+    wf = build(store, Calls("c", body))
+    await cancel_when(done, asyncio.create_task(wf.run("go")))
+
+    result = await build(reopen(url, store), Calls("c", body)).resume()
+
+    assert result.get_outputs() == [["a cup", "a pot"]]
+    assert calls["describe"] == 2
+    cup, pot, _, _ = recorded(wf)
+    assert [json.loads(r.key) for r in (cup, pot)] == [
+        ["order", "describe", "", 0],
+        ["order", "describe", "", 1],
+    ]
+    assert (cup.digest, pot.digest) == (None, None)
+
+
+async def test_concurrent_calls_need_an_identity_their_order_cannot_give() -> None:
+    """In tasks of their own (``asyncio.gather``) calls with canonical arguments are recorded;
+    a call whose arguments have no identity is refused, with AF's error, before it runs."""
+
+    async def with_identity(_: str) -> list[str]:
+        return list(await asyncio.gather(greet("ada"), greet("alan")))
+
+    wf = build(open_store("memory://"), Calls("c", with_identity))
+    assert (await wf.run("go")).get_outputs() == [["hello ada", "hello alan"]]
+    assert len({r.key for r in recorded(wf)}) == 2
+
+    async def without(_: str) -> list[str]:
+        return list(await asyncio.gather(describe(Opaque("cup")), describe(Opaque("pot"))))
+
+    wf = build(open_store("memory://"), Calls("c", without), instance_id="without")
+    with pytest.raises(
+        ValueError,
+        match=r"^Cannot derive a stable replay identity for concurrent @step 'describe'\. "
+        r"Use @step\(replay_key=\.\.\.\) to identify each logical invocation\.$",
+    ):
+        await wf.run("go")
+    assert calls["describe"] == 0
+
+
+async def test_outside_a_run_a_step_is_its_plain_function() -> None:
+    assert await fetch("weather") == {"query": "weather", "answer": "answer 1"}
+    assert await describe(Opaque("cup")) == "a cup"  # no identity needed either
+    assert calls == {"fetch": 1, "describe": 1}
+
+    @step
+    async def asks_its_key() -> str:
+        return step_key()
+
+    with pytest.raises(RuntimeError, match="only inside a @step called in a running workflow"):
+        await asks_its_key()
