@@ -208,7 +208,10 @@ class StepWrapper(Generic[R]):
 
     ``name`` names it in the log (the function's ``__name__`` by default). A parameter annotated
     ``RunContext`` (or named ``ctx``) receives the run's context, and is no part of the call's
-    identity. ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
+    identity: the run's context is injected when the caller does not pass one. A graph handler
+    has none to inject: it may pass its own (by keyword or in its place), else the parameter's
+    default applies (none: Python's ``TypeError`` for the missing argument, never a silent
+    None). ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
     """
 
     def __init__(
@@ -256,13 +259,30 @@ class StepWrapper(Generic[R]):
             return self
         return functools.partial(self.__call__, instance)
 
-    def _identity(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Identity, str | None]:
-        bound = self._identity_signature.bind(*args, **kwargs)
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The call's arguments by name, defaults applied, without the context parameter, and
+        whether the caller passed the context itself (a graph handler may: it has no
+        ``RunContext`` to inject). The arguments are bound as AF binds them, without the context
+        parameter; only a call that does not bind so is bound with it."""
+        try:
+            bound = self._identity_signature.bind(*args, **kwargs)
+            given = False
+        except TypeError:
+            if self._ctx_param is None:
+                raise
+            bound = self._signature.bind(*args, **kwargs)  # raises for a call that does not fit
+            given = self._ctx_param in bound.arguments
         bound.apply_defaults()
-        auto = identity_digest(bound.arguments)
-        digest = auto if bound.arguments else None
+        arguments = bound.arguments
+        if given:
+            arguments = {k: v for k, v in arguments.items() if k != self._ctx_param}
+        return arguments, given
+
+    def _identity(
+        self, arguments: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Identity, str | None]:
+        auto = identity_digest(arguments)
+        digest = auto if arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
             if not isinstance(explicit, str) or not explicit:
@@ -277,7 +297,7 @@ class StepWrapper(Generic[R]):
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Put ``ctx`` where the function declares it, without taking a positional argument."""
         name = self._ctx_param
-        if name is None or name in kwargs:
+        if name is None:
             return args, dict(kwargs)
         out: list[Any] = []
         given = list(args)
@@ -301,15 +321,16 @@ class StepWrapper(Generic[R]):
         host = ACTIVE_HOST.get()
         if host is None:
             return await self._func(*args, **kwargs)
-        identity, digest = self._identity(args, kwargs)
+        arguments, ctx_given = self._bound(args, kwargs)
+        identity, digest = self._identity(arguments, args, kwargs)
         call = host.open(self.name, identity, digest, identity[0] != "order")
         call.args, call.kwargs = args, kwargs
         found, value = host.lookup(call, self.after_failure)
         if found:
             await host.served(call, value)
             return typing.cast(R, value)
-        if self._ctx_param is not None and self._ctx_param not in kwargs:
-            run_ctx = getattr(host, "run_context", None)
+        run_ctx = getattr(host, "run_context", None)
+        if self._ctx_param is not None and not ctx_given and run_ctx is not None:
             args, kwargs = self._with_ctx(args, kwargs, run_ctx)
         await host.started(call)
         token = ACTIVE_CALL.set(call)

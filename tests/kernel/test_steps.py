@@ -668,6 +668,33 @@ async def test_the_identity_is_the_canonical_bound_arguments_preserving_types_an
     assert spelled[4] != spelled[0]
 
 
+async def test_a_handler_may_pass_its_own_context_to_a_step_outside_the_identity() -> None:
+    """A graph handler has no ``RunContext`` to inject; it may hand a step its own context, by
+    keyword or in its place. The step gets it, and the call's identity is its other arguments.
+    Passed none, the step is called without it (not with None)."""
+
+    @step
+    async def notify(text: str, ctx: WorkflowContext[Any, Any]) -> str:
+        ctx.set_state("notified", text)
+        return text
+
+    class Notifies(Executor):
+        @handler
+        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+            await notify("positional", ctx)
+            await notify(text="keyword", ctx=ctx)
+            await notify("injected")
+
+    wf = build(open_store("memory://"), Notifies("n"))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'ctx'"):
+        await wf.run("go")  # the third call: a graph handler has no context to inject
+    positional, keyword, _ = recorded(wf)
+    assert positional.digest == af_digest(
+        ["mapping", "builtins.dict", [["text", ["str", "positional"]]]]
+    )
+    assert keyword.digest == af_digest(["mapping", "builtins.dict", [["text", ["str", "keyword"]]]])
+
+
 async def test_a_retry_finds_each_call_by_its_arguments_not_by_its_order(url: str) -> None:
     """The retry makes the same calls in another order: each is served its own result."""
     store = open_store(url)
