@@ -225,7 +225,7 @@ class StepWrapper(Generic[R]):
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
                 f"@step can only decorate async functions, but "
-                f"'{getattr(func, '__name__', func)!r}' is not a coroutine function."
+                f"'{getattr(func, '__name__', func)}' is not a coroutine function."
             )
         if after_failure not in ("reuse", "rerun"):
             raise DefinitionError(

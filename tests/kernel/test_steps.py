@@ -845,3 +845,15 @@ async def test_outside_a_run_a_step_is_its_plain_function() -> None:
 
     with pytest.raises(RuntimeError, match="only inside a @step called in a running workflow"):
         await asks_its_key()
+
+
+def test_only_an_async_function_can_be_a_step() -> None:
+    def plain(x: int) -> int:
+        return x
+
+    with pytest.raises(
+        TypeError,
+        match=r"^@step can only decorate async functions, but 'plain' is not a coroutine "
+        r"function\.$",
+    ):
+        step(plain)  # type: ignore[arg-type]
