@@ -17,20 +17,30 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 
 from kernel import (
+    DecodeError,
+    EncodingError,
     EventStore,
     Executor,
+    Keyring,
+    LogIntegrityError,
+    RunHooks,
     RunInProgressError,
     StateWriteRejectedError,
+    StepInfo,
     StepRecorded,
     StoreBusyError,
+    SuperstepInfo,
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
+    fold_committed,
     handler,
     open_store,
+    report_usage,
     step,
     step_key,
 )
@@ -64,6 +74,14 @@ def build(
     ).build()
 
 
+def read_elsewhere(url: str, store: EventStore, instance_id: str = "steps") -> list[Any]:
+    """The instance's log as another store object reads it (the memory store has no other)."""
+    if url == "memory://":
+        return store.read(instance_id)
+    with open_store(url, create=False) as other:
+        return other.read(instance_id)
+
+
 def recorded(wf: Workflow) -> list[StepRecorded]:
     return [e for e in wf.events() if isinstance(e, StepRecorded)]
 
@@ -92,305 +110,6 @@ class Calls(Executor):
     @handler
     async def handle(self, message: str, ctx: WorkflowContext[str, Any]) -> None:
         await ctx.yield_output(await self.body(message))
-
-
-# -- identities -----------------------------------------------------------------------------------
-
-
-@step
-async def echo(value: Any) -> Any:
-    calls["echo"] += 1
-    return value
-
-
-@step
-async def size(value: Any) -> int:
-    calls["size"] += 1
-    return len(str(value))
-
-
-def af_digest(tree: Any) -> str:
-    """Agent Framework's identity digest of a canonical tree: SHA-256 of its compact JSON text."""
-    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-async def test_arguments_json_holds_and_orjson_refuses_still_identify_a_call() -> None:
-    """An int past 64 bits and a lone surrogate are canonical arguments, as in Agent Framework:
-    each call is identified by them (the digest is AF's), not refused with orjson's TypeError."""
-    big, odd = 2**70, "half \ud800 a pair"
-
-    async def body(_: str) -> list[Any]:
-        return [await echo(big), await echo(big + 1), await size(odd)]
-
-    wf = build(open_store("memory://"), Calls("c", body))
-    assert (await wf.run("go")).get_outputs() == [[big, big + 1, len(odd)]]
-    assert [(r.digest, json.loads(r.key)[0]) for r in recorded(wf)] == [
-        (af_digest(["mapping", "builtins.dict", [["value", ["int", value]]]]), "auto")
-        for value in (big, big + 1)
-    ] + [(af_digest(["mapping", "builtins.dict", [["value", ["str", odd]]]]), "auto")]
-
-
-# -- the retry policy after a failed handler ------------------------------------------------------
-
-
-@step(after_failure="rerun")
-async def parse_model(prompt: str) -> str:
-    """A model call whose first answer the handler cannot parse."""
-    calls["parse_model"] += 1
-    return "garbled" if calls["parse_model"] == 1 else "42"
-
-
-class Parses(Executor):
-    """Asks ``parse_model``, then runs ``between`` (if set), then fails on an answer that is no
-    number, else yields it."""
-
-    def __init__(self, id: str, between: Callable[[], Awaitable[None]] | None = None) -> None:
-        super().__init__(id)
-        self.between = between
-
-    @handler
-    async def handle(self, prompt: str, ctx: WorkflowContext[str, int]) -> None:
-        answer = await parse_model(prompt)
-        if self.between is not None:
-            await self.between()
-        await ctx.yield_output(int(answer))
-
-
-async def test_rerun_calls_again_a_result_served_to_an_attempt_that_failed(url: str) -> None:
-    """The first attempt recorded the model's answer and was cancelled; the next was served it
-    and failed parsing it. A step with after_failure="rerun" is called again on the next retry,
-    though the superstep that recorded it was only cancelled: the attempt that failed had it."""
-    store = open_store(url)
-    recorded_once = asyncio.Event()
-
-    async def hang() -> None:
-        recorded_once.set()
-        await asyncio.Event().wait()
-
-    parses = Parses("parses", between=hang)
-    wf = build(store, parses)
-    await cancel_when(recorded_once, asyncio.create_task(wf.run("the answer?")))
-    parses.between = None
-    with pytest.raises(ValueError, match="garbled"):
-        await wf.resume()  # served the cancelled attempt's answer, which fails parsing
-    assert calls["parse_model"] == 1
-
-    result = await build(reopen(url, store), parses).resume()
-
-    assert result.get_outputs() == [42]
-    assert calls["parse_model"] == 2
-    first, served, again = recorded(wf)
-    assert (first.result, served.reused, again.result) == ("garbled", first.position, "42")
-    assert first.key == served.key == again.key
-
-
-# -- several messages for one executor in one superstep -------------------------------------------
-
-
-@step(replay_key=lambda: "the one summary")
-async def summarize() -> str:
-    calls["summarize"] += 1
-    return f"summary {calls['summarize']}"
-
-
-class Forward(Executor):
-    @handler
-    async def forward(self, message: str, ctx: WorkflowContext[str]) -> None:
-        await ctx.send_message(f"{message} via {self.id}")
-
-
-class Gathers(Executor):
-    """For each message: ``summarize()`` (one replay key), ``echo("same")`` (equal arguments),
-    ``echo(message)``; then ``between(message)`` if set; yields what the steps returned."""
-
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.between: Callable[[str], Awaitable[None]] | None = None
-
-    @handler
-    async def gather(self, message: str, ctx: WorkflowContext[str, list[Any]]) -> None:
-        got = [await summarize(), await echo("same"), await echo(message)]
-        if self.between is not None:
-            await self.between(message)
-        await ctx.yield_output(got)
-
-
-def fanned(store: EventStore, gathers: Gathers) -> Workflow:
-    """``start`` sends to ``a`` and ``b``, which both send to ``gathers``: it is invoked twice in
-    superstep 3."""
-    start, a, b = Forward("start"), Forward("a"), Forward("b")
-    return (
-        WorkflowBuilder(start_executor=start, store=store, instance_id="fan")
-        .add_edge(start, a)
-        .add_edge(start, b)
-        .add_edge(a, gathers)
-        .add_edge(b, gathers)
-        .build()
-    )
-
-
-async def test_two_invocations_in_one_superstep_keep_distinct_keys_that_a_retry_finds_again(
-    url: str,
-) -> None:
-    """A replay key unique within one invocation is unique per invocation, not refused as a
-    duplicate when the executor gets two messages in one superstep; equal arguments in two
-    invocations are two calls; each invocation numbers its calls from 0. A retry of the
-    superstep is served both invocations' calls, under the same keys."""
-    store = open_store(url)
-    gathers = Gathers("gathers")
-    second_done = asyncio.Event()
-
-    async def hang_at_b(message: str) -> None:
-        if message.endswith("via b"):
-            second_done.set()
-            await asyncio.Event().wait()
-
-    gathers.between = hang_at_b
-    wf = fanned(store, gathers)
-    await cancel_when(second_done, asyncio.create_task(wf.run("m")))
-    first_attempt = recorded(wf)
-    assert len({r.key for r in first_attempt}) == len({r.step_key for r in first_attempt}) == 6
-    assert [r.call for r in first_attempt] == [0, 1, 2, 0, 1, 2]
-    assert dict(calls) == {"summarize": 2, "echo": 4}
-
-    gathers.between = None
-    result = await fanned(reopen(url, store), gathers).resume()
-
-    assert result.get_outputs() == [
-        ["summary 1", "same", "m via start via a"],
-        ["summary 2", "same", "m via start via b"],
-    ]
-    assert dict(calls) == {"summarize": 2, "echo": 4}  # nothing ran twice
-    served = recorded(wf)[6:]
-    assert [(r.key, r.step_key, r.reused) for r in served] == [
-        (r.key, r.step_key, r.position) for r in first_attempt
-    ]
-
-
-# -- a call the superstep's closing overtakes -----------------------------------------------------
-
-
-async def test_a_step_that_returns_while_its_superstep_commits_is_refused_and_the_commit_lands(
-    durable_store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A background task's step returns while the superstep's commit batch is with the store's
-    group commit: its record would take the commit's positions. It is refused
-    (``StateWriteRejectedError``, nothing appended for it); the commit lands."""
-    from kernel._run import _instance
-
-    committing = asyncio.Event()
-    submit = _instance.InstanceContext.append_commit
-
-    def append_commit(self: Any, batch: Any, *, expected_version: int) -> Any:
-        pending = submit(self, batch, expected_version=expected_version)
-        if any(event.type == "superstep_committed" for event in batch):
-            committing.set()  # the late step returns now, while the batch is in flight
-        return pending
-
-    monkeypatch.setattr(_instance.InstanceContext, "append_commit", append_commit)
-
-    @step
-    async def late() -> str:
-        await committing.wait()
-        calls["late"] += 1
-        return "late"
-
-    background: list[asyncio.Task[str]] = []
-
-    async def body(_: str) -> str:
-        background.append(asyncio.create_task(late()))
-        await asyncio.sleep(0)  # the step has started
-        return "done"
-
-    store = open_store(durable_store_url)
-    wf = build(store, Calls("c", body))
-    result = await wf.run("go")
-    with pytest.raises(StateWriteRejectedError, match=r"record of step 'late'.*already committed"):
-        await background[0]
-
-    assert result.get_outputs() == ["done"]
-    assert calls["late"] == 1
-    events = open_store(durable_store_url).read("steps")
-    assert [e.type for e in events][-2:] == ["superstep_committed", "run_completed"]
-    assert [e.position for e in events] == list(range(1, len(events) + 1))
-    assert recorded(wf) == []
-
-
-# -- a store error while recording ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("durability", ["superstep", "write"])
-async def test_a_record_the_store_refuses_loses_none_of_the_writes_staged_before_it(
-    url: str, durability: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The store refuses the append that carries a step's record (busy, say) and the handler
-    catches the error. The record is not made; what the superstep staged before it (here a write
-    and the executor's invocation) still goes in with the commit, and counts."""
-    from kernel._run import _instance
-
-    append = _instance.InstanceContext.append
-    refusals = [StoreBusyError("database is locked")]
-
-    def refusing(self: Any, batch: Any, *, expected_version: int) -> None:
-        if refusals and any(event.type == "step_recorded" for event in batch):
-            raise refusals.pop()
-        append(self, batch, expected_version=expected_version)
-
-    monkeypatch.setattr(_instance.InstanceContext, "append", refusing)
-
-    class Careful(Executor):
-        @handler
-        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
-            ctx.set_state("before", 1)
-            with contextlib.suppress(StoreBusyError):
-                await echo("x")
-            ctx.set_state("after", 2)
-            await ctx.yield_output("done")
-
-    wf = build(open_store(url), Careful("careful"), durability=durability)
-    result = await wf.run("go")
-
-    assert result.get_outputs() == ["done"]
-    assert wf.committed_state() == {"before": 1, "after": 2}
-    assert [e.type for e in wf.events()][2:] == [
-        "executor_invoked",
-        "state_staged",
-        "state_staged",
-        "output_yielded",
-        "executor_completed",
-        "superstep_committed",
-        "run_completed",
-    ]
-    assert calls["echo"] == 1
-
-
-async def test_a_step_whose_superstep_commits_before_it_starts_never_runs() -> None:
-    """A background task opens a step call while its superstep is open, then waits its turn on
-    the stream (the consumer takes each event in turn); the superstep commits meanwhile. The call
-    is refused before its function runs, not after it did its work."""
-
-    @step
-    async def late() -> str:
-        calls["late"] += 1
-        return "late"
-
-    background: list[asyncio.Task[str]] = []
-
-    async def body(_: str) -> str:
-        background.append(asyncio.create_task(late()))  # starts once the handler has returned
-        return "done"
-
-    wf = build(open_store("memory://"), Calls("c", body))
-    seen = [(e.type, e.executor_id) async for e in wf.run("go", stream=True)]
-    with pytest.raises(StateWriteRejectedError, match=r"call of step 'late'.*already committed"):
-        await background[0]
-
-    assert calls["late"] == 0
-    invoked = seen.index(("executor_invoked", "late"))
-    assert invoked > seen.index(("executor_completed", "c"))
-    assert ("executor_failed", "late") in seen[invoked:]
-    assert recorded(wf) == []
 
 
 # -- served on a retry -----------------------------------------------------------------------------
@@ -606,7 +325,95 @@ async def test_a_step_that_raised_is_not_served_and_runs_again(url: str) -> None
     assert failed.key == succeeded.key
 
 
-# -- identities (Agent Framework's rules) ---------------------------------------------------------
+# -- the retry policy after a failed handler -------------------------------------------------------
+
+
+@step(after_failure="rerun")
+async def parse_model(prompt: str) -> str:
+    """A model call whose first answer the handler cannot parse."""
+    calls["parse_model"] += 1
+    return "garbled" if calls["parse_model"] == 1 else "42"
+
+
+class Parses(Executor):
+    """Asks ``parse_model``, then runs ``between`` (if set), then fails on an answer that is no
+    number, else yields it."""
+
+    def __init__(self, id: str, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__(id)
+        self.between = between
+
+    @handler
+    async def handle(self, prompt: str, ctx: WorkflowContext[str, int]) -> None:
+        answer = await parse_model(prompt)
+        if self.between is not None:
+            await self.between()
+        await ctx.yield_output(int(answer))
+
+
+async def test_rerun_calls_again_a_result_served_to_an_attempt_that_failed(url: str) -> None:
+    """The first attempt recorded the model's answer and was cancelled; the next was served it
+    and failed parsing it. A step with after_failure="rerun" is called again on the next retry,
+    though the superstep that recorded it was only cancelled: the attempt that failed had it."""
+    store = open_store(url)
+    recorded_once = asyncio.Event()
+
+    async def hang() -> None:
+        recorded_once.set()
+        await asyncio.Event().wait()
+
+    parses = Parses("parses", between=hang)
+    wf = build(store, parses)
+    await cancel_when(recorded_once, asyncio.create_task(wf.run("the answer?")))
+    parses.between = None
+    with pytest.raises(ValueError, match="garbled"):
+        await wf.resume()  # served the cancelled attempt's answer, which fails parsing
+    assert calls["parse_model"] == 1
+
+    result = await build(reopen(url, store), parses).resume()
+
+    assert result.get_outputs() == [42]
+    assert calls["parse_model"] == 2
+    first, served, again = recorded(wf)
+    assert (first.result, served.reused, again.result) == ("garbled", first.position, "42")
+    assert first.key == served.key == again.key
+
+
+# -- identities (Agent Framework's rules) ----------------------------------------------------------
+
+
+@step
+async def echo(value: Any) -> Any:
+    calls["echo"] += 1
+    return value
+
+
+@step
+async def size(value: Any) -> int:
+    calls["size"] += 1
+    return len(str(value))
+
+
+def af_digest(tree: Any) -> str:
+    """Agent Framework's identity digest of a canonical tree: SHA-256 of its compact JSON text."""
+    text = json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+async def test_arguments_json_holds_and_orjson_refuses_still_identify_a_call() -> None:
+    """An int past 64 bits and a lone surrogate are canonical arguments, as in Agent Framework:
+    each call is identified by them (the digest is AF's), not refused with orjson's TypeError."""
+    big, odd = 2**70, "half \ud800 a pair"
+
+    async def body(_: str) -> list[Any]:
+        return [await echo(big), await echo(big + 1), await size(odd)]
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    assert (await wf.run("go")).get_outputs() == [[big, big + 1, len(odd)]]
+    assert [(r.digest, json.loads(r.key)[0]) for r in recorded(wf)] == [
+        (af_digest(["mapping", "builtins.dict", [["value", ["int", value]]]]), "auto")
+        for value in (big, big + 1)
+    ] + [(af_digest(["mapping", "builtins.dict", [["value", ["str", odd]]]]), "auto")]
 
 
 class Opaque:
@@ -857,3 +664,721 @@ def test_only_an_async_function_can_be_a_step() -> None:
         r"function\.$",
     ):
         step(plain)  # type: ignore[arg-type]
+
+
+# -- several messages for one executor in one superstep --------------------------------------------
+
+
+@step(replay_key=lambda: "the one summary")
+async def summarize() -> str:
+    calls["summarize"] += 1
+    return f"summary {calls['summarize']}"
+
+
+class Forward(Executor):
+    @handler
+    async def forward(self, message: str, ctx: WorkflowContext[str]) -> None:
+        await ctx.send_message(f"{message} via {self.id}")
+
+
+class Gathers(Executor):
+    """For each message: ``summarize()`` (one replay key), ``echo("same")`` (equal arguments),
+    ``echo(message)``; then ``between(message)`` if set; yields what the steps returned."""
+
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.between: Callable[[str], Awaitable[None]] | None = None
+
+    @handler
+    async def gather(self, message: str, ctx: WorkflowContext[str, list[Any]]) -> None:
+        got = [await summarize(), await echo("same"), await echo(message)]
+        if self.between is not None:
+            await self.between(message)
+        await ctx.yield_output(got)
+
+
+def fanned(store: EventStore, gathers: Gathers) -> Workflow:
+    """``start`` sends to ``a`` and ``b``, which both send to ``gathers``: it is invoked twice in
+    superstep 3."""
+    start, a, b = Forward("start"), Forward("a"), Forward("b")
+    return (
+        WorkflowBuilder(start_executor=start, store=store, instance_id="fan")
+        .add_edge(start, a)
+        .add_edge(start, b)
+        .add_edge(a, gathers)
+        .add_edge(b, gathers)
+        .build()
+    )
+
+
+async def test_two_invocations_in_one_superstep_keep_distinct_keys_that_a_retry_finds_again(
+    url: str,
+) -> None:
+    """A replay key unique within one invocation is unique per invocation, not refused as a
+    duplicate when the executor gets two messages in one superstep; equal arguments in two
+    invocations are two calls; each invocation numbers its calls from 0. A retry of the
+    superstep is served both invocations' calls, under the same keys."""
+    store = open_store(url)
+    gathers = Gathers("gathers")
+    second_done = asyncio.Event()
+
+    async def hang_at_b(message: str) -> None:
+        if message.endswith("via b"):
+            second_done.set()
+            await asyncio.Event().wait()
+
+    gathers.between = hang_at_b
+    wf = fanned(store, gathers)
+    await cancel_when(second_done, asyncio.create_task(wf.run("m")))
+    first_attempt = recorded(wf)
+    assert len({r.key for r in first_attempt}) == len({r.step_key for r in first_attempt}) == 6
+    assert [r.call for r in first_attempt] == [0, 1, 2, 0, 1, 2]
+    assert dict(calls) == {"summarize": 2, "echo": 4}
+
+    gathers.between = None
+    result = await fanned(reopen(url, store), gathers).resume()
+
+    assert result.get_outputs() == [
+        ["summary 1", "same", "m via start via a"],
+        ["summary 2", "same", "m via start via b"],
+    ]
+    assert dict(calls) == {"summarize": 2, "echo": 4}  # nothing ran twice
+    served = recorded(wf)[6:]
+    assert [(r.key, r.step_key, r.reused) for r in served] == [
+        (r.key, r.step_key, r.position) for r in first_attempt
+    ]
+
+
+# -- the idempotency key ---------------------------------------------------------------------------
+
+
+async def test_step_key_is_the_same_on_every_attempt_and_in_another_process_and_new_per_call(
+    url: str,
+) -> None:
+    """A charge that was cut off after the provider saw it (before it returned, so nothing is
+    recorded) runs again with the same key: the provider deduplicates on it."""
+    store = open_store(url)
+    keys: list[str] = []
+    provider_saw = asyncio.Event()
+
+    @step
+    async def charge(order: str, cents: int) -> str:
+        keys.append(step_key())
+        if len(keys) == 1:
+            await hangs(provider_saw)()  # cut off after the provider saw the key
+        return f"charged {order}"
+
+    async def body(order: str) -> list[str]:
+        return [await charge(order, 500), await charge(order, 500), await charge("other", 500)]
+
+    await cancel_when(provider_saw, asyncio.create_task(build(store, Calls("c", body)).run("o-1")))
+
+    again = build(reopen(url, store), Calls("c", body))
+    await again.resume()
+
+    first_try, retried, second_call, other_order = keys
+    assert retried == first_try  # the same call, another attempt, another store object
+    assert len({first_try, second_call, other_order}) == 3  # each call its own
+    assert [r.step_key for r in recorded(again)] == [retried, second_call, other_order]
+    # another instance's calls, however alike, have keys of their own
+    elsewhere = build(open_store("memory://"), Calls("c", body), instance_id="elsewhere")
+    await elsewhere.run("o-1")
+    assert not set(keys[4:]) & set(keys[:4])
+
+
+async def test_step_key_outside_a_step_is_a_runtime_error() -> None:
+    async def body(_: str) -> str:
+        return step_key()  # in a handler, not in a step
+
+    with pytest.raises(RuntimeError, match=r"^step_key\(\) is known only inside a @step"):
+        await build(open_store("memory://"), Calls("c", body)).run("go")
+    with pytest.raises(RuntimeError, match=r"^step_key\(\) is known only inside a @step"):
+        step_key()
+
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+@step(name="model")
+async def classify(text: str, *, labels: tuple[str, ...] = ("spam", "ham")) -> str:
+    calls["model"] += 1
+    report_usage(input_tokens=len(text), output_tokens=1)
+    report_usage(output_tokens=2)  # counts add up
+    if text == "???":
+        raise ValueError("cannot classify '???'")
+    return labels[1]
+
+
+async def test_the_record_names_where_which_call_its_arguments_duration_usage_and_error() -> None:
+    async def body(_: str) -> str:
+        label = await classify("hello")
+        with contextlib.suppress(ValueError):
+            await classify("???")
+        return label
+
+    wf = build(open_store("memory://"), Calls("classifier", body))
+    result = await wf.run("go")
+
+    started = next(e for e in wf.events() if e.type == "superstep_started")
+    ok, failed = recorded(wf)
+    for record, call in ((ok, 0), (failed, 1)):
+        assert (record.run_id, record.superstep_id) == (result.run_id, started.superstep_id)
+        assert (record.executor_id, record.name, record.call) == ("classifier", "model", call)
+        assert record.lineage == result.run_id  # a run started with a message begins a lineage
+        assert record.reused is None
+        assert record.duration >= 0.0
+    assert json.loads(ok.key)[:2] == ["auto", "model"]
+    assert ok.digest == af_digest(
+        [
+            "mapping",
+            "builtins.dict",
+            [["text", ["str", "hello"]], ["labels", ["tuple", [["str", "spam"], ["str", "ham"]]]]],
+        ]
+    )
+    assert (ok.result, ok.error) == ("ham", None)
+    assert ok.usage == {"input_tokens": 5, "output_tokens": 3}
+    assert failed.result is None
+    assert failed.error is not None
+    assert (failed.error.type, failed.error.message) == ("ValueError", "cannot classify '???'")
+    assert failed.usage == {"input_tokens": 3, "output_tokens": 3}
+    assert ok.position < failed.position
+
+
+def test_report_usage_takes_non_negative_ints_and_outside_a_step_does_nothing() -> None:
+    report_usage(input_tokens=3)
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(TypeError, match="must be a non-negative int"):
+            report_usage(input_tokens=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("durability", ["superstep", "write"])
+async def test_a_record_is_durable_at_once_while_its_superstep_is_still_open(
+    url: str, durability: str
+) -> None:
+    """While the handler is inside its second step, another store object (SQLite; the memory
+    store has no other) reads the first step's record, with what the superstep staged before
+    it, though the superstep is open: its marker is not in the log."""
+    store = open_store(url)
+    seen: list[list[str]] = []
+
+    @step
+    async def look() -> None:
+        seen.append([e.type for e in read_elsewhere(url, store)])
+
+    class Looks(Executor):
+        @handler
+        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+            ctx.set_state("before", 1)
+            await fetch("weather")
+            await look()
+            await ctx.yield_output("done")
+
+    wf = build(store, Looks("looks"), durability=durability)
+    await wf.run("go")
+
+    assert seen == [
+        ["run_started", "superstep_started", "executor_invoked", "state_staged", "step_recorded"]
+    ]
+    assert [e.type for e in wf.events()].count("step_recorded") == 2
+
+
+# -- provenance, never state -----------------------------------------------------------------------
+
+
+async def test_recording_a_step_makes_none_of_its_superstep_s_writes_count(url: str) -> None:
+    """The write staged before the step went into the log with the step's record, and the
+    superstep then failed: the write is aborted, for the fold, blame and a reader alike."""
+    from projections import fold_blame
+
+    store = open_store(url)
+    failures = [ConnectionError("down")]
+
+    class Drafts(Executor):
+        @handler
+        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+            ctx.set_state("draft", message)
+            await fetch(message)
+            ctx.set_state("after", 1)
+            if failures:
+                raise failures.pop()
+
+    wf = build(store, Drafts("drafts"))
+    with pytest.raises(ConnectionError):
+        await wf.run("v1")
+
+    assert wf.committed_state() == {}
+    assert fold_committed(read_elsewhere(url, store)).values == {}
+    assert [w.status for w in fold_blame(wf.events()).writes("draft")] == ["aborted"]
+    kinds = [e.type for e in wf.events()]
+    assert (
+        kinds.index("state_staged")
+        < kinds.index("step_recorded")
+        < kinds.index("superstep_aborted")
+    )
+
+    await wf.resume()  # served: the retry's writes commit, the first attempt's stay aborted
+    assert wf.committed_state() == {"draft": "v1", "after": 1}
+    assert [w.status for w in fold_blame(wf.events()).writes("draft")] == ["aborted", "committed"]
+
+
+# -- what is not recorded: an unstorable result, a call after its superstep closed, a store error --
+
+
+class Unstorable:
+    """A plain class: the codec stores no such value."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+async def test_a_result_the_log_cannot_store_is_recorded_as_an_error_and_runs_again(
+    url: str,
+) -> None:
+    store = open_store(url)
+
+    @step
+    async def make() -> Unstorable:
+        calls["make"] += 1
+        return Unstorable(f"made {calls['make']}")
+
+    async def body(_: str) -> str:
+        return (await make()).text
+
+    wf = build(store, Calls("c", body))
+    with pytest.raises(EncodingError, match=r"the result of step 'make'.*Unstorable"):
+        await wf.run("go")
+    (refused,) = recorded(wf)
+    assert refused.error is not None
+    assert (refused.error.type, refused.result) == ("kernel.EncodingError", None)
+
+    with pytest.raises(EncodingError):
+        await build(reopen(url, store), Calls("c", body)).resume()
+    assert calls["make"] == 2  # nothing was served: the call ran again
+
+
+async def test_a_step_called_after_its_superstep_closed_is_refused_before_it_runs() -> None:
+    committed = asyncio.Event()
+    background: list[asyncio.Task[Any]] = []
+
+    async def later() -> dict[str, str]:
+        await committed.wait()
+        return await fetch("too late")
+
+    async def body(_: str) -> str:
+        background.append(asyncio.create_task(later()))
+        return "done"
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    assert (await wf.run("go")).get_outputs() == ["done"]
+    committed.set()
+    with pytest.raises(StateWriteRejectedError, match=r"call of step 'fetch'.*already committed"):
+        await background[0]
+    assert calls["fetch"] == 0
+    assert recorded(wf) == []
+
+
+async def test_a_step_that_returns_while_its_superstep_commits_is_refused_and_the_commit_lands(
+    durable_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background task's step returns while the superstep's commit batch is with the store's
+    group commit: its record would take the commit's positions. It is refused
+    (``StateWriteRejectedError``, nothing appended for it); the commit lands."""
+    from kernel._run import _instance
+
+    committing = asyncio.Event()
+    submit = _instance.InstanceContext.append_commit
+
+    def append_commit(self: Any, batch: Any, *, expected_version: int) -> Any:
+        pending = submit(self, batch, expected_version=expected_version)
+        if any(event.type == "superstep_committed" for event in batch):
+            committing.set()  # the late step returns now, while the batch is in flight
+        return pending
+
+    monkeypatch.setattr(_instance.InstanceContext, "append_commit", append_commit)
+
+    @step
+    async def late() -> str:
+        await committing.wait()
+        calls["late"] += 1
+        return "late"
+
+    background: list[asyncio.Task[str]] = []
+
+    async def body(_: str) -> str:
+        background.append(asyncio.create_task(late()))
+        await asyncio.sleep(0)  # the step has started
+        return "done"
+
+    store = open_store(durable_store_url)
+    wf = build(store, Calls("c", body))
+    result = await wf.run("go")
+    with pytest.raises(StateWriteRejectedError, match=r"record of step 'late'.*already committed"):
+        await background[0]
+
+    assert result.get_outputs() == ["done"]
+    assert calls["late"] == 1
+    events = read_elsewhere(durable_store_url, store)
+    assert [e.type for e in events][-2:] == ["superstep_committed", "run_completed"]
+    assert [e.position for e in events] == list(range(1, len(events) + 1))
+    assert recorded(wf) == []
+
+
+@pytest.mark.parametrize("durability", ["superstep", "write"])
+async def test_a_record_the_store_refuses_loses_none_of_the_writes_staged_before_it(
+    url: str, durability: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the append that carries a step's record (busy, say) and the handler
+    catches the error. The record is not made; what the superstep staged before it (here a write
+    and the executor's invocation) still goes in with the commit, and counts."""
+    from kernel._run import _instance
+
+    append = _instance.InstanceContext.append
+    refusals = [StoreBusyError("database is locked")]
+
+    def refusing(self: Any, batch: Any, *, expected_version: int) -> None:
+        if refusals and any(event.type == "step_recorded" for event in batch):
+            raise refusals.pop()
+        append(self, batch, expected_version=expected_version)
+
+    monkeypatch.setattr(_instance.InstanceContext, "append", refusing)
+
+    class Careful(Executor):
+        @handler
+        async def handle(self, message: str, ctx: WorkflowContext[str, str]) -> None:
+            ctx.set_state("before", 1)
+            with contextlib.suppress(StoreBusyError):
+                await echo("x")
+            ctx.set_state("after", 2)
+            await ctx.yield_output("done")
+
+    wf = build(open_store(url), Careful("careful"), durability=durability)
+    result = await wf.run("go")
+
+    assert result.get_outputs() == ["done"]
+    assert wf.committed_state() == {"before": 1, "after": 2}
+    assert [e.type for e in wf.events()][2:] == [
+        "executor_invoked",
+        "state_staged",
+        "state_staged",
+        "output_yielded",
+        "executor_completed",
+        "superstep_committed",
+        "run_completed",
+    ]
+    assert calls["echo"] == 1
+
+
+async def test_a_step_whose_superstep_commits_before_it_starts_never_runs() -> None:
+    """A background task opens a step call while its superstep is open, then waits its turn on
+    the stream (the consumer takes each event in turn); the superstep commits meanwhile. The call
+    is refused before its function runs, not after it did its work."""
+
+    @step
+    async def late() -> str:
+        calls["late"] += 1
+        return "late"
+
+    background: list[asyncio.Task[str]] = []
+
+    async def body(_: str) -> str:
+        background.append(asyncio.create_task(late()))  # starts once the handler has returned
+        return "done"
+
+    wf = build(open_store("memory://"), Calls("c", body))
+    seen = [(e.type, e.executor_id) async for e in wf.run("go", stream=True)]
+    with pytest.raises(StateWriteRejectedError, match=r"call of step 'late'.*already committed"):
+        await background[0]
+
+    assert calls["late"] == 0
+    invoked = seen.index(("executor_invoked", "late"))
+    assert invoked > seen.index(("executor_completed", "c"))
+    assert ("executor_failed", "late") in seen[invoked:]
+    assert recorded(wf) == []
+
+
+# -- hooks -----------------------------------------------------------------------------------------
+
+
+class StepHooks(RunHooks):
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.heard: list[tuple[int, StepInfo]] = []
+        self.fail_on = fail_on
+
+    def step_finished(self, step: SuperstepInfo, call: StepInfo) -> None:
+        self.heard.append((step.index, call))
+        if call.name == self.fail_on:
+            raise RuntimeError(f"the hook refused {call.name}")
+
+
+async def test_step_finished_hears_every_call_served_or_run(url: str) -> None:
+    store = open_store(url)
+    fetched = asyncio.Event()
+    agent = Agent("agent", between=hangs(fetched))
+    hooks = StepHooks()
+    wf = WorkflowBuilder(start_executor=agent, store=store, instance_id="steps")
+    await cancel_when(fetched, asyncio.create_task(wf.with_hooks(hooks).build().run("weather")))
+    agent.between = None
+    again = (
+        WorkflowBuilder(start_executor=agent, store=reopen(url, store), instance_id="steps")
+        .with_hooks(hooks)
+        .build()
+    )
+    await again.resume()
+
+    first, served, sent = recorded(again)
+    assert [(index, info.name, info.reused, info.position) for index, info in hooks.heard] == [
+        (1, "fetch", False, first.position),
+        (1, "fetch", True, first.position),
+        (1, "send", False, sent.position),
+    ]
+    ran = hooks.heard[0][1]
+    assert (ran.executor_id, ran.key, ran.step_key, ran.call) == (
+        "agent",
+        first.key,
+        first.step_key,
+        0,
+    )
+    assert (ran.error, ran.usage) == (None, None)
+    assert hooks.heard[1][1].duration == 0.0
+    assert served.reused == first.position
+
+
+async def test_a_step_finished_hook_that_raises_fails_the_executor_after_the_record() -> None:
+    hooks = StepHooks(fail_on="fetch")
+    wf = (
+        WorkflowBuilder(start_executor=Agent("agent"), store=open_store("memory://"))
+        .with_hooks(hooks)
+        .build()
+    )
+    with pytest.raises(RuntimeError, match="the hook refused fetch"):
+        await wf.run("weather")
+    assert [r.name for r in recorded(wf)] == ["fetch", "send"]  # the handler went on
+    failed = [e for e in wf.events() if e.type == "executor_failed"]
+    assert [e.executor_id for e in failed] == ["agent"]
+    assert "the hook refused fetch" in failed[0].error.message
+    assert wf.committed_state() == {}
+
+
+# -- the log's guarantees cover step records -------------------------------------------------------
+
+
+SECRET = "zq7-step-SECRET-4111"
+
+
+@step
+async def lookup_card(customer: str) -> dict[str, str]:
+    calls["lookup_card"] += 1
+    return {"customer": customer, "card": SECRET}
+
+
+class Pays(Executor):
+    """Looks the card up, runs ``between`` (if set), then yields the card's last digits."""
+
+    def __init__(self, id: str, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__(id)
+        self.between = between
+
+    @handler
+    async def handle(self, customer: str, ctx: WorkflowContext[str, str]) -> None:
+        found = await lookup_card(customer)
+        if self.between is not None:
+            await self.between()
+        await ctx.yield_output(found["card"][-4:])
+
+
+async def test_an_encrypted_store_seals_step_results_and_serves_them_back(
+    sqlite_url: str,
+) -> None:
+    ring = Keyring.from_text(Keyring.generate())
+    store = open_store(sqlite_url, keyring=ring)
+    looked_up = asyncio.Event()
+    pays = Pays("pays", between=hangs(looked_up))
+    await cancel_when(looked_up, asyncio.create_task(build(store, pays).run("ada")))
+    rows = store.backend.select_stream("steps")
+    assert rows
+    assert all(SECRET.encode() not in state for _, _, state in rows)
+
+    pays.between = None
+    with open_store(sqlite_url, keyring=ring) as reopened:
+        result = await build(reopened, pays).resume()
+        assert result.get_outputs() == ["4111"]
+        assert calls["lookup_card"] == 1
+        assert recorded(build(reopened, pays))[0].result == {"customer": "ada", "card": SECRET}
+        assert reopened.verify_chain().ok
+    with (
+        open_store(sqlite_url, create=False) as keyless,
+        pytest.raises(DecodeError, match="encrypted"),
+    ):
+        keyless.read("steps")
+
+
+async def test_a_tampered_step_record_is_refused_by_every_reader(sqlite_url: str) -> None:
+    """Someone with write access to the database changes a recorded result (what a retry would
+    be served): every reader refuses the row, verify names it, and resume serves nothing."""
+    from tests.store.test_tamper import CODE, HEADER, SQLiteRows
+
+    store = open_store(sqlite_url)
+    looked_up = asyncio.Event()
+    pays = Pays("pays", between=hangs(looked_up))
+    await cancel_when(looked_up, asyncio.create_task(build(store, pays, "orders").run("ada")))
+    (record,) = [e for e in store.read("orders") if isinstance(e, StepRecorded)]
+    store.close()
+
+    rows = SQLiteRows(sqlite_url)
+    row = next(r for r in rows.all() if any(e[0] == CODE["step_recorded"] for e in r.body[HEADER:]))
+    text = orjson.dumps(row.body).replace(SECRET.encode(), b"zq7-step-FORGED-0000")
+    assert text != orjson.dumps(row.body)
+    rows.put(row.last, text)
+
+    with open_store(sqlite_url, create=False) as reader:
+        with pytest.raises(
+            LogIntegrityError, match=rf"'orders'#{record.position} \(step_recorded\)"
+        ):
+            reader.read("orders")
+        problems = reader.verify_chain().problems
+        assert [(p.instance_id, p.position, p.kind) for p in problems] == [
+            ("orders", record.position, "edited")
+        ]
+        pays.between = None
+        with pytest.raises(LogIntegrityError):
+            await build(reader, pays, "orders").resume()
+    assert calls["lookup_card"] == 1
+
+
+# -- lineages: what a call may be served -----------------------------------------------------------
+
+
+async def test_a_fork_is_not_served_the_origins_steps_and_the_origin_still_is(url: str) -> None:
+    """The origin recorded a step in a superstep that then failed; a fork of the checkpoint
+    before it is a new instance: its retry of that superstep calls the step again. The origin's
+    own retry is still served."""
+    store = open_store(url)
+    failures = [ConnectionError("down")]
+
+    async def relay_down() -> None:
+        if failures:
+            raise failures.pop()
+
+    start = Forward("start")
+    agent = Agent("agent", between=relay_down)
+
+    def two_steps(store: EventStore, instance_id: str = "origin") -> Workflow:
+        return (
+            WorkflowBuilder(start_executor=start, store=store, instance_id=instance_id)
+            .add_edge(start, agent)
+            .build()
+        )
+
+    origin = two_steps(store)
+    with pytest.raises(ConnectionError):
+        await origin.run("weather")
+    assert calls["fetch"] == 1
+
+    fork = origin.fork(at=origin.checkpoints()[-1].checkpoint_id, instance_id="fork")
+    assert (await fork.resume()).get_outputs() == ["sent answer 2"]
+    assert calls["fetch"] == 2  # the fork called it
+    fork_record = recorded(fork)[0]
+    assert fork_record.reused is None
+    assert fork_record.step_key != recorded(origin)[0].step_key
+
+    assert (await two_steps(store).resume()).get_outputs() == ["sent answer 1"]
+    assert calls["fetch"] == 2  # the origin was served its own
+
+
+async def test_a_new_run_with_a_message_is_not_served_the_previous_lineages_steps(
+    url: str,
+) -> None:
+    store = open_store(url)
+    failures = [ConnectionError("down")]
+
+    async def relay_down() -> None:
+        if failures:
+            raise failures.pop()
+
+    wf = build(store, Agent("agent", between=relay_down))
+    with pytest.raises(ConnectionError):
+        await wf.run("weather")
+
+    result = await wf.run("weather")  # the same message, but a new run: a new lineage
+
+    assert result.get_outputs() == ["sent answer 2"]
+    assert calls["fetch"] == 2
+    first, second, _ = recorded(wf)
+    assert (first.lineage, second.lineage) == (first.run_id, result.run_id)
+    assert second.reused is None
+    assert second.key == first.key
+    assert second.step_key != first.step_key
+
+
+# -- the stream ------------------------------------------------------------------------------------
+
+
+async def test_the_stream_shows_each_step_invoked_completed_failed_or_bypassed(url: str) -> None:
+    """As AF's functional steps: executor_invoked (with the arguments), executor_completed (with
+    the result), executor_failed, and executor_bypassed (with the served result) on a retry."""
+    store = open_store(url)
+    fetched = asyncio.Event()
+    agent = Agent("agent", between=hangs(fetched))
+    wf = build(store, agent)
+    live: list[tuple[str, Any]] = []
+
+    async def watch() -> None:
+        async for event in wf.run("weather", stream=True):
+            if event.executor_id in ("fetch", "send"):
+                live.append((f"{event.type} {event.executor_id}", event.data))
+
+    await cancel_when(fetched, asyncio.create_task(watch()))
+    agent.between = None
+    async for event in wf.resume(stream=True):
+        if event.executor_id in ("fetch", "send"):
+            live.append((f"{event.type} {event.executor_id}", event.data))
+
+    answer = {"query": "weather", "answer": "answer 1"}
+    assert live == [
+        ("executor_invoked fetch", {"args": ("weather",), "kwargs": {}}),
+        ("executor_completed fetch", answer),
+        ("executor_bypassed fetch", answer),
+        ("executor_invoked send", {"args": ("answer 1",), "kwargs": {}}),
+        ("executor_completed send", "sent answer 1"),
+    ]
+
+
+async def test_the_stream_shows_a_step_that_raised_as_failed() -> None:
+    @step
+    async def broken() -> None:
+        raise ValueError("broken")
+
+    async def body(_: str) -> None:
+        with contextlib.suppress(ValueError):
+            await broken()
+
+    seen = [
+        (e.type, e.executor_id)
+        async for e in build(open_store("memory://"), Calls("c", body)).run("go", stream=True)
+        if e.executor_id == "broken"
+    ]
+    assert seen == [("executor_invoked", "broken"), ("executor_failed", "broken")]
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_a_retried_superstep_is_served_its_completed_steps(
+    postgres_url: str,
+) -> None:
+    store = open_store(postgres_url)
+    fetched = asyncio.Event()
+    agent = Agent("agent", between=hangs(fetched))
+    wf = build(store, agent)
+    await cancel_when(fetched, asyncio.create_task(wf.run("weather")))
+
+    agent.between = None
+    with open_store(postgres_url) as other:
+        result = await build(other, agent).resume()
+        first, served, _ = recorded(build(other, agent))
+    store.close()
+
+    assert result.get_outputs() == ["sent answer 1"]
+    assert dict(calls) == {"fetch": 1, "send": 1}
+    assert_served(first, served)
