@@ -23,23 +23,60 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
 from kernel._base._errors import EncodingError, StateWriteRejectedError
 from kernel._define._step import AfterFailure, Identity, StepCall
 from kernel._log._events import ErrorInfo, StepRecorded
-from kernel._run._hooks import StepInfo
+from kernel._run._hooks import HookChain, StepInfo, SuperstepInfo
 
 if TYPE_CHECKING:
     from kernel._codec._values import ValueCodec
     from kernel._run._emit import Emit
-    from kernel._run._superstep import Superstep
 
-__all__ = ["RecordedCall", "StepBook", "StepScope", "StepsHost", "step_key_of"]
+__all__ = ["RecordedCall", "StepBook", "StepScope", "StepSite", "StepsHost", "step_key_of"]
 
 StepScope = Literal["superstep", "lineage"]
+
+
+class StepSite(Protocol):
+    """What a ``StepsHost`` asks of the superstep its calls are made in. ``Superstep``
+    implements it; it makes the hosts, so this module does not import it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def superstep_id(self) -> str: ...
+    @property
+    def hooks(self) -> HookChain | None: ...
+    @property
+    def info(self) -> SuperstepInfo: ...
+    @property
+    def hook_failures(self) -> dict[str, BaseException]:
+        """What hooks raised, by executor: its handler fails with it when it returns."""
+        ...
+
+    def refuse_if_closed(self, executor_id: str, what: str) -> None:
+        """Raise ``StateWriteRejectedError`` if the superstep is closed."""
+        ...
+
+    def closed_error(self, executor_id: str, what: str) -> StateWriteRejectedError:
+        """The refusal of ``what`` once the superstep closed."""
+        ...
+
+    def step_head(self) -> dict[str, Any]:
+        """What every ``StepRecorded`` of the superstep has alike."""
+        ...
+
+    def record_served(self, data: dict[str, Any]) -> None:
+        """Stage the record of a call that was served."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +189,7 @@ class StepsHost:
 
     def __init__(
         self,
-        step: Superstep,
+        step: StepSite,
         executor_id: str,
         scope: StepScope,
         book: StepBook,
