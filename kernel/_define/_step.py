@@ -31,6 +31,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 import orjson
 
 from kernel._base._errors import DefinitionError
+from kernel._codec._valuetypes import value_classes
 
 __all__ = [
     "ACTIVE_CALL",
@@ -137,6 +138,8 @@ class StepCall:
     started: float = 0.0
     reused: int | None = None
     """Set by ``lookup`` when the call is served: the position of the record served."""
+    result_types: tuple[type, ...] = ()
+    """The classes the step's return annotation names: a served result is rebuilt as them."""
 
 
 class StepHost(Protocol):
@@ -253,6 +256,10 @@ class StepWrapper(Generic[R]):
         self._identity_signature = self._signature.replace(
             parameters=[p for p in self._signature.parameters.values() if p.name != self._ctx_param]
         )
+        # What a served result is rebuilt as: the enums, models and dataclasses the return
+        # annotation names are the step's own declaration, as a handler's annotations are its.
+        returns = hints.get("return", self._signature.return_annotation)
+        self.result_types: tuple[type, ...] = tuple(value_classes(returns))
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -324,7 +331,7 @@ class StepWrapper(Generic[R]):
         arguments, ctx_given = self._bound(args, kwargs)
         identity, digest = self._identity(arguments, args, kwargs)
         call = host.open(self.name, identity, digest, identity[0] != "order")
-        call.args, call.kwargs = args, kwargs
+        call.args, call.kwargs, call.result_types = args, kwargs, self.result_types
         found, value = host.lookup(call, self.after_failure)
         if found:
             await host.served(call, value)

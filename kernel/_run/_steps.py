@@ -265,6 +265,8 @@ class StepsHost:
             return False, None
         if after_failure == "rerun" and self._book.failed_with(found):
             return False, None
+        if call.result_types:  # the classes the step declares it returns come back as such
+            self._codec.register(*call.result_types)
         value = self._codec.decode(found.result, what=f"the recorded result of step {call.name!r}")
         call.reused = found.position
         return True, value

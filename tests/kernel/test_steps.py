@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -323,6 +324,39 @@ async def test_a_step_that_raised_is_not_served_and_runs_again(url: str) -> None
     assert (failed.error.type, failed.error.message) == ("TimeoutError", "the service timed out")
     assert (failed.result, succeeded.result, succeeded.reused) == (None, "q: ok", None)
     assert failed.key == succeeded.key
+
+
+@dataclass(frozen=True)
+class Quote:
+    item: str
+    cents: int
+
+
+@step
+async def price(item: str) -> Quote | None:
+    calls["price"] += 1
+    return Quote(item, 120)
+
+
+async def test_a_served_result_comes_back_as_the_class_the_step_declares(url: str) -> None:
+    """The handler's annotations do not name ``Quote``; the step's return annotation does, so
+    a served result is a ``Quote`` again, in another process too, not a dict of its fields."""
+    store = open_store(url)
+    priced = asyncio.Event()
+
+    async def body(item: str) -> int:
+        quote = await price(item)
+        if not priced.is_set():
+            await hangs(priced)()
+        assert isinstance(quote, Quote)
+        return quote.cents
+
+    await cancel_when(priced, asyncio.create_task(build(store, Calls("c", body)).run("desk")))
+
+    result = await build(reopen(url, store), Calls("c", body)).resume()
+
+    assert result.get_outputs() == [120]
+    assert calls["price"] == 1
 
 
 # -- the retry policy after a failed handler -------------------------------------------------------
