@@ -32,6 +32,7 @@ import orjson
 
 from kernel._base._errors import DefinitionError
 from kernel._codec._valuetypes import value_classes
+from kernel._define._executor import require_storable
 
 __all__ = [
     "ACTIVE_CALL",
@@ -236,6 +237,8 @@ class StepWrapper(Generic[R]):
             )
         if name is not None and (not isinstance(name, str) or not name):
             raise DefinitionError(f"@step name must be a non-empty string, got {name!r}")
+        if name is not None:
+            require_storable(name, "a @step name")  # it is in every record of the step
         self._func = func
         self.name: str = name or func.__name__
         self.after_failure: AfterFailure = after_failure

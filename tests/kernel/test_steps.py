@@ -23,6 +23,7 @@ import pytest
 
 from kernel import (
     DecodeError,
+    DefinitionError,
     EncodingError,
     EventStore,
     Executor,
@@ -686,6 +687,25 @@ async def test_outside_a_run_a_step_is_its_plain_function() -> None:
 
     with pytest.raises(RuntimeError, match="only inside a @step called in a running workflow"):
         await asks_its_key()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"name": ""}, "name must be a non-empty string"),
+        ({"name": 7}, "name must be a non-empty string"),
+        ({"name": "half \ud800 a pair"}, "a @step name must be valid Unicode text"),
+        ({"after_failure": "sometimes"}, "after_failure must be 'reuse' or 'rerun'"),
+    ],
+)
+def test_a_step_the_log_could_not_name_or_retry_is_refused_when_defined(
+    options: dict[str, Any], match: str
+) -> None:
+    async def lookup() -> None:
+        return None
+
+    with pytest.raises(DefinitionError, match=match):
+        step(**options)(lookup)
 
 
 def test_only_an_async_function_can_be_a_step() -> None:
