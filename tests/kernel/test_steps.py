@@ -676,6 +676,49 @@ async def test_concurrent_calls_need_an_identity_their_order_cannot_give() -> No
     assert calls["describe"] == 0
 
 
+class Client:
+    """A client whose method is a step: its ``self`` has no canonical form."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @step
+    async def ask(self, question: str) -> str:
+        calls["ask"] += 1
+        return f"{self.name}: {question}"
+
+    @step(name="ask_keyed", replay_key=lambda self, question: f"{self.name}/{question}")
+    async def ask_keyed(self, question: str) -> str:
+        calls["ask_keyed"] += 1
+        return f"{self.name}: {question}"
+
+
+async def test_a_method_step_is_keyed_by_order_unless_it_has_a_replay_key() -> None:
+    """A method's calls are identified by their order (``self`` has none): refused when
+    concurrent, unless a replay key names each call."""
+    a, b = Client("a"), Client("b")
+
+    async def in_order(_: str) -> list[str]:
+        return [await a.ask("q"), await b.ask("q")]
+
+    wf = build(open_store("memory://"), Calls("c", in_order))
+    assert (await wf.run("go")).get_outputs() == [["a: q", "b: q"]]
+    assert [json.loads(r.key)[0] for r in recorded(wf)] == ["order", "order"]
+
+    async def together(_: str) -> list[str]:
+        return list(await asyncio.gather(a.ask("q"), b.ask("q")))
+
+    wf = build(open_store("memory://"), Calls("c", together), instance_id="together")
+    with pytest.raises(ValueError, match="Cannot derive a stable replay identity"):
+        await wf.run("go")
+
+    async def keyed(_: str) -> list[str]:
+        return list(await asyncio.gather(a.ask_keyed("q"), b.ask_keyed("q")))
+
+    wf = build(open_store("memory://"), Calls("c", keyed), instance_id="keyed")
+    assert (await wf.run("go")).get_outputs() == [["a: q", "b: q"]]
+
+
 async def test_outside_a_run_a_step_is_its_plain_function() -> None:
     assert await fetch("weather") == {"query": "weather", "answer": "answer 1"}
     assert await describe(Opaque("cup")) == "a cup"  # no identity needed either
