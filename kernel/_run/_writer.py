@@ -74,6 +74,21 @@ class RunLog:
         if self.write_through:
             self.flush()
 
+    def append_now(self, cls: type[EventBase], data: dict[str, Any]) -> int:
+        """``record`` an event and append it at once, with what is buffered before it (whatever
+        the durability); its position. If the append fails, the store's error is raised and the
+        event is dropped, but what was buffered before it stays buffered: a superstep's staged
+        events still go in with its closing, as if nothing had been tried."""
+        before = list(self.buffer)
+        self._stamp(cls, data)
+        try:
+            self.flush()
+        except BaseException:
+            self.buffer = before
+            raise
+        position: int = data["position"]
+        return position
+
     def flush(self) -> None:
         """Append the buffered events as one atomic batch (dropped if the append fails)."""
         if not self.buffer:
