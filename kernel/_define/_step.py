@@ -319,7 +319,14 @@ class StepWrapper(Generic[R]):
             explicit = self._replay_key(*args, **kwargs)
             if not isinstance(explicit, str) or not explicit:
                 raise ValueError(f"@step '{self.name}' replay_key must return a non-empty string.")
-            return ("explicit", hashlib.sha256(explicit.encode("utf-8")).hexdigest()), digest
+            try:
+                named = explicit.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"@step '{self.name}' replay_key returned {explicit!r}, which is not valid "
+                    "Unicode (a lone surrogate): it must be text UTF-8 can encode."
+                ) from None
+            return ("explicit", hashlib.sha256(named).hexdigest()), digest
         if auto is None:
             return ("order", ""), digest
         return ("auto", auto), digest

@@ -13,9 +13,12 @@ a superstep gets exactly one marker, ``SuperstepCommitted`` or ``SuperstepAborte
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from kernel._base._errors import LogIntegrityError
 
 __all__ = [
     "EVENT_TYPES",
@@ -347,6 +350,31 @@ class StepRecorded(SuperstepEvent):
     duration: float = Field(default=0.0, ge=0.0)
     usage: dict[str, int] | None = None
     reused: int | None = Field(default=None, ge=1)
+
+    def origin_in(self, records: Mapping[int, StepRecorded]) -> StepRecorded:
+        """The record this served call reused (at position ``reused``), among ``records`` (its
+        instance's step records by stream position): the one rule every reader applies.
+
+        Raises ``LogIntegrityError`` (kind ``"reused"``, naming this record's position) when this
+        call was not served, or that position holds no recorded result of the same call (same
+        executor and identity, a call that returned): the runner serves nothing else."""
+        found = None if self.reused is None else records.get(self.reused)
+        if (
+            found is None
+            or found.error is not None
+            or found.reused is not None
+            or (found.executor_id, found.key) != (self.executor_id, self.key)
+        ):
+            raise LogIntegrityError(
+                f"the call of step {self.name!r} at position {self.position} of "
+                f"{self.instance_id!r} was served the record at position {self.reused}, which "
+                "holds no recorded result of that call",
+                instance_id=self.instance_id,
+                position=self.position,
+                kind="reused",
+            )
+        return found
+
     auto_request_ids: int = Field(default=0, ge=0)
 
 

@@ -67,7 +67,7 @@ from kernel._run._algo import Delivery
 from kernel._run._emit import WorkflowEvent, WorkflowEventSource, WorkflowRunState, framework_event
 from kernel._run._instance import read_ledger
 from kernel._run._ledger import Ledger, Standing, _Rebuild
-from kernel._run._steps import returned, reused_record
+from kernel._run._steps import returned
 from kernel._store._eventstore import EventStore
 
 __all__ = ["RecordedError", "find_run", "replay", "replay_events"]
@@ -366,7 +366,7 @@ class _Replayer:
         index = self.index.get(event.superstep_id)
         what = f"the result of step {event.name!r}"
         if event.reused is not None:
-            found = reused_record(self.returned, event)
+            found = event.origin_in(self.returned)
             self.emit(
                 "executor_bypassed", index, data=self.decode(found.result, what=what), **where
             )

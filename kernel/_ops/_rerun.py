@@ -70,7 +70,7 @@ from kernel._log._fold import SuperstepFold, fold_committed, folds
 from kernel._ops._replay import RecordedError
 from kernel._ops._workflow import Workflow
 from kernel._run._runner import Run
-from kernel._run._steps import StepBook, returned, reused_record
+from kernel._run._steps import StepBook, returned
 from kernel._store._memory import MemoryStore
 
 __all__ = ["Divergence", "DivergenceKind", "RerunReport", "rerun"]
@@ -446,7 +446,7 @@ class _Results:
         """``("result", wire)`` or ``("raised", ErrorInfo)``."""
         if event.reused is not None:
             own = in_rerun and event.name in self._live
-            event = reused_record(self._rerun if own else self._recorded, event)
+            event = event.origin_in(self._rerun if own else self._recorded)
         if event.error is not None:
             return ("raised", event.error)
         return ("result", event.result)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -34,7 +34,6 @@ import orjson
 from kernel._base._errors import (
     EncodingError,
     ExecutionError,
-    LogIntegrityError,
     StateWriteRejectedError,
 )
 from kernel._define._step import AfterFailure, Identity, StepCall
@@ -52,7 +51,6 @@ __all__ = [
     "StepSite",
     "StepsHost",
     "returned",
-    "reused_record",
     "step_key_of",
 ]
 
@@ -181,26 +179,6 @@ def returned(event: StepRecorded) -> bool:
     return event.error is None and event.reused is None
 
 
-def reused_record(records: Mapping[int, StepRecorded], served: StepRecorded) -> StepRecorded:
-    """The record the served call ``served`` reused (``served.reused``), among ``records``: its
-    instance's records of calls that ``returned``, by stream position.
-
-    Raises ``LogIntegrityError`` (naming ``served``'s position) when that position holds no
-    recorded result of the same call (same executor and identity): the runner serves nothing
-    else."""
-    found = records.get(served.reused or 0)
-    if found is None or (found.executor_id, found.key) != (served.executor_id, served.key):
-        raise LogIntegrityError(
-            f"the call of step {served.name!r} at position {served.position} of "
-            f"{served.instance_id!r} was served the record at position {served.reused}, which "
-            "holds no recorded result of that call",
-            instance_id=served.instance_id,
-            position=served.position,
-            kind="reused",
-        )
-    return found
-
-
 def step_key_of(
     instance_id: str, lineage: str, index: int | None, executor_id: str, key: str
 ) -> str:
@@ -231,6 +209,7 @@ class StepsHost:
         "_index",
         "_invocation",
         "_live",
+        "_loop",
         "_occurrences",
         "_root",
         "_scope",
@@ -266,6 +245,7 @@ class StepsHost:
         self._occurrences: dict[tuple[str, str, str], int] = {}
         self._explicit: set[str] = set()
         self._root = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
         self._head: dict[str, Any] | None = None
         self.run_context: Any = None  # what a step's ``RunContext`` parameter receives
 
@@ -287,6 +267,16 @@ class StepsHost:
     def open(
         self, name: str, identity: Identity, digest: str | None, concurrent_ok: bool
     ) -> StepCall:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:  # a thread that took the handler's context along
+            raise ExecutionError(
+                f"step {name!r} was called by executor {self.executor_id!r} from another thread "
+                "or event loop: a recorded step runs on its run's event loop (await it in the "
+                "handler, or in a task of the handler's loop); in a thread it is not recorded"
+            )
         self._step.refuse_if_closed(self.executor_id, f"call of step {name!r}")
         kind, ident = identity
         where = [self._invocation] if self._invocation else []

@@ -100,13 +100,16 @@ def recorded_steps(
 ) -> list[RecordedStep]:
     """``records`` (in stream order) with their supersteps' verdicts, from ``supersteps`` (the
     run history's records by superstep id), and each served call's origin from ``origins``
-    (step records by stream position; ``records`` are looked in first)."""
+    (step records by stream position; ``records`` are looked in first). Raises
+    ``LogIntegrityError`` (kind ``"reused"``) for a served call whose origin is not a recorded
+    result of the same call (``StepRecorded.origin_in``: the rule ``replay`` and the runner keep).
+    """
     records = list(records)
     found = {**origins, **{record.position: record for record in records}}
     steps = []
     for record in records:
         superstep = supersteps.get(record.superstep_id)
-        origin = None if record.reused is None else found.get(record.reused)
+        origin = None if record.reused is None else record.origin_in(found)
         steps.append(
             RecordedStep(
                 record,

@@ -75,6 +75,8 @@ def broken_chain_text(error: LogIntegrityError, *, also: str = "") -> str:
     is not a broken chain: its own error says so, and how to rebuild the view."""
     if error.kind == VIEW_MISMATCH:
         return str(error)
+    if error.kind == "reused":  # the chain holds; the log's own records do not agree
+        return f"the log does not hold together at {error.instance_id!r}#{error.position}: {error}"
     where = (
         f"the hash chain is broken at {error.instance_id!r}#{error.position} "
         f"({error.kind or 'malformed'})"

@@ -24,7 +24,7 @@ from kernel import (
     open_store,
     step,
 )
-from kernel.testing import ticking_clock
+from kernel.testing import LogBuilder, ticking_clock
 from projections import REDACTED
 from projections.cli import EXIT_BAD_INPUT, EXIT_BROKEN_CHAIN, main, schema_of
 from tests.cli.test_stored_escapes import RAW
@@ -267,3 +267,26 @@ def test_a_tampered_step_record_is_refused_by_every_reader(
     assert code == 0
     assert "tampered" in out  # read when asked, and labelled
     assert err.startswith(f"WARNING: this log's hash chain is broken at '{MAIL}'#{position}")
+
+
+def test_a_forged_served_pointer_is_refused_by_steps_show_and_replay_alike(
+    sqlite_url: str, capsys
+) -> None:
+    """A served record appended with a valid chain whose ``reused`` names another call's record:
+    the chain holds, so no reader blames it; every reader refuses the record by the rule the
+    runner keeps (``StepRecorded.origin_in``), saying the log does not hold together."""
+    log = LogBuilder("forged", clock=ticking_clock())
+    log.start_run("go", workflow_name="wf", run_id="r1")
+    log.start_superstep(superstep_id="s1")
+    log.invoke("agent")
+    first = log.record_step("call_a", "A(hi)")
+    forged = log.record_step("call_b", reused=first.position, call=1)
+    log.abort("crashed", superstep="s1")
+    log.abandon_run("crashed", closed_by="r2", run="r1")
+    with open_store(sqlite_url) as store:
+        store.append("forged", log.events(), expected_version=0)
+    for args in (["steps", "r1"], ["show", "r1"], ["replay", "r1"]):
+        code, out, err = cli(capsys, "--store", sqlite_url, *args)
+        assert (code, out) == (EXIT_BROKEN_CHAIN, ""), args
+        assert f"the log does not hold together at 'forged'#{forged.position}" in err, args
+        assert "hash chain" not in err, args

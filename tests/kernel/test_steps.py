@@ -26,6 +26,7 @@ from kernel import (
     DefinitionError,
     EncodingError,
     EventStore,
+    ExecutionError,
     Executor,
     Keyring,
     LogIntegrityError,
@@ -46,6 +47,7 @@ from kernel import (
     step,
     step_key,
 )
+from kernel.testing import LogBuilder
 from tests.durable.helpers import reopen
 
 calls: collections.Counter[str] = collections.Counter()
@@ -1479,3 +1481,56 @@ async def test_on_postgresql_a_retried_superstep_is_served_its_completed_steps(
     assert result.get_outputs() == ["sent answer 1"]
     assert dict(calls) == {"fetch": 1, "send": 1}
     assert_served(first, served)
+
+
+# -- review: threads, hostile replay keys, forged provenance ---------------------------------------
+
+
+async def test_a_step_called_from_another_thread_with_the_handlers_context_is_refused() -> None:
+    """``asyncio.to_thread`` copies the handler's context into a thread with its own loop: the
+    step is refused before it runs, never recorded from a foreign thread."""
+
+    @step
+    async def elsewhere(value: str) -> str:
+        calls["elsewhere"] += 1
+        return value
+
+    async def body(message: str) -> str:
+        return await asyncio.to_thread(lambda: asyncio.run(elsewhere(message)))
+
+    store = open_store("memory://")
+    wf = build(store, Calls("c", body))
+    with pytest.raises(ExecutionError, match=r"from another thread or event loop"):
+        await wf.run("go")
+    assert calls["elsewhere"] == 0
+    assert recorded(wf) == []
+
+
+async def test_a_replay_key_that_is_not_valid_unicode_names_the_step() -> None:
+    @step(replay_key=lambda _: "\ud800")
+    async def keyed(value: str) -> str:
+        return value
+
+    wf = build(open_store("memory://"), Calls("c", keyed))
+    with pytest.raises(ValueError, match=r"^@step 'keyed' replay_key returned '\\ud800'"):
+        await wf.run("go")
+
+
+def test_a_served_record_must_point_at_a_recorded_result_of_the_same_call() -> None:
+    """``StepRecorded.origin_in``, the rule the runner, replay and every reader keep: a served
+    call's ``reused`` names a record of the same executor and identity that returned."""
+    log = LogBuilder("forged")
+    log.start_run("go", run_id="r1")
+    log.start_superstep(superstep_id="s1")
+    log.invoke("agent")
+    a = log.record_step("call_a", "A")
+    b_failed = log.record_step("call_b", error=RuntimeError("no"), call=1)
+    b_served_a = log.record_step("call_b", reused=a.position, call=1)
+    b_served_failed = log.record_step("call_b", reused=b_failed.position, call=1)
+    a_served = log.record_step("call_a", reused=a.position)
+    records = {e.position: e for e in log.events() if isinstance(e, StepRecorded)}
+    assert a_served.origin_in(records) == a
+    for forged in (b_served_a, b_served_failed, a):  # another call's; one that raised; unserved
+        with pytest.raises(LogIntegrityError, match=r"holds no recorded result of that call") as e:
+            forged.origin_in(records)
+        assert (e.value.position, e.value.kind) == (forged.position, "reused")
