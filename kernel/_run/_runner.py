@@ -530,18 +530,24 @@ class Run:
     def _cancel_reason(self) -> AbortReason | None:
         return self.cancel_reason
 
-    def _append_now(
+    async def _append_now(
         self, cls: type[EventBase], data: dict[str, Any], superstep_id: str
     ) -> int | None:
         """Append an event of superstep ``superstep_id`` at once, with what the run buffered
-        before it (durable now, whatever the durability); its position, or None when the
-        superstep's closing is logged already (nothing more of it may be appended)."""
+        before it (durable when this returns, whatever the durability; through the store's group
+        commit where it has one); its position, or None when the superstep's closing is logged
+        already (nothing more of it may be appended)."""
         if self.finished or self._open_superstep_id != superstep_id:
             return None
-        self.writer.record(cls, data)
-        self.writer.flush()
-        position: int = data["position"]
-        return position
+        step = self._open_superstep
+        if step is not None and step.outcome is SuperstepOutcome.COMMITTED:
+            return None  # its closing is made (and on its way to the log)
+        writer = self.writer
+        writer.record(cls, data)
+        if writer.write_through:  # appended already
+            position: int = data["position"]
+            return position
+        return await writer.flush_record()
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -205,7 +205,7 @@ class StepsHost:
         executor_id: str,
         scope: StepScope,
         book: StepBook,
-        append_now: Callable[[dict[str, Any]], int | None],
+        append_now: Callable[[dict[str, Any]], Awaitable[int | None]],
         emit: Emit,
         codec: ValueCodec,
         live: frozenset[str] | None = None,
@@ -344,7 +344,7 @@ class StepsHost:
             "reused": None,
             "auto_request_ids": call.auto_request_ids,
         }
-        position = self._append_now(data)
+        position = await self._append_now(data)
         step = self._step
         if position is not None and error is None:
             found = RecordedCall(

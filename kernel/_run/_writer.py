@@ -5,7 +5,16 @@ in ``buffer`` until ``flush`` appends the buffer as one batch through the instan
 ``RunnerContext``; in "write" durability (``write_through``) every event is appended as it is
 made. A superstep's closing goes in with its events (``flush_closing``, ``flush_commit``); when
 the store cannot encode that batch, its events are appended one by one, leaving out what cannot
-be stored, and the closing again. ``unfinished_closing`` is what closes a run found unfinished.
+be stored, and the closing again. A step's record goes in at once (``flush_record``).
+``unfinished_closing`` is what closes a run found unfinished.
+
+Where the store has a group commit, ``flush_commit`` and ``flush_record`` hand their batch to it
+and await it, so that the event loop is free during the fsync and batches of many runs share one.
+A run has at most one batch in flight (its ``_Flight``): the next one is made after it lands, of
+everything buffered meanwhile (the records of the run's other steps that finished meanwhile go in
+together), and a synchronous ``flush`` waits for it first (``Pending.settle_now``). Positions are
+given as events are made, counting the batch in flight; if it fails, nothing of it is in the log,
+and the events buffered after it are given its positions back.
 """
 
 from __future__ import annotations
@@ -13,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernel._base._errors import EncodingError, ExecutionError
@@ -27,15 +37,29 @@ from kernel._log._events import (
 
 if TYPE_CHECKING:
     from kernel._run._instance import RunnerContext
+    from kernel._store._group import Pending
 
 __all__ = ["RunLog", "unfinished_closing"]
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """A batch of the run in the store's group commit: it goes after stream version ``base``, and
+    holds the ``size`` events made from index ``first`` on (``RunLog._made`` counts them)."""
+
+    pending: Pending
+    base: int
+    first: int
+    size: int
+    done: bool = False
 
 
 class RunLog:
     """The events of run ``run_id`` on their way to its instance's log.
 
-    ``version`` is the stream's version the next batch goes after; ``buffer`` the events made
-    and not yet appended; ``write_through`` whether every event is appended as it is made.
+    ``version`` is the stream's version the next batch goes after (counting the batch in flight,
+    if any); ``buffer`` the events made and not yet appended; ``write_through`` whether every
+    event is appended as it is made.
     """
 
     def __init__(self, instance: RunnerContext, run_id: str) -> None:
@@ -46,6 +70,8 @@ class RunLog:
         self.write_through = instance.durability == "write"
         self._clock = instance.clock
         self._instance_id = instance.instance_id
+        self._made = 0  # events made so far: the next one's index
+        self._flight: _Flight | None = None
 
     def log(self, cls: type[EventBase], **fields: Any) -> None:
         """Create the next event of this run; append it now in "write" durability."""
@@ -78,9 +104,44 @@ class RunLog:
         """Append the buffered events as one atomic batch (dropped if the append fails)."""
         if not self.buffer:
             return
+        flight = self._flight
+        if flight is not None:  # it goes in first (this blocks the loop until it is decided)
+            flight.pending.settle_now()
+            self._landed(flight)
         batch, self.buffer = self.buffer, []
         self.instance.append(batch, expected_version=self.version)
         self.version += len(batch)
+
+    async def flush_record(self) -> int | None:
+        """Append the buffer, whose last event (a step's record) is durable when this returns:
+        its position. None if the record went in with a closing appended meanwhile (the run is
+        ending). Raises what the store raised (nothing of the record is in the log then).
+
+        Cancelling this does not take the record back: its batch's outcome is awaited first,
+        then the cancellation unwinds."""
+        made = self._made - 1
+        cancels = 0
+        try:
+            while True:
+                flight = self._flight
+                if flight is None:
+                    first = self._made - len(self.buffer)
+                    if made < first:
+                        return None
+                    base = self.version
+                    batch, self.buffer = self.buffer, []
+                    flight = self._launch(batch)
+                    if flight is None:  # appended at once
+                        return base + made - first + 1
+                cancels += await self._outcome(flight)
+                if flight.first <= made < flight.first + flight.size:
+                    failed = flight.pending.future.exception()
+                    if failed is not None:
+                        raise failed
+                    return flight.base + made - flight.first + 1
+        finally:
+            if cancels:
+                raise asyncio.CancelledError
 
     def flush_closing(
         self, opened: int, reclose: Callable[[EncodingError], None] | None = None
@@ -106,26 +167,67 @@ class RunLog:
         this task was cancelled while the batch was in flight: the batch cannot be taken back,
         so its outcome is awaited first, and the caller records it before the cancellation
         unwinds (or withdraws it: ``_commit``)."""
+        cancels = 0
+        flight = self._flight
+        if flight is not None:  # a step's record on its way: the closing goes after it
+            cancels += await self._outcome(flight)
         batch, self.buffer = self.buffer, []
         try:
-            pending = self.instance.append_commit(batch, expected_version=self.version)
+            flight = self._launch(batch)
         except EncodingError as error:
-            return self._reflush(batch, opened, reclose, error), 0
-        cancels = 0
-        if pending is not None:
-            try:
-                await asyncio.shield(pending)
-            except asyncio.CancelledError:
-                cancels = 1
-                while not pending.done():
-                    try:
-                        await asyncio.wait((pending,))
-                    except asyncio.CancelledError:
-                        cancels += 1
-                if pending.exception() is not None:
-                    raise  # nothing landed: unwind as the cancellation it is
-        self.version += len(batch)
+            return self._reflush(batch, opened, reclose, error), cancels
+        if flight is not None:
+            cancels += await self._outcome(flight)
+            failed = flight.pending.future.exception()
+            if failed is not None:
+                if cancels:
+                    raise asyncio.CancelledError  # nothing landed: unwind as the cancellation
+                raise failed
         return None, cancels
+
+    def _launch(self, batch: Sequence[EventBase]) -> _Flight | None:
+        """Hand ``batch`` (the buffer, taken) to the store: appended at once (None), or queued
+        for its group commit (the run's flight). What the store refuses before queuing is
+        raised, and the batch is dropped, as ``flush`` drops a batch it could not append."""
+        pending = self.instance.append_commit(batch, expected_version=self.version)
+        size = len(batch)
+        self.version += size
+        if pending is None:
+            return None
+        flight = _Flight(pending, self.version - size, self._made - len(self.buffer) - size, size)
+        self._flight = flight
+        pending.future.add_done_callback(lambda _: self._landed(flight))
+        return flight
+
+    async def _outcome(self, flight: _Flight) -> int:
+        """Wait until ``flight`` is decided; how many times this task was cancelled meanwhile
+        (the batch cannot be taken back, so its outcome comes first)."""
+        future = flight.pending.future
+        cancels = 0
+        while not future.done():
+            try:
+                await asyncio.wait((future,))
+            except asyncio.CancelledError:
+                cancels += 1
+        self._landed(flight)
+        return cancels
+
+    def _landed(self, flight: _Flight) -> None:
+        """``flight`` is decided: no longer in flight. If it failed, nothing of it is in the log:
+        the events made after it take its positions."""
+        if flight.done:
+            return
+        flight.done = True
+        if self._flight is flight:
+            self._flight = None
+        future = flight.pending.future
+        if future.cancelled() or future.exception() is not None:
+            size = flight.size
+            self.version -= size
+            self.buffer = [
+                event.model_copy(update={"position": event.position - size})
+                for event in self.buffer
+            ]
 
     def _reflush(
         self,
@@ -177,6 +279,7 @@ class RunLog:
         data["timestamp"] = timestamp
         event = trusted_event(cls, data)
         self.buffer.append(event if event is not None else cls.model_validate(data))
+        self._made += 1
 
 
 @functools.cache
