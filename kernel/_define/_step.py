@@ -111,6 +111,22 @@ def _canonical(value: Any, open_: frozenset[int] = frozenset()) -> Any:
     return _UNSUPPORTED
 
 
+def _positional_shape(
+    signature: inspect.Signature,
+) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]] | None:
+    """For a signature whose parameters are all positional-only or positional-or-keyword: their
+    names, and the trailing ones' defaults (name, default); None for any other signature."""
+    names: list[str] = []
+    defaults: list[tuple[str, Any]] = []
+    for param in signature.parameters.values():
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            return None
+        names.append(param.name)
+        if param.default is not param.empty:
+            defaults.append((param.name, param.default))
+    return tuple(names), tuple(defaults)
+
+
 def identity_digest(value: Any) -> str | None:
     """The SHA-256 of ``value``'s canonical form, or None when it has none."""
     tree = _canonical(value)
@@ -258,6 +274,28 @@ class StepWrapper(Generic[R]):
         self._identity_signature = self._signature.replace(
             parameters=[p for p in self._signature.parameters.values() if p.name != self._ctx_param]
         )
+        self._positional = _positional_shape(self._identity_signature)
+
+    def _arguments(self, args: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+        """The call's bound arguments, defaults applied (``Signature.bind``'s, in its order).
+
+        A call of positional arguments only, of a function whose parameters are all positional
+        (``_positional_shape``), is bound by zipping, which gives the same mapping without
+        ``bind``; any other call, and any call ``bind`` would refuse, goes through ``bind``."""
+        shape = self._positional
+        if shape is not None and not named:
+            names, defaults = shape
+            given = len(args)
+            if given == len(names):
+                return dict(zip(names, args, strict=True))
+            if len(names) - len(defaults) <= given < len(names):
+                arguments = dict(zip(names, args, strict=False))
+                for name, default in defaults[given - len(names) :]:
+                    arguments[name] = default
+                return arguments
+        bound = self._identity_signature.bind(*args, **named)
+        bound.apply_defaults()
+        return bound.arguments
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -270,9 +308,7 @@ class StepWrapper(Generic[R]):
         named = kwargs
         if self._ctx_param is not None and self._ctx_param in kwargs:  # the context, given by hand
             named = {k: v for k, v in kwargs.items() if k != self._ctx_param}
-        bound = self._identity_signature.bind(*args, **named)
-        bound.apply_defaults()
-        arguments = bound.arguments
+        arguments = self._arguments(args, named)
         digest = identity_digest(arguments) if arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
