@@ -206,9 +206,11 @@ class RunLog:
         cancels = 0
         while not future.done():
             try:
-                await asyncio.wait((future,))
+                await asyncio.shield(future)
             except asyncio.CancelledError:
-                cancels += 1
+                cancels += int(not future.cancelled())  # ours, not the batch's
+            except Exception:  # the batch failed: the caller reads it from the future
+                break
         self._landed(flight)
         return cancels
 

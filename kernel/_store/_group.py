@@ -22,7 +22,7 @@ import copy
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from kernel._base._errors import ConcurrencyConflictError, StoreUnavailableError
@@ -60,12 +60,14 @@ class Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[int]]
     landed: Callable[[], None]
-    decided: threading.Event = field(default_factory=threading.Event)
+    decided: threading.Condition
+    """Notified (all) by the committer after each round; ``outcome`` is set under it."""
     outcome: list[int] | BaseException | None = None
 
     def settle_now(self) -> None:
         """Wait (blocking) for the batch's outcome and answer ``future`` with it."""
-        self.decided.wait()
+        with self.decided:
+            self.decided.wait_for(lambda: self.outcome is not None)
         assert self.outcome is not None
         _settle(self, self.outcome)
 
@@ -84,6 +86,7 @@ class GroupCommitter:
         self._url = store.url
         self._queue: list[Pending] = []
         self._ready = threading.Condition()
+        self._decided = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.rounds = 0
@@ -111,7 +114,7 @@ class GroupCommitter:
         with self._ready:
             if self._closed:
                 raise StoreUnavailableError(f"cannot append: the store {self._url} is closed")
-            pending = Pending(batch, loop, future, landed)
+            pending = Pending(batch, loop, future, landed, self._decided)
             self._queue.append(pending)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -156,9 +159,11 @@ class GroupCommitter:
             del store
             self.rounds += 1
             self.batches += len(waiting)
+            with self._decided:
+                for entry, outcome in zip(waiting, outcomes, strict=True):
+                    entry.outcome = outcome
+                self._decided.notify_all()
             for entry, outcome in zip(waiting, outcomes, strict=True):
-                entry.outcome = outcome
-                entry.decided.set()
                 # A closed loop raises RuntimeError: nobody is waiting there any more.
                 with contextlib.suppress(RuntimeError):
                     entry.loop.call_soon_threadsafe(_settle, entry, outcome)
