@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +151,39 @@ async def test_a_record_whose_commit_fails_fails_its_step_and_the_abort_is_recor
     assert store.verify_chain("f").ok
     gate.fail_with = None
     assert (await gathering(store, "f", 3).run(1)).get_outputs() == [12]
+
+
+class Detaches(Executor):
+    """Starts ``double`` in a task of its own, lets it reach its record, then fails."""
+
+    def __init__(self) -> None:
+        super().__init__("detaches")
+        self.task: asyncio.Task[int] | None = None
+
+    @handler
+    async def run(self, message: int, ctx: WorkflowContext[int]) -> None:
+        self.task = asyncio.create_task(double(message))
+        await asyncio.sleep(0)  # the step runs, and its record goes in flight
+        raise RuntimeError("the handler fails while the record is in flight")
+
+
+async def test_a_run_closing_while_a_record_is_in_flight_appends_its_closing_after_it(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    gate = Gate(store)
+    detaches = Detaches()
+    wf = WorkflowBuilder(detaches, store=store, instance_id="d").build()
+    opener = threading.Timer(0.1, gate.opened.set)  # the closing blocks the loop until then
+    opener.start()
+    with pytest.raises(RuntimeError, match="in flight"):
+        await wf.run(3)
+    opener.join()
+    assert gate.rounds == [1]  # the record's commit; the closing went in after it, at once
+    found = kinds(wf.events())
+    assert found[-3:] == ["executor_failed", "superstep_aborted", "run_failed"]
+    assert found.index("step_recorded") < found.index("executor_failed")
+    assert list(markers(wf).values()) == ["aborted:failed"]
+    assert detaches.task is not None
+    assert await detaches.task == 6  # the step learns its record landed
+    assert store.verify_chain("d").ok
