@@ -36,8 +36,8 @@ writes them; give ``codec=ValueCodec()`` to pass Python values and have them enc
 ``validate=False`` skips pydantic validation of each event (the runner's fast path), for logs of
 millions of events built from trusted fields.
 
-Why one module of ~550 lines: it is one public class whose methods map one to one onto the
-fourteen event types, each a few lines around the shared bookkeeping of open runs and supersteps;
+Why one module of ~600 lines: it is one public class whose methods map one to one onto the
+event types, each a few lines around the shared bookkeeping of open runs and supersteps;
 split, a reader would follow that bookkeeping across files for no gain.
 """
 
@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
+import orjson
 from pydantic import ValidationError
 
 from kernel._base._clock import Clock, IdFactory, system_clock, uuid_ids
@@ -55,6 +56,7 @@ from kernel._base._errors import StepLogError
 from kernel._codec._values import ValueCodec
 from kernel._log import _events as ev
 from kernel._log._events import AbortReason, ErrorInfo, EventBase, trusted_event
+from kernel._run._steps import step_key_of
 from kernel._store._eventstore import EventStore
 
 __all__ = ["LogBuilder", "LogBuilderError", "ticking_clock"]
@@ -503,44 +505,6 @@ class LogBuilder:
         )
         return self._emit(ev.SubworkflowRan, fields)
 
-    def step(
-        self,
-        name: str,
-        result: Any = None,
-        *,
-        key: str | None = None,
-        call: int = 0,
-        lineage: str | None = None,
-        step_key: str = "k",
-        digest: str | None = None,
-        error: ev.ErrorInfo | None = None,
-        duration: float = 0.0,
-        usage: dict[str, int] | None = None,
-        reused: int | None = None,
-        executor_id: str | None = None,
-        superstep: str | None = None,
-        run: str | None = None,
-    ) -> ev.StepRecorded:
-        """``StepRecorded``: a recorded step ``name`` called by the executor last invoked
-        (``key`` defaults to the name; ``lineage`` to the run)."""
-        fields = self._by(executor_id, superstep, run)
-        fields.update(
-            name=name,
-            key=key if key is not None else name,
-            call=call,
-            lineage=lineage if lineage is not None else fields["run_id"],
-            step_key=step_key,
-            digest=digest,
-            result=None
-            if reused is not None or error is not None
-            else self._encode(result, "a step's result"),
-            error=error,
-            duration=duration,
-            usage=usage,
-            reused=reused,
-        )
-        return self._emit(ev.StepRecorded, fields)
-
     def subworkflow_started(
         self,
         parent_instance: str,
@@ -559,6 +523,46 @@ class LogBuilder:
             "executor_id": executor_id,
         }
         return self._emit(ev.SubworkflowStarted, fields)
+
+    def record_step(
+        self,
+        name: str,
+        result: Any = None,
+        *,
+        key: str | None = None,
+        call: int = 0,
+        lineage: str | None = None,
+        digest: str | None = None,
+        error: ErrorInfo | BaseException | None = None,
+        duration: float = 0.0,
+        usage: dict[str, int] | None = None,
+        reused: int | None = None,
+        executor_id: str | None = None,
+        superstep: str | None = None,
+        run: str | None = None,
+    ) -> ev.StepRecorded:
+        """``StepRecorded``: a call of step ``name`` by the executor last invoked returned
+        ``result`` (or raised ``error``; or was served the record at position ``reused``).
+        ``key`` defaults to the key of the ``call``-th call of a step without arguments'
+        identity, ``lineage`` to the superstep's run, and the idempotency key is derived from
+        them as the runner derives it for a lineage-wide call."""
+        fields = self._by(executor_id, superstep, run)
+        key = key if key is not None else orjson.dumps(["order", name, "", call]).decode()
+        lineage = lineage if lineage is not None else fields["run_id"]
+        fields.update(
+            name=name,
+            key=key,
+            call=call,
+            lineage=lineage,
+            step_key=step_key_of(self._instance_id, lineage, None, fields["executor_id"], key),
+            digest=digest,
+            result=None if result is None else self._encode(result, f"the result of {name!r}"),
+            error=None if error is None else _error_info(error),
+            duration=duration,
+            usage=usage,
+            reused=reused,
+        )
+        return self._emit(ev.StepRecorded, fields)
 
     def complete(
         self,

@@ -21,6 +21,7 @@ import contextvars
 import functools
 import hashlib
 import inspect
+import json
 import math
 import time
 import typing
@@ -31,6 +32,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 import orjson
 
 from kernel._base._errors import DefinitionError
+from kernel._codec._valuetypes import value_classes
+from kernel._define._executor import require_storable
 
 __all__ = [
     "ACTIVE_CALL",
@@ -128,11 +131,23 @@ def _positional_shape(
 
 
 def identity_digest(value: Any) -> str | None:
-    """The SHA-256 of ``value``'s canonical form, or None when it has none."""
+    """The SHA-256 of ``value``'s canonical form as compact JSON text, or None when it has none.
+
+    The text is Agent Framework's (no ASCII escapes, no spaces), so the digest is the one AF's
+    step keys use. orjson writes it, except for what orjson refuses and JSON holds all the same
+    (an integer past 64 bits, a lone surrogate in a string): the standard library writes the
+    same text then, a lone surrogate passed through as its code point's bytes.
+    """
     tree = _canonical(value)
     if tree is _UNSUPPORTED:
         return None
-    return hashlib.sha256(orjson.dumps(tree)).hexdigest()
+    try:
+        text = orjson.dumps(tree)
+    except orjson.JSONEncodeError:
+        text = json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass"
+        )
+    return hashlib.sha256(text).hexdigest()
 
 
 @dataclass(slots=True, eq=False)
@@ -159,6 +174,8 @@ class StepCall:
     auto_request_ids: int = 0
     """How many automatic request ids the call used (a functional workflow counts them before
     ``finished``); set by ``lookup`` from the record when the call is served."""
+    result_types: tuple[type, ...] = ()
+    """The classes the step's return annotation names: a served result is rebuilt as them."""
 
 
 class StepHost(Protocol):
@@ -182,8 +199,9 @@ class StepHost(Protocol):
         ...
 
     async def started(self, call: StepCall) -> None:
-        """The call is about to run (tell the stream). Raises instead when the run may not
-        call it (a rerun, which has no record of it): the refusal is recorded as its error."""
+        """The call is about to run (tell the stream). Raises ``StateWriteRejectedError`` if the
+        superstep closed meanwhile (the call does not run); or, when the run may not call it (a
+        rerun, which has no record of it), the refusal, recorded as its error."""
         ...
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
@@ -232,7 +250,10 @@ class StepWrapper(Generic[R]):
 
     ``name`` names it in the log (the function's ``__name__`` by default). A parameter annotated
     ``RunContext`` (or named ``ctx``) receives the run's context, and is no part of the call's
-    identity. ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
+    identity: the run's context is injected when the caller does not pass one. A graph handler
+    has none to inject: it may pass its own (by keyword or in its place), else the parameter's
+    default applies (none: Python's ``TypeError`` for the missing argument, never a silent
+    None). ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
     """
 
     def __init__(
@@ -246,7 +267,7 @@ class StepWrapper(Generic[R]):
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
                 f"@step can only decorate async functions, but "
-                f"'{getattr(func, '__name__', func)!r}' is not a coroutine function."
+                f"'{getattr(func, '__name__', func)}' is not a coroutine function."
             )
         if after_failure not in ("reuse", "rerun"):
             raise DefinitionError(
@@ -254,6 +275,8 @@ class StepWrapper(Generic[R]):
             )
         if name is not None and (not isinstance(name, str) or not name):
             raise DefinitionError(f"@step name must be a non-empty string, got {name!r}")
+        if name is not None:
+            require_storable(name, "a @step name")  # it is in every record of the step
         self._func = func
         self.name: str = name or func.__name__
         self.after_failure: AfterFailure = after_failure
@@ -274,48 +297,61 @@ class StepWrapper(Generic[R]):
         self._identity_signature = self._signature.replace(
             parameters=[p for p in self._signature.parameters.values() if p.name != self._ctx_param]
         )
+        # What a served result is rebuilt as: the enums, models and dataclasses the return
+        # annotation names are the step's own declaration, as a handler's annotations are its.
+        returns = hints.get("return", self._signature.return_annotation)
+        self.result_types: tuple[type, ...] = tuple(value_classes(returns))
         self._positional = _positional_shape(self._identity_signature)
-
-    def _arguments(self, args: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
-        """The call's bound arguments, defaults applied (``Signature.bind``'s, in its order).
-
-        A call of positional arguments only, of a function whose parameters are all positional
-        (``_positional_shape``), is bound by zipping, which gives the same mapping without
-        ``bind``; any other call, and any call ``bind`` would refuse, goes through ``bind``."""
-        shape = self._positional
-        if shape is not None and not named:
-            names, defaults = shape
-            given = len(args)
-            if given == len(names):
-                return dict(zip(names, args, strict=True))
-            if len(names) - len(defaults) <= given < len(names):
-                arguments = dict(zip(names, args, strict=False))
-                for name, default in defaults[given - len(names) :]:
-                    arguments[name] = default
-                return arguments
-        bound = self._identity_signature.bind(*args, **named)
-        bound.apply_defaults()
-        return bound.arguments
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
         return functools.partial(self.__call__, instance)
 
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The call's arguments by name, defaults applied, without the context parameter, and
+        whether the caller passed the context itself (a graph handler may: it has no
+        ``RunContext`` to inject). The arguments are bound as AF binds them, without the context
+        parameter; only a call that does not bind so is bound with it.
+
+        A call of positional arguments only, of a function whose parameters (the context's
+        aside) are all positional (``_positional_shape``), and as many as they take, is bound by
+        zipping, which gives ``bind``'s mapping without ``bind``."""
+        shape = self._positional
+        if shape is not None and not kwargs:
+            names, defaults = shape
+            given_ = len(args)
+            if given_ == len(names):
+                return dict(zip(names, args, strict=True)), False
+            if len(names) - len(defaults) <= given_ < len(names):
+                arguments = dict(zip(names, args, strict=False))
+                for name, default in defaults[given_ - len(names) :]:
+                    arguments[name] = default
+                return arguments, False
+        try:
+            bound = self._identity_signature.bind(*args, **kwargs)
+            given = False
+        except TypeError:
+            if self._ctx_param is None:
+                raise
+            bound = self._signature.bind(*args, **kwargs)  # raises for a call that does not fit
+            given = self._ctx_param in bound.arguments
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if given:
+            arguments = {k: v for k, v in arguments.items() if k != self._ctx_param}
+        return arguments, given
+
     def _identity(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, arguments: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Identity, str | None]:
-        named = kwargs
-        if self._ctx_param is not None and self._ctx_param in kwargs:  # the context, given by hand
-            named = {k: v for k, v in kwargs.items() if k != self._ctx_param}
-        arguments = self._arguments(args, named)
-        digest = identity_digest(arguments) if arguments else None
+        auto = identity_digest(arguments)
+        digest = auto if arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
             if not isinstance(explicit, str) or not explicit:
                 raise ValueError(f"@step '{self.name}' replay_key must return a non-empty string.")
             return ("explicit", hashlib.sha256(explicit.encode("utf-8")).hexdigest()), digest
-        auto = digest if arguments else identity_digest(arguments)  # hashed once, not twice
         if auto is None:
             return ("order", ""), digest
         return ("auto", auto), digest
@@ -325,7 +361,7 @@ class StepWrapper(Generic[R]):
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Put ``ctx`` where the function declares it, without taking a positional argument."""
         name = self._ctx_param
-        if name is None or name in kwargs:
+        if name is None:
             return args, dict(kwargs)
         out: list[Any] = []
         given = list(args)
@@ -349,15 +385,16 @@ class StepWrapper(Generic[R]):
         host = ACTIVE_HOST.get()
         if host is None:
             return await self._func(*args, **kwargs)
-        identity, digest = self._identity(args, kwargs)
+        arguments, ctx_given = self._bound(args, kwargs)
+        identity, digest = self._identity(arguments, args, kwargs)
         call = host.open(self.name, identity, digest, identity[0] != "order")
-        call.args, call.kwargs = args, kwargs
+        call.args, call.kwargs, call.result_types = args, kwargs, self.result_types
         found, value = host.lookup(call, self.after_failure)
         if found:
             await host.served(call, value)
             return typing.cast(R, value)
-        if self._ctx_param is not None and self._ctx_param not in kwargs:
-            run_ctx = getattr(host, "run_context", None)
+        run_ctx = getattr(host, "run_context", None)
+        if self._ctx_param is not None and not ctx_given and run_ctx is not None:
             args, kwargs = self._with_ctx(args, kwargs, run_ctx)
         await host.started(call)
         token = ACTIVE_CALL.set(call)

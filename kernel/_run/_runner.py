@@ -86,7 +86,7 @@ from kernel._run._ledger import (
     waiting,
 )
 from kernel._run._result import RunResult
-from kernel._run._steps import StepBook
+from kernel._run._steps import StepBook, StepsHost
 from kernel._run._superstep import RunScope, Superstep, SuperstepOutcome
 from kernel._run._tasks import (
     cancel_and_wait,
@@ -536,18 +536,11 @@ class Run:
         """Append an event of superstep ``superstep_id`` at once, with what the run buffered
         before it (durable when this returns, whatever the durability; through the store's group
         commit where it has one); its position, or None when the superstep's closing is logged
-        already (nothing more of it may be appended)."""
+        already (nothing more of it may be appended). If the store refuses, its error is raised,
+        and what was buffered stays buffered (``RunLog.append_now``)."""
         if self.finished or self._open_superstep_id != superstep_id:
             return None
-        step = self._open_superstep
-        if step is not None and step.outcome is SuperstepOutcome.COMMITTED:
-            return None  # its closing is made (and on its way to the log)
-        writer = self.writer
-        writer.record(cls, data)
-        if writer.write_through:  # appended already
-            position: int = data["position"]
-            return position
-        return await writer.flush_record()
+        return await self.writer.append_now(cls, data)
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden
@@ -633,21 +626,27 @@ class Run:
         host = step.steps_host(executor_id, getattr(executor, "step_scope", "superstep"))
         token = ACTIVE_HOST.set(host)
         try:
-            await self._invoke_each(step, executor, messages, inline)
+            await self._invoke_each(step, executor, messages, inline, host)
         finally:
             ACTIVE_HOST.reset(token)
 
     async def _invoke_each(
-        self, step: Superstep, executor: Any, messages: list[Any], inline: bool
+        self,
+        step: Superstep,
+        executor: Any,
+        messages: list[Any],
+        inline: bool,
+        host: StepsHost,
     ) -> None:
         executor_id = executor.id
         emit, hooks = self._emit, self._hooks
         streaming = emit is not silent
         record, in_flight = self.record, step.in_flight
         superstep_id = step.superstep_id
-        for message in messages:
+        for invocation, message in enumerate(messages):
             if step.outcome is not None:
                 return
+            host.begin(invocation)
             record(ExecutorInvoked, {**step.invoked_head, "executor_id": executor_id})
             in_flight.add(executor_id)
             if streaming or hooks is not None:

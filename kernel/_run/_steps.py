@@ -12,7 +12,8 @@ segment) is keyed across the whole lineage. The verdict of the superstep that re
 does not matter: a step's record is durable at once, and provenance, not state.
 
 What a retry after a *failed* handler does is the step's ``after_failure`` (``"reuse"`` by
-default); after any other abort a recorded call is always served.
+default): ``"rerun"`` calls it again when any attempt that had its result (the one that recorded
+it, or one that was served it) failed. After any other abort a recorded call is always served.
 
 A call the book has no record of runs; unless the instance names the steps that may
 (``RunnerContext.live_steps``: a rerun's scratch instance, see ``kernel._ops._rerun``): any other
@@ -30,7 +31,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-from kernel._base._errors import EncodingError, ExecutionError, LogIntegrityError
+from kernel._base._errors import (
+    EncodingError,
+    ExecutionError,
+    LogIntegrityError,
+    StateWriteRejectedError,
+)
 from kernel._define._step import AfterFailure, Identity, StepCall
 from kernel._log._events import ErrorInfo, StepRecorded
 from kernel._run._hooks import HookChain, StepInfo, SuperstepInfo
@@ -53,6 +59,44 @@ __all__ = [
 StepScope = Literal["superstep", "lineage"]
 
 
+class StepSite(Protocol):
+    """What a ``StepsHost`` asks of the superstep its calls are made in. ``Superstep``
+    implements it; it makes the hosts, so this module does not import it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def superstep_id(self) -> str: ...
+    @property
+    def hooks(self) -> HookChain | None: ...
+    @property
+    def info(self) -> SuperstepInfo: ...
+    @property
+    def hook_failures(self) -> dict[str, BaseException]:
+        """What hooks raised, by executor: its handler fails with it when it returns."""
+        ...
+
+    def refuse_if_closed(self, executor_id: str, what: str) -> None:
+        """Raise ``StateWriteRejectedError`` if the superstep is closed."""
+        ...
+
+    def closed_error(self, executor_id: str, what: str) -> StateWriteRejectedError:
+        """The refusal of ``what`` once the superstep closed."""
+        ...
+
+    def step_head(self) -> dict[str, Any]:
+        """What every ``StepRecorded`` of the superstep has alike."""
+        ...
+
+    def record_served(self, data: dict[str, Any]) -> None:
+        """Stage the record of a call that was served."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RecordedCall:
     """A call a lineage recorded: where (``position``, ``run_id``, ``superstep_id``), its
@@ -68,17 +112,20 @@ class RecordedCall:
 class StepBook:
     """The step calls one lineage recorded that may be served, and why their supersteps aborted.
 
-    ``add`` takes ``StepRecorded`` events in log order (records of other lineages, of calls that
-    raised, and of calls that were themselves served are skipped); ``abort`` notes a superstep's
-    abort reason. A later record of the same call replaces an earlier one.
+    ``add`` takes ``StepRecorded`` events in log order (records of other lineages and of calls
+    that raised are skipped; a record of a served call notes where the result it names was used
+    again); ``abort`` notes a superstep's abort reason. A later record of the same call replaces
+    an earlier one.
     """
 
-    __slots__ = ("_by_lineage", "_by_superstep", "aborted", "lineage")
+    __slots__ = ("_by_lineage", "_by_superstep", "_served_in", "aborted", "lineage")
 
     def __init__(self, lineage: str) -> None:
         self.lineage = lineage
         self._by_superstep: dict[tuple[int, str, str], RecordedCall] = {}
         self._by_lineage: dict[tuple[str, str], RecordedCall] = {}
+        # the position of a record -> the supersteps a later attempt was served it in
+        self._served_in: dict[int, list[str]] = {}
         self.aborted: dict[str, str] = {}
 
     def __len__(self) -> int:
@@ -86,7 +133,10 @@ class StepBook:
 
     def add(self, event: StepRecorded, index: int | None) -> None:
         """Take ``event``, recorded in the superstep of lineage index ``index``."""
-        if event.lineage != self.lineage or not returned(event):
+        if event.lineage != self.lineage or event.error is not None:
+            return
+        if event.reused is not None:
+            self._served_in.setdefault(event.reused, []).append(event.superstep_id)
             return
         found = RecordedCall(
             event.position,
@@ -114,6 +164,15 @@ class StepBook:
         if scope == "lineage":
             return self._by_lineage.get((executor_id, key))
         return self._by_superstep.get((index, executor_id, key))
+
+    def failed_with(self, found: RecordedCall) -> bool:
+        """Whether a superstep that had ``found``'s result (it recorded it, or was served it)
+        aborted because it failed: its result may be what failed it."""
+        aborted = self.aborted
+        return aborted.get(found.superstep_id) == "failed" or any(
+            aborted.get(superstep_id) == "failed"
+            for superstep_id in self._served_in.get(found.position, ())
+        )
 
 
 def returned(event: StepRecorded) -> bool:
@@ -151,33 +210,14 @@ def step_key_of(
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-class StepSite(Protocol):
-    """What a host needs of the superstep its calls run in (``Superstep`` is one)."""
-
-    run_id: str
-    instance_id: str
-    index: int
-    superstep_id: str
-    hooks: HookChain | None
-    hook_failures: dict[str, BaseException]
-
-    @property
-    def info(self) -> SuperstepInfo: ...
-
-    def refuse_if_closed(self, executor_id: str, what: str) -> None: ...
-
-    def step_head(self) -> dict[str, Any]: ...
-
-    def record_served(self, data: dict[str, Any]) -> None: ...
-
-
 class StepsHost:
     """The ``StepHost`` of one executor's invocations in one superstep.
 
     ``append_now(data)`` appends a ``StepRecorded`` (``data``: its fields but position and time)
-    at once, with what the superstep buffered before it, and returns its position (None when the
-    superstep's closing is in the log already: nothing more of it may be appended). ``live`` is
-    the instance's ``live_steps``: None, or the only steps a call without a record may run.
+    at once, with what the superstep buffered before it, and returns its position (None once the
+    superstep's commit batch is sealed or its closing is in the log: nothing more of it may be
+    appended). ``live`` is the instance's ``live_steps``: None, or the only steps a call without a
+    record may run.
     """
 
     __slots__ = (
@@ -189,6 +229,7 @@ class StepsHost:
         "_explicit",
         "_head",
         "_index",
+        "_invocation",
         "_live",
         "_occurrences",
         "_root",
@@ -221,6 +262,7 @@ class StepsHost:
         self._live = live
         self._index = step.index
         self._calls = 0
+        self._invocation = 0
         self._occurrences: dict[tuple[str, str, str], int] = {}
         self._explicit: set[str] = set()
         self._root = asyncio.current_task()
@@ -234,13 +276,22 @@ class StepsHost:
         self._explicit.clear()
         self._calls = 0
 
+    def begin(self, invocation: int) -> None:
+        """The handler is invoked for the executor's ``invocation``-th message of the superstep
+        (from 0, in the order the log delivers them): its calls are identified, counted and
+        numbered within this invocation, and their keys name it (after the first), so that two
+        invocations' calls with the same identity are different calls."""
+        self.reset()
+        self._invocation = invocation
+
     def open(
         self, name: str, identity: Identity, digest: str | None, concurrent_ok: bool
     ) -> StepCall:
         self._step.refuse_if_closed(self.executor_id, f"call of step {name!r}")
         kind, ident = identity
+        where = [self._invocation] if self._invocation else []
         if kind == "explicit":
-            key = orjson.dumps(["explicit", name, ident]).decode()
+            key = orjson.dumps(["explicit", name, ident, *where]).decode()
             if key in self._explicit:
                 raise ValueError(
                     f"@step '{name}' produced duplicate replay_key values in one workflow run. "
@@ -256,7 +307,7 @@ class StepsHost:
             counted = (kind, name, ident)
             occurrence = self._occurrences.get(counted, 0)
             self._occurrences[counted] = occurrence + 1
-            key = orjson.dumps([kind, name, ident, occurrence]).decode()
+            key = orjson.dumps([kind, name, ident, occurrence, *where]).decode()
         call = self._calls
         self._calls += 1
         index = None if self._scope == "lineage" else self._index
@@ -267,8 +318,10 @@ class StepsHost:
         found = self._book.find(self._scope, self._index, self.executor_id, call.key)
         if found is None:
             return False, None
-        if after_failure == "rerun" and self._book.aborted.get(found.superstep_id) == "failed":
+        if after_failure == "rerun" and self._book.failed_with(found):
             return False, None
+        if call.result_types:  # the classes the step declares it returns come back as such
+            self._codec.register(*call.result_types)
         value = self._codec.decode(found.result, what=f"the recorded result of step {call.name!r}")
         call.reused = found.position
         call.auto_request_ids = found.auto_request_ids
@@ -305,7 +358,10 @@ class StepsHost:
 
     async def started(self, call: StepCall) -> None:
         """Tell the stream the call runs; or, when the instance does not let a call without a
-        record run (``live_steps``: a rerun's), record the refusal as its error and raise it."""
+        record run (``live_steps``: a rerun's), record the refusal as its error and raise it.
+        Then refuse the call if its superstep closed while the stream's consumer took its time
+        (the step has not run: ``StateWriteRejectedError``, told to the stream as the call's
+        failure)."""
         live = self._live
         if live is not None and call.name not in live:
             refused = ExecutionError(
@@ -323,10 +379,17 @@ class StepsHost:
             )
         else:
             await self._tell("executor_invoked", call.name, None)
+        try:
+            self._step.refuse_if_closed(self.executor_id, f"call of step {call.name!r}")
+        except StateWriteRejectedError as refused:
+            await self._tell("executor_failed", call.name, None, refused)
+            raise
 
     async def finished(self, call: StepCall, result: Any, error: BaseException | None) -> None:
         """Record the call; raises ``EncodingError`` (recorded as the call's error, so that it
-        runs again next time) when its result cannot be stored."""
+        runs again next time) when its result cannot be stored, and ``StateWriteRejectedError``
+        when it returned after its superstep closed (its commit sealed, or its closing in the
+        log): nothing of the call is recorded then, and no hook or stream hears of it."""
         duration = max(0.0, time.perf_counter() - call.started)
         unstorable: EncodingError | None = None
         wire = None
@@ -346,7 +409,13 @@ class StepsHost:
         }
         position = await self._append_now(data)
         step = self._step
-        if position is not None and error is None:
+        if position is None:
+            if unstorable is not None:
+                raise unstorable
+            if error is None:
+                raise step.closed_error(self.executor_id, f"the record of step {call.name!r}")
+            return  # the caller raises what the step raised
+        if error is None:
             found = RecordedCall(
                 position, step.run_id, step.superstep_id, wire, call.auto_request_ids
             )

@@ -172,8 +172,10 @@ class Superstep:
         run = self._scope
         superstep_id = self.superstep_id
 
-        def append_now(data: dict[str, Any]) -> Awaitable[int | None]:
-            return run.append_now(StepRecorded, data, superstep_id)
+        async def append_now(data: dict[str, Any]) -> int | None:
+            if self.outcome is SuperstepOutcome.COMMITTED:
+                return None  # its commit batch is sealed, and may be on its way to the store
+            return await run.append_now(StepRecorded, data, superstep_id)
 
         live = run.instance.live_steps
         return StepsHost(
@@ -193,6 +195,14 @@ class Superstep:
         """Raise ``StateWriteRejectedError`` if the superstep is closed."""
         self._refuse_if_closed(executor_id, what)
 
+    def closed_error(self, executor_id: str, what: str) -> StateWriteRejectedError:
+        """The refusal of ``what`` by ``executor_id`` once the superstep closed."""
+        return StateWriteRejectedError(
+            f"{what} by executor {executor_id!r} refused: superstep {self.index} "
+            f"({self.superstep_id}) of run {self.run_id} is already {self.outcome or 'closed'}; "
+            "it will never count"
+        )
+
     # -- what a handler's context calls (``SuperstepPort``) ---------------------------------
 
     def _refuse_if_closed(self, executor_id: str, what: str) -> None:
@@ -200,11 +210,7 @@ class Superstep:
             # The handler runs in the run's own task, and that task is being cancelled.
             self.outcome = SuperstepOutcome(self._scope.cancel_reason() or "cancelled")
         if self.outcome is not None:
-            raise StateWriteRejectedError(
-                f"{what} by executor {executor_id!r} refused: superstep {self.index} "
-                f"({self.superstep_id}) of run {self.run_id} is already {self.outcome}; "
-                "it will never count"
-            )
+            raise self.closed_error(executor_id, what)
 
     def stage(self, executor_id: str, key: str, op: Literal["set", "delete"], value: Any) -> None:
         if self.outcome is not None or self.inline_task is not None:  # else open: no message

@@ -115,18 +115,21 @@ def one_of_each(instance_id: str, codec: ValueCodec) -> list[EventBase]:
     )
     log.start_superstep(superstep_id="ss-1")
     log.invoke("classify")
+    model = log.record_step(
+        "model",
+        {"label": "billing", "p": (0.93, float("inf"))},
+        digest="ab" * 32,
+        duration=0.25,
+        usage={"input_tokens": 120, "output_tokens": 7},
+    )
+    log.record_step("model", reused=model.position)
+    log.record_step("tool", key='["explicit","tool","cd"]', call=2, error=TimeoutError("slow"))
     log.write("category", ("billing", 0.93))
     log.delete("draft")
     log.send({1: "one", "$t": "x"}, target="route", targets=["route", "audit"])
     log.send("both", targets=["audit"], gathered={"audit": ["classify", "route"]})
     log.output({"answer": "refund", "score": float("nan")})
     log.custom_event("progress", {"done": 3, "of": 4})
-    log.step(
-        "call_model",
-        {"text": "refund"},
-        key='["auto","call_model","ab",0]',
-        usage={"input_tokens": 7},
-    )
     log.request({"question": "refund?"}, request_id="req-1", response_type="bool")
     log.complete()
     log.fail("audit", boom)
