@@ -214,7 +214,8 @@ class StepsHost:
     """The ``StepHost`` of one executor's invocations in one superstep.
 
     ``append_now(data)`` appends a ``StepRecorded`` (``data``: its fields but position and time)
-    at once, with what the superstep buffered before it, and returns its position (None once the
+    at once, with what the superstep buffered before it, and gives its position once it is
+    durable (awaited: through the store's group commit where it has one; None once the
     superstep's commit batch is sealed or its closing is in the log: nothing more of it may be
     appended). ``live`` is the instance's ``live_steps``: None, or the only steps a call without a
     record may run.
