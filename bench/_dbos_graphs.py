@@ -8,6 +8,7 @@ nothing but that file (its background threads poll the file; ``destroy`` joins t
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,15 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 
-__all__ = ["SetWorkflowID", "advance_async", "launched", "recorded_steps", "steps", "steps_async"]
+__all__ = [
+    "SetWorkflowID",
+    "advance_async",
+    "launched",
+    "recorded_steps",
+    "steps",
+    "steps_async",
+    "steps_gathered",
+]
 
 
 @DBOS.step()
@@ -44,6 +53,19 @@ async def steps_async(n: int) -> int:
     count = 0
     while count < n:
         count = await advance_async(count)
+    return count
+
+
+@DBOS.workflow()
+async def steps_gathered(n: int, width: int) -> int:
+    """``n`` async steps, ``width`` at a time gathered (``asyncio.gather``, which DBOS allows in
+    an async workflow: each call takes its step number when it is made, before it is awaited);
+    the call after a wave starts from its last result."""
+    count = 0
+    while count < n:
+        wave = min(width, n - count)
+        got = await asyncio.gather(*(advance_async(count + j) for j in range(wave)))
+        count = got[-1]
     return count
 
 

@@ -4,6 +4,7 @@ No ``from __future__ import annotations`` here: handlers' annotations are real t
 runner may read them to route messages.
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "advance",
     "advance_recorded",
     "fanout_workflow",
+    "gathered_workflow",
     "loop_workflow",
     "steps_workflow",
 ]
@@ -136,6 +138,39 @@ class Stepper(Executor):
             count = await self.advance(count)
         ctx.set_state("count", count)
         await ctx.yield_output(count)
+
+
+class GatherStepper(Executor):
+    """One superstep: ``n`` calls of ``advance`` from the message, ``width`` at a time gathered
+    (``asyncio.gather``; the call after a wave starts from its last result), then set ``count``
+    and yield it."""
+
+    def __init__(self, id: str, n: int, width: int, advance: Advance) -> None:
+        super().__init__(id=id)
+        self.n = n
+        self.width = width
+        self.advance = advance
+
+    @handler
+    async def run(self, message: int, ctx: WorkflowContext[int, int]) -> None:
+        count = message
+        while count < self.n:
+            wave = min(self.width, self.n - count)
+            got = await asyncio.gather(*(self.advance(count + j) for j in range(wave)))
+            count = got[-1]
+        ctx.set_state("count", count)
+        await ctx.yield_output(count)
+
+
+def gathered_workflow(
+    store: Any, instance_id: str, n: int, width: int, advance: Advance = advance_recorded
+) -> Any:
+    return WorkflowBuilder(
+        start_executor=GatherStepper("stepper", n, width, advance),
+        store=store,
+        instance_id=instance_id,
+        durability="superstep",
+    ).build()
 
 
 def steps_workflow(

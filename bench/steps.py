@@ -52,6 +52,11 @@ LOOP_MEMORY = "steplog memory: loop, 1 recorded step per superstep"
 LOOP_SQLITE = "steplog sqlite: loop, 1 recorded step per superstep"
 ONE_MEMORY = "steplog memory: 1 handler, N recorded steps"
 ONE_SQLITE = "steplog sqlite: 1 handler, N recorded steps"
+GATHER_WIDTH = 10
+"""How many steps the gathered cases run at once (``asyncio.gather``), wave after wave."""
+GATHER_MEMORY = f"steplog memory: 1 handler, N steps, {GATHER_WIDTH} at a time gathered"
+GATHER_SQLITE = f"steplog sqlite: 1 handler, N steps, {GATHER_WIDTH} at a time gathered"
+DBOS_GATHER = f"dbos sqlite: 1 async workflow, N async steps, {GATHER_WIDTH} at a time gathered"
 
 
 def _recorded(n: int) -> Callable[[EventStore, str], None]:
@@ -63,7 +68,7 @@ def _recorded(n: int) -> Callable[[EventStore, str], None]:
         expect(len(records), n, "steps recorded")
         expect({(e.name, e.error, e.reused) for e in records}, {("advance", None, None)}, "records")
         results = [store.codec.decode(e.result) for e in records]
-        expect(results, list(range(1, n + 1)), "recorded results")
+        expect(sorted(results), list(range(1, n + 1)), "recorded results")
 
     return check
 
@@ -124,12 +129,16 @@ def loop_sqlite(cfg: Config) -> Measurement:
 # -- N steps in one handler ---------------------------------------------------------------------
 
 
-def _one_handler(cfg: Config, url: str) -> tuple[float, float]:
+def _one_handler(cfg: Config, url: str, width: int = 1) -> tuple[float, float]:
+    """N steps in one handler: one after the other, or ``width`` at a time gathered."""
     n = cfg.sizes.steps_n
     store = open_store(url)
     try:
         instance = f"bench-steps-{uuid.uuid4().hex[:8]}"
-        wf = graphs.steps_workflow(store, instance, n)
+        if width == 1:
+            wf = graphs.steps_workflow(store, instance, n)
+        else:
+            wf = graphs.gathered_workflow(store, instance, n, width)
         result, seconds, cpu = timed_async_cpu(lambda: wf.run(0))
         expect(result.get_outputs(), [n], "steplog steps outputs")
         expect(dict(wf.committed_state()), {"count": n}, "steplog steps committed state")
@@ -153,22 +162,31 @@ def one_memory(cfg: Config) -> Measurement:
     return _rate(cfg, *_one_handler(cfg, "memory://"))
 
 
-def one_sqlite(cfg: Config) -> Measurement:
+def one_sqlite(cfg: Config, width: int = 1) -> Measurement:
     path = cfg.workdir / f"steps-one-{uuid.uuid4().hex[:8]}.db"
     (seconds, cpu), grown = sqlite_growth(
         path,
         lambda p: open_store(sqlite_url(p)).close(),
-        lambda p: _one_handler(cfg, sqlite_url(p)),
+        lambda p: _one_handler(cfg, sqlite_url(p), width),
     )
     return _rate(cfg, seconds, cpu, grown)
+
+
+def gather_memory(cfg: Config) -> Measurement:
+    return _rate(cfg, *_one_handler(cfg, "memory://", GATHER_WIDTH))
+
+
+def gather_sqlite(cfg: Config) -> Measurement:
+    return one_sqlite(cfg, GATHER_WIDTH)
 
 
 # -- DBOS Transact ------------------------------------------------------------------------------
 
 
-def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
+def _dbos(cfg: Config, asynchronous: bool, wal: bool = False, width: int = 1) -> Measurement:
     """DBOS's workflow of N steps on a fresh SQLite system database; with ``wal``, the file is
-    switched to WAL (``synchronous`` stays FULL) after its migrations, as steplog's store runs."""
+    switched to WAL (``synchronous`` stays FULL) after its migrations, as steplog's store runs;
+    with ``width`` (async only), the steps run that many at a time, gathered."""
     dbos = bench_extra("_dbos_graphs")
     n = cfg.sizes.steps_n
 
@@ -179,7 +197,10 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
 
                 async def go() -> int:
                     with dbos.SetWorkflowID(workflow_id):
-                        count: int = await dbos.steps_async(n)
+                        if width == 1:
+                            count: int = await dbos.steps_async(n)
+                        else:
+                            count = await dbos.steps_gathered(n, width)
                         return count
 
                 result, seconds, cpu = timed_async_cpu(go)
@@ -194,7 +215,8 @@ def _dbos(cfg: Config, asynchronous: bool, wal: bool = False) -> Measurement:
             expect(result, n, "dbos workflow result")
             recorded = dbos.recorded_steps(workflow_id)
             expect(len(recorded), n, "dbos steps recorded")
-            expect([s["output"] for s in recorded], list(range(1, n + 1)), "dbos recorded outputs")
+            outputs = sorted(s["output"] for s in recorded)
+            expect(outputs, list(range(1, n + 1)), "dbos recorded outputs")
         return seconds, cpu
 
     def create(path: Path) -> None:
@@ -225,6 +247,10 @@ def dbos_wal(cfg: Config) -> Measurement:
     return _dbos(cfg, asynchronous=False, wal=True)
 
 
+def dbos_gather(cfg: Config) -> Measurement:
+    return _dbos(cfg, asynchronous=True, width=GATHER_WIDTH)
+
+
 # -- the disk's floor ---------------------------------------------------------------------------
 
 
@@ -247,7 +273,9 @@ BENCHMARK = Benchmark(
         "recorded (@step: a StepRecorded appended at once, its own commit on SQLite, before the "
         "superstep's commit) and, alternating, unrecorded (the same coroutine): 'without' is the "
         "unrecorded rate (supersteps/s), 'cost' time with / time without, 'us/step' the time "
-        "recording adds per superstep. '1 handler' calls `advance` N times in one superstep. "
+        "recording adds per superstep. '1 handler' calls `advance` N times in one superstep; "
+        f"'{GATHER_WIDTH} at a time gathered' in waves of {GATHER_WIDTH} concurrent calls "
+        "(asyncio.gather; DBOS: the same in an async workflow). "
         "DBOS Transact: one @DBOS.workflow calling its @DBOS.step N times, SQLite system database "
         "with DBOS's defaults (rollback journal, synchronous=FULL); 'WAL (tuned)' switches the "
         "file to WAL, steplog's journal mode, after DBOS's migrations. Bytes: on-disk growth / N. "
@@ -273,9 +301,12 @@ BENCHMARK = Benchmark(
         Case(LOOP_SQLITE, loop_sqlite, steplog=True),
         Case(ONE_MEMORY, one_memory, steplog=True),
         Case(ONE_SQLITE, one_sqlite, steplog=True),
+        Case(GATHER_MEMORY, gather_memory, steplog=True),
+        Case(GATHER_SQLITE, gather_sqlite, steplog=True),
         Case(DBOS, dbos_sync),
         Case(DBOS_ASYNC, dbos_async),
         Case(DBOS_WAL, dbos_wal),
+        Case(DBOS_GATHER, dbos_gather),
         Case("floor: raw sqlite3 1-row commits (WAL, synchronous=FULL)", floor_wal),
         Case(
             "floor: raw sqlite3 1-row commits (rollback journal, synchronous=FULL)", floor_rollback
@@ -284,6 +315,13 @@ BENCHMARK = Benchmark(
     targets=[
         Target("sqlite loop, 1 step/superstep >= 10x DBOS", LOOP_SQLITE, ">=", 10.0, DBOS),
         Target("sqlite, 1 handler, N steps >= 10x DBOS", ONE_SQLITE, ">=", 10.0, DBOS),
+        Target(
+            f"sqlite, N steps {GATHER_WIDTH} at a time >= 10x DBOS's gathered",
+            GATHER_SQLITE,
+            ">=",
+            10.0,
+            DBOS_GATHER,
+        ),
     ],
 )
 

@@ -114,6 +114,22 @@ def _canonical(value: Any, open_: frozenset[int] = frozenset()) -> Any:
     return _UNSUPPORTED
 
 
+def _positional_shape(
+    signature: inspect.Signature,
+) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]] | None:
+    """For a signature whose parameters are all positional-only or positional-or-keyword: their
+    names, and the trailing ones' defaults (name, default); None for any other signature."""
+    names: list[str] = []
+    defaults: list[tuple[str, Any]] = []
+    for param in signature.parameters.values():
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            return None
+        names.append(param.name)
+        if param.default is not param.empty:
+            defaults.append((param.name, param.default))
+    return tuple(names), tuple(defaults)
+
+
 def identity_digest(value: Any) -> str | None:
     """The SHA-256 of ``value``'s canonical form as compact JSON text, or None when it has none.
 
@@ -285,6 +301,7 @@ class StepWrapper(Generic[R]):
         # annotation names are the step's own declaration, as a handler's annotations are its.
         returns = hints.get("return", self._signature.return_annotation)
         self.result_types: tuple[type, ...] = tuple(value_classes(returns))
+        self._positional = _positional_shape(self._identity_signature)
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -295,7 +312,22 @@ class StepWrapper(Generic[R]):
         """The call's arguments by name, defaults applied, without the context parameter, and
         whether the caller passed the context itself (a graph handler may: it has no
         ``RunContext`` to inject). The arguments are bound as AF binds them, without the context
-        parameter; only a call that does not bind so is bound with it."""
+        parameter; only a call that does not bind so is bound with it.
+
+        A call of positional arguments only, of a function whose parameters (the context's
+        aside) are all positional (``_positional_shape``), and as many as they take, is bound by
+        zipping, which gives ``bind``'s mapping without ``bind``."""
+        shape = self._positional
+        if shape is not None and not kwargs:
+            names, defaults = shape
+            given_ = len(args)
+            if given_ == len(names):
+                return dict(zip(names, args, strict=True)), False
+            if len(names) - len(defaults) <= given_ < len(names):
+                arguments = dict(zip(names, args, strict=False))
+                for name, default in defaults[given_ - len(names) :]:
+                    arguments[name] = default
+                return arguments, False
         try:
             bound = self._identity_signature.bind(*args, **kwargs)
             given = False

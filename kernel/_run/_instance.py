@@ -11,7 +11,6 @@ Resuming, checkpointing or running a sub-workflow plugs in here: anything that i
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from kernel._log._fold import CommittedState, OpenRun
 from kernel._run._hooks import RunHooks
 from kernel._run._ledger import Ledger
 from kernel._store._eventstore import EventStore
+from kernel._store._group import Pending
 from kernel._store._lease import LeaseKeeper
 from kernel._store._owner import presumed_reason
 
@@ -152,16 +152,16 @@ class RunnerContext(Protocol):
         """
         ...
 
-    def append_commit(
-        self, batch: Sequence[EventBase], *, expected_version: int
-    ) -> asyncio.Future[Any] | None:
-        """``append`` for a superstep's commit batch, which may share a commit with other runs.
+    def append_commit(self, batch: Sequence[EventBase], *, expected_version: int) -> Pending | None:
+        """``append`` for a batch that may share a commit with other runs' (a superstep's commit
+        batch, a step's record).
 
         Either appends and folds at once, returning None (as ``append``), or queues the batch for
-        the store's group commit and returns a future that resolves once the batch is in the log
-        and folded (or fails with what the store raised). What the store can refuse without the
-        database (``EncodingError``, ``InvalidBatchError``) is raised here, before anything is
-        queued. The batch cannot be taken back once queued: cancelling the future changes nothing.
+        the store's group commit and returns its ``Pending``, whose future resolves once the batch
+        is in the log and folded (or fails with what the store raised). What the store can refuse
+        without the database (``EncodingError``, ``InvalidBatchError``) is raised here, before
+        anything is queued. The batch cannot be taken back once queued: cancelling the future
+        changes nothing.
         """
         ...
 
@@ -236,15 +236,13 @@ class InstanceContext:
     def origin_ledger(self, forked: InstanceForked) -> Ledger:
         return read_ledger(self.store, forked.origin_instance, upto=forked.origin_position)
 
-    def append_commit(
-        self, batch: Sequence[EventBase], *, expected_version: int
-    ) -> asyncio.Future[Any] | None:
+    def append_commit(self, batch: Sequence[EventBase], *, expected_version: int) -> Pending | None:
         store = self.store
         if not store.shares_commits:
             self.append(batch, expected_version=expected_version)
             return None
         prepared = store.prepare(self.instance_id, batch, expected_version=expected_version)
-        return store.group_committer().submit(prepared, lambda: self._fold(batch))
+        return store.group_committer().enqueue(prepared, lambda: self._fold(batch))
 
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         # Folded only once appended: a refused batch leaves the view as it was, a true fold of the

@@ -530,17 +530,17 @@ class Run:
     def _cancel_reason(self) -> AbortReason | None:
         return self.cancel_reason
 
-    def _append_now(
+    async def _append_now(
         self, cls: type[EventBase], data: dict[str, Any], superstep_id: str
     ) -> int | None:
         """Append an event of superstep ``superstep_id`` at once, with what the run buffered
-        before it (durable now, whatever the durability); its position, or None when the
-        superstep's closing is logged already (nothing more of it may be appended). If the store
-        refuses, its error is raised, and what was buffered stays buffered
-        (``RunLog.append_now``)."""
+        before it (durable when this returns, whatever the durability; through the store's group
+        commit where it has one); its position, or None when the superstep's closing is logged
+        already (nothing more of it may be appended). If the store refuses, its error is raised,
+        and what was buffered stays buffered (``RunLog.append_now``)."""
         if self.finished or self._open_superstep_id != superstep_id:
             return None
-        return self.writer.append_now(cls, data)
+        return await self.writer.append_now(cls, data)
 
     async def _emit_committed(self, step: Superstep) -> None:
         """A committed superstep's outputs (``output`` or ``intermediate``, as designated; hidden

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -192,7 +192,8 @@ class StepsHost:
     """The ``StepHost`` of one executor's invocations in one superstep.
 
     ``append_now(data)`` appends a ``StepRecorded`` (``data``: its fields but position and time)
-    at once, with what the superstep buffered before it, and returns its position (None once the
+    at once, with what the superstep buffered before it, and gives its position once it is
+    durable (awaited: through the store's group commit where it has one; None once the
     superstep's commit batch is sealed or its closing is in the log: nothing more of it may be
     appended). ``live`` is the instance's ``live_steps``: None, or the only steps a call without a
     record may run.
@@ -225,7 +226,7 @@ class StepsHost:
         executor_id: str,
         scope: StepScope,
         book: StepBook,
-        append_now: Callable[[dict[str, Any]], int | None],
+        append_now: Callable[[dict[str, Any]], Awaitable[int | None]],
         emit: Emit,
         codec: ValueCodec,
         live: frozenset[str] | None = None,
@@ -397,7 +398,7 @@ class StepsHost:
             "reused": None,
             "auto_request_ids": call.auto_request_ids,
         }
-        position = self._append_now(data)
+        position = await self._append_now(data)
         step = self._step
         if position is None:
             if unstorable is not None:

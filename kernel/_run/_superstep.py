@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -70,7 +70,8 @@ class RunScope:
     and time). ``cancel_reason()`` is why the run is being cancelled, if it is (None: by its
     caller). ``hooks`` are the run's hooks (None: none). ``append_now(cls, data, superstep_id)``
     appends an event at once (with what is buffered before it) while that superstep is open in the
-    log, and returns its position (None once its closing is logged); ``steps`` is the book of the
+    log, and returns (an awaitable of) its position once it is durable (None once its closing is
+    logged); ``steps`` is the book of the
     lineage's recorded steps, and ``emit`` hands the stream an event.
     """
 
@@ -83,7 +84,7 @@ class RunScope:
     record: Callable[[type[EventBase], dict[str, Any]], None]
     head: Callable[[type[EventBase], str], dict[str, Any]]
     cancel_reason: Callable[[], AbortReason | None]
-    append_now: Callable[[type[EventBase], dict[str, Any], str], int | None]
+    append_now: Callable[[type[EventBase], dict[str, Any], str], Awaitable[int | None]]
     steps: StepBook
     emit: Any
 
@@ -171,10 +172,10 @@ class Superstep:
         run = self._scope
         superstep_id = self.superstep_id
 
-        def append_now(data: dict[str, Any]) -> int | None:
+        async def append_now(data: dict[str, Any]) -> int | None:
             if self.outcome is SuperstepOutcome.COMMITTED:
                 return None  # its commit batch is sealed, and may be on its way to the store
-            return run.append_now(StepRecorded, data, superstep_id)
+            return await run.append_now(StepRecorded, data, superstep_id)
 
         live = run.instance.live_steps
         return StepsHost(

@@ -28,7 +28,7 @@ from typing import Protocol
 from kernel._base._errors import ConcurrencyConflictError, StoreUnavailableError
 from kernel._store._records import Prepared
 
-__all__ = ["Appender", "GroupCommitter"]
+__all__ = ["Appender", "GroupCommitter", "Pending"]
 
 
 class Appender(Protocol):
@@ -47,14 +47,29 @@ IDLE_SECONDS = 0.5
 """How long the committer thread waits for a batch before it ends."""
 
 
-@dataclass(slots=True)
-class _Waiting:
-    """A batch in the queue: where to answer, and what to run first on the caller's loop."""
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A batch in the queue: where to answer, and what to run first on the caller's loop.
+
+    ``future`` is answered on the caller's loop. ``settle_now`` is for a caller on that loop that
+    cannot await (a run closing itself from synchronous code): it blocks until the committer has
+    decided the batch, and answers ``future`` at once, so that what follows is appended after it.
+    """
 
     batch: Prepared
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[int]]
     landed: Callable[[], None]
+    decided: threading.Condition
+    """Notified (all) by the committer after each round; ``outcome`` is set under it."""
+    outcome: list[int] | BaseException | None = None
+
+    def settle_now(self) -> None:
+        """Wait (blocking) for the batch's outcome and answer ``future`` with it."""
+        with self.decided:
+            self.decided.wait_for(lambda: self.outcome is not None)
+        assert self.outcome is not None
+        _settle(self, self.outcome)
 
 
 class GroupCommitter:
@@ -69,8 +84,9 @@ class GroupCommitter:
     def __init__(self, store: Appender) -> None:
         self._store = weakref.ref(store)
         self._url = store.url
-        self._queue: list[_Waiting] = []
+        self._queue: list[Pending] = []
         self._ready = threading.Condition()
+        self._decided = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.rounds = 0
@@ -81,7 +97,12 @@ class GroupCommitter:
     def submit(
         self, batch: Prepared, landed: Callable[[], None] = lambda: None
     ) -> asyncio.Future[list[int]]:
-        """Queue ``batch``; a future (of the running loop) for its global positions.
+        """``enqueue``'s future."""
+        return self.enqueue(batch, landed).future
+
+    def enqueue(self, batch: Prepared, landed: Callable[[], None] = lambda: None) -> Pending:
+        """Queue ``batch``; its ``Pending``, whose future (of the running loop) is answered with
+        its global positions.
 
         ``landed`` runs on the caller's loop once the batch is in the log, before the future is
         resolved. The future fails with the batch's ``ConcurrencyConflictError`` or the store's
@@ -93,14 +114,15 @@ class GroupCommitter:
         with self._ready:
             if self._closed:
                 raise StoreUnavailableError(f"cannot append: the store {self._url} is closed")
-            self._queue.append(_Waiting(batch, loop, future, landed))
+            pending = Pending(batch, loop, future, landed, self._decided)
+            self._queue.append(pending)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._commit_rounds, name="steplog-group-commit", daemon=True
                 )
                 self._thread.start()
             self._ready.notify()
-        return future
+        return pending
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
@@ -137,13 +159,17 @@ class GroupCommitter:
             del store
             self.rounds += 1
             self.batches += len(waiting)
+            with self._decided:
+                for entry, outcome in zip(waiting, outcomes, strict=True):
+                    entry.outcome = outcome
+                self._decided.notify_all()
             for entry, outcome in zip(waiting, outcomes, strict=True):
                 # A closed loop raises RuntimeError: nobody is waiting there any more.
                 with contextlib.suppress(RuntimeError):
                     entry.loop.call_soon_threadsafe(_settle, entry, outcome)
 
 
-def _settle(entry: _Waiting, outcome: list[int] | BaseException) -> None:
+def _settle(entry: Pending, outcome: list[int] | BaseException) -> None:
     """On the caller's loop: run ``landed`` for a batch that is in the log, then answer."""
     if entry.future.done():
         return

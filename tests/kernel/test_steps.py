@@ -1139,7 +1139,15 @@ async def test_a_record_the_store_refuses_loses_none_of_the_writes_staged_before
             raise refusals.pop()
         append(self, batch, expected_version=expected_version)
 
+    append_commit = _instance.InstanceContext.append_commit
+
+    def refusing_commit(self: Any, batch: Any, *, expected_version: int) -> Any:
+        if refusals and any(event.type == "step_recorded" for event in batch):
+            raise refusals.pop()  # a record goes through the group commit where there is one
+        return append_commit(self, batch, expected_version=expected_version)
+
     monkeypatch.setattr(_instance.InstanceContext, "append", refusing)
+    monkeypatch.setattr(_instance.InstanceContext, "append_commit", refusing_commit)
 
     class Careful(Executor):
         @handler
