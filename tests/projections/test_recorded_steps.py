@@ -13,6 +13,7 @@ import pytest
 from kernel import (
     EventBase,
     EventStore,
+    LogIntegrityError,
     StepRecorded,
     SuperstepAborted,
     counter_ids,
@@ -85,14 +86,15 @@ def test_each_step_carries_its_supersteps_verdict_and_a_served_call_its_origin(m
     assert sent.result == "sent to ann@example.com"
 
 
-def test_a_served_call_whose_position_holds_no_step_record_says_so(mailed) -> None:
+def test_a_served_call_whose_position_holds_no_step_record_is_refused(mailed) -> None:
+    """Its origin neither given nor among the records: the same refusal as a forged pointer's
+    (``StepRecorded.origin_in``), never a served call shown without what it was served."""
     store, _, _ = mailed
     events = store.read(MAIL)
     served = next(e for e in events if isinstance(e, StepRecorded) and e.reused is not None)
-    (step,) = recorded_steps([served], {})  # its origin not given, nor among the records
-    assert (step.served, step.origin, step.origin_run, step.result) == (True, None, None, None)
-    assert (step.index, step.verdict) == (None, "open")  # no superstep record: no marker known
-    assert step.to_row()["reused"] == {"position": served.reused, "run_id": None}
+    with pytest.raises(LogIntegrityError, match="holds no recorded result of that call") as error:
+        recorded_steps([served], {})
+    assert (error.value.position, error.value.kind) == (served.position, "reused")
 
 
 def test_a_step_is_redacted_by_its_name_its_origin_too(mailed) -> None:
