@@ -520,9 +520,11 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        arguments: dict[str, Any] | None = None,
     ) -> ev.StepRecorded:
         """``StepRecorded``: a recorded step ``name`` called by the executor last invoked
-        (``key`` defaults to the name; ``lineage`` to the run)."""
+        (``key`` defaults to the name; ``lineage`` to the run; ``arguments``, encoded, as a step
+        that records its arguments records them)."""
         fields = self._by(executor_id, superstep, run)
         fields.update(
             name=name,
@@ -538,6 +540,7 @@ class LogBuilder:
             duration=duration,
             usage=usage,
             reused=reused,
+            arguments=None if arguments is None else self._encode(arguments, "a step's arguments"),
         )
         return self._emit(ev.StepRecorded, fields)
 

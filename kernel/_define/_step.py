@@ -143,6 +143,10 @@ class StepCall:
     auto_request_ids: int = 0
     """How many automatic request ids the call used (a functional workflow counts them before
     ``finished``); set by ``lookup`` from the record when the call is served."""
+    arguments: dict[str, Any] | None = None
+    """For a step that records its arguments (``record_arguments``), set when the call is about
+    to run: its bound arguments, defaults applied, without its ``RunContext`` parameter; the
+    host's ``started`` puts their wire form (through the codec) in their place."""
 
 
 class StepHost(Protocol):
@@ -217,6 +221,7 @@ class StepWrapper(Generic[R]):
     ``name`` names it in the log (the function's ``__name__`` by default). A parameter annotated
     ``RunContext`` (or named ``ctx``) receives the run's context, and is no part of the call's
     identity. ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
+    ``record_arguments`` records each call's bound arguments beside its result (see ``step``).
     """
 
     def __init__(
@@ -226,6 +231,7 @@ class StepWrapper(Generic[R]):
         name: str | None = None,
         replay_key: Callable[..., str] | None = None,
         after_failure: AfterFailure = "reuse",
+        record_arguments: bool = False,
     ) -> None:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
@@ -236,11 +242,16 @@ class StepWrapper(Generic[R]):
             raise DefinitionError(
                 f"@step after_failure must be 'reuse' or 'rerun', got {after_failure!r}"
             )
+        if type(record_arguments) is not bool:
+            raise DefinitionError(
+                f"@step record_arguments must be True or False, got {record_arguments!r}"
+            )
         if name is not None and (not isinstance(name, str) or not name):
             raise DefinitionError(f"@step name must be a non-empty string, got {name!r}")
         self._func = func
         self.name: str = name or func.__name__
         self.after_failure: AfterFailure = after_failure
+        self.record_arguments = record_arguments
         self._replay_key = replay_key
         self._signature = inspect.signature(func)
         functools.update_wrapper(self, func)
@@ -264,15 +275,19 @@ class StepWrapper(Generic[R]):
             return self
         return functools.partial(self.__call__, instance)
 
-    def _identity(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Identity, str | None]:
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied, without the context."""
         named = kwargs
         if self._ctx_param is not None and self._ctx_param in kwargs:  # the context, given by hand
             named = {k: v for k, v in kwargs.items() if k != self._ctx_param}
         bound = self._identity_signature.bind(*args, **named)
         bound.apply_defaults()
-        arguments = bound.arguments
+        return bound.arguments
+
+    def _identity(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Identity, str | None]:
+        arguments = self._bound(args, kwargs)
         digest = identity_digest(arguments) if arguments else None
         if self._replay_key is not None:
             explicit = self._replay_key(*args, **kwargs)
@@ -320,6 +335,8 @@ class StepWrapper(Generic[R]):
         if found:
             await host.served(call, value)
             return typing.cast(R, value)
+        if self.record_arguments:
+            call.arguments = self._bound(args, kwargs)
         if self._ctx_param is not None and self._ctx_param not in kwargs:
             run_ctx = getattr(host, "run_context", None)
             args, kwargs = self._with_ctx(args, kwargs, run_ctx)
@@ -353,6 +370,7 @@ def step(
     name: str | None = None,
     replay_key: Callable[..., str] | None = None,
     after_failure: AfterFailure = "reuse",
+    record_arguments: bool = False,
 ) -> Callable[[Callable[..., Awaitable[R]]], StepWrapper[R]]: ...
 
 
@@ -363,6 +381,7 @@ def step(
     name: str | None = None,
     replay_key: Callable[..., str] | None = None,
     after_failure: AfterFailure = "reuse",
+    record_arguments: bool = False,
 ) -> StepWrapper[Any] | Callable[[Callable[..., Awaitable[Any]]], StepWrapper[Any]]:
     """Mark an async function as a recorded step: ``@step`` or ``@step(name=..., ...)``.
 
@@ -379,12 +398,25 @@ def step(
     the recorded call (``"reuse"``, the default, or ``"rerun"``); see docs/recovery.md. Inside a
     step, ``step_key()`` is its idempotency key. Raises ``TypeError`` for a function that is not
     async.
+
+    With ``record_arguments=True`` each call that runs also records what it was called with
+    (``StepRecorded.arguments``: its bound arguments, defaults applied, without its
+    ``RunContext`` parameter, through the codec, taken before it runs), so that a reader can
+    show them; a call served from the log records none. Off by default: arguments may be large
+    or secret, and their digest is the call's identity either way. A call whose arguments the
+    codec cannot store does not run: it raises ``EncodingError``, recorded as its error.
     """
+    options: dict[str, Any] = {
+        "name": name,
+        "replay_key": replay_key,
+        "after_failure": after_failure,
+        "record_arguments": record_arguments,
+    }
     if func is not None:
-        return StepWrapper(func, name=name, replay_key=replay_key, after_failure=after_failure)
+        return StepWrapper(func, **options)
 
     def decorate(fn: Callable[..., Awaitable[Any]]) -> StepWrapper[Any]:
-        return StepWrapper(fn, name=name, replay_key=replay_key, after_failure=after_failure)
+        return StepWrapper(fn, **options)
 
     return decorate
 

@@ -305,7 +305,9 @@ class StepsHost:
 
     async def started(self, call: StepCall) -> None:
         """Tell the stream the call runs; or, when the instance does not let a call without a
-        record run (``live_steps``: a rerun's), record the refusal as its error and raise it."""
+        record run (``live_steps``: a rerun's), record the refusal as its error and raise it.
+        A call's ``arguments`` (a step that records them) are encoded here, before it runs:
+        ``EncodingError`` when the codec cannot store them, recorded as its error, and raised."""
         live = self._live
         if live is not None and call.name not in live:
             refused = ExecutionError(
@@ -317,6 +319,16 @@ class StepsHost:
             call.started = time.perf_counter()
             await self.finished(call, None, refused)
             raise refused
+        if call.arguments is not None:
+            try:
+                call.arguments = self._codec.encode(
+                    call.arguments, what=f"the arguments of step {call.name!r}"
+                )
+            except EncodingError as unstorable:  # it does not run: recorded, never silently
+                call.arguments = None
+                call.started = time.perf_counter()
+                await self.finished(call, None, unstorable)
+                raise
         if call.args or call.kwargs:
             await self._tell(
                 "executor_invoked", call.name, {"args": call.args, "kwargs": call.kwargs}
@@ -343,6 +355,7 @@ class StepsHost:
             "usage": dict(call.usage) or None,
             "reused": None,
             "auto_request_ids": call.auto_request_ids,
+            "arguments": call.arguments,
         }
         position = self._append_now(data)
         step = self._step
