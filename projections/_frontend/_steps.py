@@ -136,10 +136,11 @@ _TAGGED_OBJECTS = frozenset({"object", "model", "dataclass"})
 
 def _messages(value: Any) -> list[dict[str, Any]] | None:
     """``value`` as a list of messages' fields (a message, a list of messages, or a response
-    holding ``messages``), or None when it is not a conversation."""
+    holding ``messages``: its ``type`` says ``..._response``, as AF's ``ChatResponse`` and
+    ``AgentResponse`` do), or None when it is not a conversation."""
     value = _fields(value)
-    if type(value) is dict and "messages" in value and "role" not in value:
-        value = value["messages"]
+    if type(value) is dict and str(value.get("type", "")).endswith("_response"):
+        value = value.get("messages")
     items = [_fields(item) for item in value] if type(value) is list else [value]
     if not items or not all(
         type(item) is dict and type(item.get("role")) is str and type(item.get("contents")) is list
@@ -170,15 +171,17 @@ def _content_text(content: Any) -> str:
 
 def conversation_text(value: Any) -> str | None:
     """``value`` as a conversation to read, one message a line (``user: Book a seat``; a tool
-    call as ``assistant: calls hold_seat({"flight":"TP123"}) [call-2]``), or None when it holds
-    no messages. Not escaped: ``result_text`` escapes what it returns."""
+    call as ``assistant: calls hold_seat({"flight":"TP123"}) [call-2]``; a text's own line
+    breaks kept, the lines after the first indented, so that no text passes for a message), or
+    None when it holds no messages. Not escaped: ``result_text`` escapes what it returns."""
     messages = _messages(value)
     if messages is None:
         return None
     lines = []
     for message in messages:
         parts = [_content_text(content) for content in message["contents"]]
-        lines.append(f"{message['role']}: {' '.join(parts)}")
+        text = " ".join(parts).replace("\n", "\n  ")  # its own lines indented: never a message
+        lines.append(f"{message['role']}: {text}")
     return "\n".join(lines)
 
 
