@@ -7,15 +7,18 @@ Framework's name, constructor and handlers, and takes and sends AF's own ``Agent
 and ``AgentExecutorResponse``; what differs is where the turn's work and the agent's memory are
 kept:
 
-* **Each model call is a step** (``model_call``): the chat client's ``ChatResponse`` is recorded
-  in the log when the call returns, with its token usage (``StepRecorded.usage``:
-  ``input_tokens``, ``output_tokens``, ``total_tokens``, ...). A call is identified by its
-  position among the model calls of the executor's invocations in the superstep: the n-th call of
-  a retried turn is served the n-th recorded response, so a resumed turn pays for no call it made
-  before (everything the call's prompt is built from was served or restored identically).
-* **Each tool call is a step** named after the tool, identified by the model's ``call_id`` and
-  the call's arguments: a resumed turn is served the results of the tools that finished and runs
-  only the others. Inside a tool, ``kernel.step_key()`` is the call's idempotency key.
+* **Each model call is a step** (``model_call``): the chat client's ``ChatResponse`` is recorded in
+  the log when the call returns, with its token usage (``StepRecorded.usage``: ``input_tokens``,
+  ``output_tokens``, ``total_tokens``, ...), and its prompt (``StepRecorded.arguments``:
+  ``messages``, the messages sent, and ``options``, the chat options as ``prompt_options`` shows
+  them), so that a reader can show what was asked. A call is identified by its position among the
+  model calls of the executor's invocations in the superstep: the n-th call of a retried turn is
+  served the n-th recorded response, so a resumed turn pays for no call it made before (everything
+  the call's prompt is built from was served or restored identically).
+* **Each tool call is a step** named after the tool, identified by the model's ``call_id`` and the
+  call's arguments (both recorded, ``StepRecorded.arguments``): a resumed turn is served the results
+  of the tools that finished and runs only the others. Inside a tool, ``kernel.step_key()`` is the
+  call's idempotency key.
 * **The conversation is state**: the agent's session (its history), the messages waiting for the
   next turn and the last full conversation are kept under the state key ``agent:<executor id>``,
   written with ``ctx.set_state`` when the turn ends. It counts only if the superstep commits, so
@@ -83,6 +86,7 @@ __all__ = [
     "AgentExecutor",
     "AgentExecutorRequest",
     "AgentExecutorResponse",
+    "prompt_options",
     "usage_counts",
 ]
 
@@ -119,6 +123,41 @@ def _report(details: Mapping[str, Any] | None) -> None:
 # -- what a step records, and what is rebuilt from it ------------------------------------------
 
 
+def prompt_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A model call's chat options as its record shows them (``StepRecorded.arguments``): the
+    tools by name, a response format that is a class by its name, every other option as given
+    when it is plain JSON (text, numbers, booleans, None, lists and text-keyed objects of them),
+    else as ``"<TypeName>"``: never dropped, never an object the codec would refuse."""
+    shown: dict[str, Any] = {}
+    for name, value in (options or {}).items():
+        if name == "tools" and isinstance(value, Sequence) and not isinstance(value, str):
+            shown[name] = [_tool_name(tool) for tool in value]
+        elif name == "response_format" and isinstance(value, type):
+            shown[name] = value.__name__
+        else:
+            shown[name] = value if _plain(value) else f"<{type(value).__name__}>"
+    return shown
+
+
+def _tool_name(tool: Any) -> str:
+    if isinstance(tool, Mapping):
+        found = tool.get("name") or (tool.get("function") or {}).get("name")
+    else:
+        found = getattr(tool, "name", None) or getattr(tool, "__name__", None)
+    return found if isinstance(found, str) else f"<{type(tool).__name__}>"
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain JSON (a tree of text, numbers, booleans and None)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return True
+    if type(value) in (list, tuple):
+        return all(_plain(item) for item in value)
+    if type(value) is dict:
+        return all(type(key) is str and _plain(item) for key, item in value.items())
+    return False
+
+
 def _tool_record(result: Any) -> dict[str, Any]:
     """A tool's result as recorded: its contents' ``to_dict()``, or the value itself (a tool
     that skips AF's result parsing), which the codec must be able to store."""
@@ -146,13 +185,15 @@ def _arguments_text(arguments: BaseModel | Mapping[str, Any] | None) -> str:
 
 class _RecordedModelCalls(ChatMiddleware):
     """Chat middleware that makes each model call a recorded step (``model_call``): what is
-    recorded is the call's ``ChatResponse``, streamed or not. A streamed call is consumed inside
-    its step and handed on as the response's updates, one per message."""
+    recorded is the call's ``ChatResponse``, streamed or not, and its prompt (the messages and
+    the options, as its arguments: ``Message`` objects, so the call is identified by its order).
+    A streamed call is consumed inside its step and handed on as the response's updates, one
+    per message."""
 
     async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
         live: list[ChatResponse] = []
 
-        async def model_call() -> dict[str, Any]:
+        async def model_call(messages: list[Message], options: dict[str, Any]) -> dict[str, Any]:
             await call_next()
             if context.stream:
                 stream = cast(ResponseStream[ChatResponseUpdate, ChatResponse], context.result)
@@ -165,7 +206,8 @@ class _RecordedModelCalls(ChatMiddleware):
             _report(response.usage_details)
             return response.to_dict()
 
-        recorded = await step(name=MODEL_CALL)(model_call)()
+        prompt = list(context.messages), prompt_options(context.options)
+        recorded = await step(name=MODEL_CALL, record_arguments=True)(model_call)(*prompt)
         response = live[0] if live else ChatResponse.from_dict(recorded)
         if context.stream:
             updates = response.to_updates()
@@ -193,7 +235,7 @@ class _RecordedToolCalls(FunctionMiddleware):
             return _tool_record(context.result)
 
         call_id = str(context.metadata.get("call_id", ""))
-        recorded = step(name=context.function.name)(tool_call)
+        recorded = step(name=context.function.name, record_arguments=True)(tool_call)
         try:
             record = await recorded(call_id, _arguments_text(context.arguments))
         except EncodingError as unstorable:

@@ -540,12 +540,14 @@ class LogBuilder:
         executor_id: str | None = None,
         superstep: str | None = None,
         run: str | None = None,
+        arguments: dict[str, Any] | None = None,
     ) -> ev.StepRecorded:
         """``StepRecorded``: a call of step ``name`` by the executor last invoked returned
         ``result`` (or raised ``error``; or was served the record at position ``reused``).
         ``key`` defaults to the key of the ``call``-th call of a step without arguments'
         identity, ``lineage`` to the superstep's run, and the idempotency key is derived from
-        them as the runner derives it for a lineage-wide call."""
+        them as the runner derives it for a lineage-wide call. ``arguments`` are encoded, as a
+        step that records its arguments (``record_arguments``) records them."""
         fields = self._by(executor_id, superstep, run)
         key = key if key is not None else orjson.dumps(["order", name, "", call]).decode()
         lineage = lineage if lineage is not None else fields["run_id"]
@@ -561,6 +563,7 @@ class LogBuilder:
             duration=duration,
             usage=usage,
             reused=reused,
+            arguments=None if arguments is None else self._encode(arguments, "a step's arguments"),
         )
         return self._emit(ev.StepRecorded, fields)
 

@@ -176,6 +176,10 @@ class StepCall:
     ``finished``); set by ``lookup`` from the record when the call is served."""
     result_types: tuple[type, ...] = ()
     """The classes the step's return annotation names: a served result is rebuilt as them."""
+    arguments: dict[str, Any] | None = None
+    """For a step that records its arguments (``record_arguments``), set when the call is about
+    to run: its bound arguments, defaults applied, without its ``RunContext`` parameter; the
+    host's ``started`` puts their wire form (through the codec) in their place."""
 
 
 class StepHost(Protocol):
@@ -254,6 +258,7 @@ class StepWrapper(Generic[R]):
     has none to inject: it may pass its own (by keyword or in its place), else the parameter's
     default applies (none: Python's ``TypeError`` for the missing argument, never a silent
     None). ``after_failure`` is the retry policy after a failed handler (``AfterFailure``).
+    ``record_arguments`` records each call's bound arguments beside its result (see ``step``).
     """
 
     def __init__(
@@ -263,6 +268,7 @@ class StepWrapper(Generic[R]):
         name: str | None = None,
         replay_key: Callable[..., str] | None = None,
         after_failure: AfterFailure = "reuse",
+        record_arguments: bool = False,
     ) -> None:
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
@@ -273,6 +279,10 @@ class StepWrapper(Generic[R]):
             raise DefinitionError(
                 f"@step after_failure must be 'reuse' or 'rerun', got {after_failure!r}"
             )
+        if type(record_arguments) is not bool:
+            raise DefinitionError(
+                f"@step record_arguments must be True or False, got {record_arguments!r}"
+            )
         if name is not None and (not isinstance(name, str) or not name):
             raise DefinitionError(f"@step name must be a non-empty string, got {name!r}")
         if name is not None:
@@ -280,6 +290,7 @@ class StepWrapper(Generic[R]):
         self._func = func
         self.name: str = name or func.__name__
         self.after_failure: AfterFailure = after_failure
+        self.record_arguments = record_arguments
         self._replay_key = replay_key
         self._signature = inspect.signature(func)
         functools.update_wrapper(self, func)
@@ -400,6 +411,8 @@ class StepWrapper(Generic[R]):
         if found:
             await host.served(call, value)
             return typing.cast(R, value)
+        if self.record_arguments:
+            call.arguments = dict(arguments)
         run_ctx = getattr(host, "run_context", None)
         if self._ctx_param is not None and not ctx_given and run_ctx is not None:
             args, kwargs = self._with_ctx(args, kwargs, run_ctx)
@@ -433,6 +446,7 @@ def step(
     name: str | None = None,
     replay_key: Callable[..., str] | None = None,
     after_failure: AfterFailure = "reuse",
+    record_arguments: bool = False,
 ) -> Callable[[Callable[..., Awaitable[R]]], StepWrapper[R]]: ...
 
 
@@ -443,6 +457,7 @@ def step(
     name: str | None = None,
     replay_key: Callable[..., str] | None = None,
     after_failure: AfterFailure = "reuse",
+    record_arguments: bool = False,
 ) -> StepWrapper[Any] | Callable[[Callable[..., Awaitable[Any]]], StepWrapper[Any]]:
     """Mark an async function as a recorded step: ``@step`` or ``@step(name=..., ...)``.
 
@@ -459,12 +474,25 @@ def step(
     the recorded call (``"reuse"``, the default, or ``"rerun"``); see docs/recovery.md. Inside a
     step, ``step_key()`` is its idempotency key. Raises ``TypeError`` for a function that is not
     async.
+
+    With ``record_arguments=True`` each call that runs also records what it was called with
+    (``StepRecorded.arguments``: its bound arguments, defaults applied, without its
+    ``RunContext`` parameter, through the codec, taken before it runs), so that a reader can
+    show them; a call served from the log records none. Off by default: arguments may be large
+    or secret, and their digest is the call's identity either way. A call whose arguments the
+    codec cannot store does not run: it raises ``EncodingError``, recorded as its error.
     """
+    options: dict[str, Any] = {
+        "name": name,
+        "replay_key": replay_key,
+        "after_failure": after_failure,
+        "record_arguments": record_arguments,
+    }
     if func is not None:
-        return StepWrapper(func, name=name, replay_key=replay_key, after_failure=after_failure)
+        return StepWrapper(func, **options)
 
     def decorate(fn: Callable[..., Awaitable[Any]]) -> StepWrapper[Any]:
-        return StepWrapper(fn, name=name, replay_key=replay_key, after_failure=after_failure)
+        return StepWrapper(fn, **options)
 
     return decorate
 

@@ -334,7 +334,10 @@ class StepRecorded(SuperstepEvent):
     result when this call was served from the log: the stream position of the record it reused.
     ``auto_request_ids`` counts the automatic request ids (a functional workflow's ``auto::N``)
     the call used: a served call moves the count on by as many, as running it would (0 in graph
-    handlers).
+    handlers). ``arguments`` is what the call was called with, only for a step that opted in
+    (``@step(record_arguments=True)``): its bound arguments, defaults applied, without its
+    ``RunContext`` parameter, as a JSON object through the codec (None otherwise, and for a
+    served call: its arguments are the record's it reused). The digest stays its identity.
     """
 
     type: Literal["step_recorded"] = "step_recorded"
@@ -376,6 +379,7 @@ class StepRecorded(SuperstepEvent):
         return found
 
     auto_request_ids: int = Field(default=0, ge=0)
+    arguments: Json = None
 
 
 class SuperstepCommitted(SuperstepEvent):

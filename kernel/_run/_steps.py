@@ -352,7 +352,9 @@ class StepsHost:
         record run (``live_steps``: a rerun's), record the refusal as its error and raise it.
         Then refuse the call if its superstep closed while the stream's consumer took its time
         (the step has not run: ``StateWriteRejectedError``, told to the stream as the call's
-        failure)."""
+        failure). A call's ``arguments`` (a step that records them) are encoded here, before it
+        runs: ``EncodingError`` when the codec cannot store them, recorded as its error, and
+        raised."""
         live = self._live
         if live is not None and call.name not in live:
             refused = ExecutionError(
@@ -364,6 +366,16 @@ class StepsHost:
             call.started = time.perf_counter()
             await self.finished(call, None, refused)
             raise refused
+        if call.arguments is not None:
+            try:
+                call.arguments = self._codec.encode(
+                    call.arguments, what=f"the arguments of step {call.name!r}"
+                )
+            except EncodingError as unstorable:  # it does not run: recorded, never silently
+                call.arguments = None
+                call.started = time.perf_counter()
+                await self.finished(call, None, unstorable)
+                raise
         if call.args or call.kwargs:
             await self._tell(
                 "executor_invoked", call.name, {"args": call.args, "kwargs": call.kwargs}
@@ -397,6 +409,7 @@ class StepsHost:
             "usage": dict(call.usage) or None,
             "reused": None,
             "auto_request_ids": call.auto_request_ids,
+            "arguments": call.arguments,
         }
         position = await self._append_now(data)
         step = self._step

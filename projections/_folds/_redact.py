@@ -22,14 +22,15 @@ two points (a diff lists it as changed, with both values redacted). Only state v
 redacted, and the results of recorded steps: run inputs, messages, outputs, request data and
 error messages are not state keys.
 
-**Recorded steps** (``StepRecorded``) are matched by their step's *name*, against the same
-patterns by the same rule (exact or ``fnmatch`` glob, case-sensitive): a step named like a
-sensitive key has its result redacted wherever a key's value would be (``steplog steps``,
-``show``, ``log``, the UI), and a call served from the log shows its origin's result, redacted
-by the same name. Declaring ``sensitive_keys=["call_model"]`` hides what ``@step call_model``
-returned; everything else about the call stays visible (executor, superstep and verdict,
-duration, token counts, error, whether it was served and from which run), as a sensitive key's
-writes stay listed. A step's arguments are never in the log (only their digest).
+**Recorded steps** (``StepRecorded``) are matched by their step's *name*, against the same patterns
+by the same rule (exact or ``fnmatch`` glob, case-sensitive): a step named like a sensitive key has
+its result and its recorded arguments redacted wherever a key's value would be (``steplog steps``,
+``show``, ``log``, ``replay``, the UI), and a call served from the log shows its origin's result and
+arguments, redacted by the same name. Declaring ``sensitive_keys=["call_model"]`` hides what ``@step
+call_model`` returned; everything else about the call stays visible (executor, superstep and
+verdict, duration, token counts, error, whether it was served and from which run), as a sensitive
+key's writes stay listed. A step's arguments are in the log only when it records them
+(``@step(record_arguments=True)``; else only their digest), and are redacted like its result.
 
 Example::
 
@@ -188,9 +189,10 @@ class SensitiveKeys:
 
     def event(self, event: E) -> E:
         """``event`` with sensitive values redacted: a ``StateStaged`` value, the values a fork
-        started with (``InstanceForked.values``), or the result of a recorded step whose name is
-        sensitive (``StepRecorded.result``; a served call's record holds none, a failed call's
-        has its error instead). Other events are returned as they are."""
+        started with (``InstanceForked.values``), or the result and recorded arguments of a
+        recorded step whose name is sensitive (``StepRecorded.result``: a served call's record
+        holds none, a failed call's has its error instead; ``StepRecorded.arguments``). Other
+        events are returned as they are."""
         if not self:
             return event
         if isinstance(event, StateStaged):
@@ -198,9 +200,14 @@ class SensitiveKeys:
                 return event
             return event.model_copy(update={"value": _marker()})
         if isinstance(event, StepRecorded):
-            if event.reused is not None or event.error is not None or event.name not in self:
+            if event.name not in self:
                 return event
-            return event.model_copy(update={"result": _marker()})
+            update: dict[str, Any] = {}
+            if event.reused is None and event.error is None:
+                update["result"] = _marker()
+            if event.arguments is not None:
+                update["arguments"] = _marker()
+            return event.model_copy(update=update) if update else event
         if isinstance(event, InstanceForked) and any(key in self for key in event.values):
             return event.model_copy(update={"values": self.values(event.values)})
         return event

@@ -61,6 +61,14 @@ class RecordedStep:
         return None if self.origin is None else self.origin.result
 
     @property
+    def arguments(self) -> Any:
+        """What the call was called with, as a wire JSON object, when its step records its
+        arguments (None otherwise): its own record's, or for a served call its origin's."""
+        if self.record.reused is None:
+            return self.record.arguments
+        return None if self.origin is None else self.origin.arguments
+
+    @property
     def origin_run(self) -> str | None:
         """For a served call, the run that first recorded it (None when not served, or when the
         position it names holds no step record)."""
@@ -85,6 +93,7 @@ class RecordedStep:
             "step_key": record.step_key,
             "lineage": record.lineage,
             "digest": record.digest,
+            "arguments": self.arguments,
             "result": self.result,
             "error": None if record.error is None else record.error.model_dump(mode="json"),
             "duration": record.duration,

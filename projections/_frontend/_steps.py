@@ -2,8 +2,15 @@
 call reused found where they are), redacted by the instance's rule, and said as text.
 
 The verdict beside each step is its superstep's in the run history (``RecordedStep``); what is
-redacted is ``SensitiveKeys``' rule (a step's result, matched by the step's name). A step's
-arguments are not in the log, only their digest: that is what is shown of them.
+redacted is ``SensitiveKeys``' rule (a step's arguments and result, matched by the step's
+name). A step's arguments are in the log only when it records them
+(``@step(record_arguments=True)``); otherwise their digest is what is shown of them.
+
+Values are shown as text to read, escaped (``visible``): a conversation (Agent Framework's
+``Message``, a list of them, or a response holding ``messages``: a model call's prompt and
+answer) as one line per message, its role and its text (a tool call and a tool result said in
+words), whether the codec stored the messages as tagged objects (``{"$t": "object", ...}``) or
+as their plain fields; anything else as a string or indented JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from projections._frontend._safe import visible
 __all__ = [
     "RESULT_CHARS",
     "arguments_text",
+    "conversation_text",
     "duration_text",
     "result_parts",
     "result_text",
@@ -107,18 +115,85 @@ def step_line(step: RecordedStep, *, width: int = 8) -> str:
 
 
 def arguments_text(digest: str | None) -> str:
-    """What the log says of a call's arguments: only their digest (SHA-256 of their canonical
-    form), or that they have none (no arguments, or none with a canonical form)."""
+    """What the log says of a call's arguments when its step does not record them: only their
+    digest (SHA-256 of their canonical form), or that they have none (no arguments, or none
+    with a canonical form)."""
     if digest is None:
         return "no digest (no arguments, or none with a canonical form)"
     return f"sha256 {digest}"
 
 
+def _fields(value: Any) -> Any:
+    """A tagged object's stored fields (``{"$t": "object", "cls": ..., "v": fields}``, as the
+    codec stores a class it may not have registered), or ``value`` as it is."""
+    if type(value) is dict and value.get("$t") in _TAGGED_OBJECTS and "v" in value:
+        return value["v"]
+    return value
+
+
+_TAGGED_OBJECTS = frozenset({"object", "model", "dataclass"})
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    """``value`` as a list of messages' fields (a message, a list of messages, or a response
+    holding ``messages``: its ``type`` says ``..._response``, as AF's ``ChatResponse`` and
+    ``AgentResponse`` do), or None when it is not a conversation."""
+    value = _fields(value)
+    if type(value) is dict and str(value.get("type", "")).endswith("_response"):
+        value = value.get("messages")
+    items = [_fields(item) for item in value] if type(value) is list else [value]
+    if not items or not all(
+        type(item) is dict and type(item.get("role")) is str and type(item.get("contents")) is list
+        for item in items
+    ):
+        return None
+    return items
+
+
+def _content_text(content: Any) -> str:
+    content = _fields(content)
+    if type(content) is not dict:
+        return orjson.dumps(content).decode()
+    kind = content.get("type")
+    if kind == "text" and type(content.get("text")) is str:
+        return str(content["text"])
+    if kind == "function_call":
+        arguments = content.get("arguments")
+        shown = arguments if type(arguments) is str else orjson.dumps(arguments).decode()
+        return f"calls {content.get('name')}({shown}) [{content.get('call_id')}]"
+    if kind == "function_result":
+        result = content.get("result")
+        shown = result if type(result) is str else orjson.dumps(result).decode()
+        return f"result of [{content.get('call_id')}]: {shown}"
+    rest = {k: v for k, v in content.items() if k not in ("type", "additional_properties")}
+    return f"({kind}) {orjson.dumps(rest).decode()}"
+
+
+def conversation_text(value: Any) -> str | None:
+    """``value`` as a conversation to read, one message a line (``user: Book a seat``; a tool
+    call as ``assistant: calls hold_seat({"flight":"TP123"}) [call-2]``; a text's own line
+    breaks kept, the lines after the first indented, so that no text passes for a message), or
+    None when it holds no messages. Not escaped: ``result_text`` escapes what it returns."""
+    messages = _messages(value)
+    if messages is None:
+        return None
+    lines = []
+    for message in messages:
+        parts = [_content_text(content) for content in message["contents"]]
+        text = " ".join(parts).replace("\n", "\n  ")  # its own lines indented: never a message
+        lines.append(f"{message['role']}: {text}")
+    return "\n".join(lines)
+
+
 def result_text(value: Any, *, limit: int = RESULT_CHARS) -> str:
-    """A step's result as text to read: a string as it is (a model's answer keeps its lines),
-    anything else as indented JSON; control and bidi characters escaped visibly (``visible``:
-    newlines and tabs kept), cut after ``limit`` characters saying how long it is in all."""
-    if isinstance(value, str):
+    """A step's result (or an argument) as text to read: a conversation as one line per message
+    (``conversation_text``), a string as it is (a model's answer keeps its lines), anything else
+    as indented JSON; control and bidi characters escaped visibly (``visible``: newlines and tabs
+    kept), cut after ``limit`` characters saying how long it is in all."""
+    conversation = conversation_text(value)
+    if conversation is not None:
+        text = visible(conversation, keep="\n\t")
+    elif isinstance(value, str):
         text = visible(value, keep="\n\t")
     elif is_redacted(value):
         text = show_json(value)  # as every redacted value is shown: {"$t":"redacted"}
@@ -133,10 +208,10 @@ def result_text(value: Any, *, limit: int = RESULT_CHARS) -> str:
 
 
 def result_parts(value: Any, *, limit: int = RESULT_CHARS) -> list[tuple[str | None, str]]:
-    """A step's result as labelled pieces of text to read (``result_text`` each): a plain JSON
-    object (a model call's ``{"prompt": ..., "response": ...}``, a tool's named outputs) one
-    piece per entry, labelled with its name; anything else (a string, a list, a value the codec
-    tagged, a redacted one) one piece without a label."""
-    if isinstance(value, dict) and value and "$t" not in value:
+    """A step's result or recorded arguments as labelled pieces of text to read (``result_text``
+    each): a plain JSON object (arguments by name, a tool's named outputs) one piece per entry,
+    labelled with its name; anything else (a conversation such as a model's response, a
+    string, a list, a value the codec tagged, a redacted one) one piece without a label."""
+    if isinstance(value, dict) and value and "$t" not in value and _messages(value) is None:
         return [(str(name), result_text(item, limit=limit)) for name, item in value.items()]
     return [(None, result_text(value, limit=limit))]

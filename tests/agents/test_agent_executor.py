@@ -48,7 +48,13 @@ from kernel import (
     WorkflowBuilder,
     open_store,
 )
-from kernel.agents import AgentExecutor, AgentExecutorRequest, AgentExecutorResponse, usage_counts
+from kernel.agents import (
+    AgentExecutor,
+    AgentExecutorRequest,
+    AgentExecutorResponse,
+    prompt_options,
+    usage_counts,
+)
 from tests.agents import agent_worker
 from tests.agents.fakes import FINAL, Counts, PlannedChatClient, trip_agent
 
@@ -134,6 +140,53 @@ async def test_a_turn_records_each_model_call_and_tool_call_with_its_token_usage
     (key,) = counts.notes("hold_seat")
     assert hold.step_key == key
     assert hold.result["contents"][0]["text"] == f"hold {key[:8]} on TP123"
+
+
+async def test_a_model_call_records_its_prompt_and_a_tool_call_its_arguments(
+    store: EventStore, counts: Counts
+) -> None:
+    wf = trip(store, counts)
+    await wf.run(TURN)
+    recorded = steps(wf)
+    models = [s for s in recorded if s.name == "model_call"]
+    sent = [s.arguments["messages"] for s in models if s.arguments is not None]
+    assert len(sent) == 4
+    # The messages as the codec stores AF's Message (a tagged object): what the model was sent.
+    said = [[(m["v"]["role"], Message.from_dict(m["v"]).text) for m in prompt] for prompt in sent]
+    assert said[0] == [("user", TURN)]
+    assert [[role for role, _ in p] for p in said] == [
+        ["user"], ["user", "assistant", "tool"], ["user", *["assistant", "tool"] * 2],
+        ["user", *["assistant", "tool"] * 3],
+    ]  # fmt: skip
+    assert [[text for _, text in p] for p in said[1:]] == [
+        [t for _, t in json.loads(line)] for line in counts.notes("prompts")[1:]
+    ]  # what the fake model noted it was given
+    options = models[0].arguments["options"]
+    assert options["tools"] == list(TOOLS)  # the tools by name, not as objects
+    assert options["instructions"] == "Book the trip."
+    tools = {s.name: s.arguments for s in recorded if s.name in TOOLS}
+    assert tools == {
+        "search_flights": {"call_id": "call-1", "arguments": '{"to":"Lisbon"}'},
+        "hold_seat": {"call_id": "call-2", "arguments": '{"flight":"TP123"}'},
+        "send_email": {
+            "call_id": "call-3",
+            "arguments": '{"body":"Your seat on TP123 is held.","to":"ana@example.com"}',
+        },
+    }
+
+
+def test_prompt_options_show_every_option_as_json() -> None:
+    class Schema:
+        pass
+
+    shown = prompt_options(
+        {"temperature": 0.2, "tools": [{"name": "a"}, Schema], "response_format": Schema,
+         "seed": None, "metadata": {"k": ["v", 1]}, "odd": Schema()}
+    )  # fmt: skip
+    assert shown == {
+        "temperature": 0.2, "tools": ["a", "Schema"], "response_format": "Schema", "seed": None,
+        "metadata": {"k": ["v", 1]}, "odd": "<Schema>",
+    }  # fmt: skip
 
 
 async def test_the_conversation_is_state_and_the_next_turn_starts_from_it(

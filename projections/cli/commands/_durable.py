@@ -36,7 +36,7 @@ from kernel import (
     record_response,
     replay,
 )
-from projections import RecordedStep, RunHistory, RunRecord, fold_history, forks_of
+from projections import REDACTED, RecordedStep, RunHistory, RunRecord, fold_history, forks_of
 from projections._folds._runrecords import status_text
 from projections._frontend._ids import (
     events_of,
@@ -93,6 +93,7 @@ def add_commands(commands: Any) -> None:
     )
     again = commands.add_parser("replay", help="the events a run's consumer got, from the log")
     again.add_argument("run", help="a run id, or a unique prefix of one")
+    sensitivity_options(again)
     branch = commands.add_parser("fork", help="start a new instance from a point of another")
     branch.add_argument("instance")
     branch.add_argument("point", help="pos:N, step:ID, run:RUN:K or time:ISO")
@@ -452,9 +453,26 @@ def _requests(store: EventStore, args: argparse.Namespace, console: Console) -> 
     return 0
 
 
+def _hidden_steps(
+    store: EventStore, args: argparse.Namespace, instance: str, run_id: str
+) -> set[tuple[str, str]]:
+    """The (superstep id, step name) of the run's recorded steps whose results ``replay``
+    redacts: those named like a sensitive key (``SensitiveKeys``, the rule ``steps`` applies),
+    unless ``--reveal``."""
+    rule = redactor(store, args, instance=instance)
+    if not rule:
+        return set()
+    return {
+        (event.superstep_id, event.name)
+        for event in store.find_events(instance, ("step_recorded",))
+        if isinstance(event, StepRecorded) and event.run_id == run_id and event.name in rule
+    }
+
+
 def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> int:
     instance, run_id = find_run(store, args.run)
     codec = store.codec
+    hidden = _hidden_steps(store, args, instance, run_id)
 
     async def replayed() -> list[WorkflowEvent]:
         return [event async for event in replay(store, run_id, instance_id=instance)]
@@ -465,6 +483,13 @@ def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> in
     table.add_column("data", overflow="fold", ratio=1)
     for event in asyncio.run(replayed()):  # (a custom event's type is stored text)
         error = event.error
+        # A step's result (its executor id is the step's name) is redacted as ``steps`` does. An
+        # executor named like a sensitive step, in the same superstep, is redacted too: the
+        # stream cannot tell them apart, and hiding too much never leaks.
+        if event.type in _STEP_RESULTS and (event.superstep_id, event.executor_id) in hidden:
+            data: Any = dict(REDACTED)
+        else:
+            data = None if event.data is None else codec.encode(event.data, what="replayed data")
         document = {
             "type": event.type,
             "run_id": event.run_id,
@@ -474,7 +499,7 @@ def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> in
             "request_id": event.request_id,
             "origin": event.origin.value,
             "state": None if event.state is None else event.state.value,
-            "data": None if event.data is None else codec.encode(event.data, what="replayed data"),
+            "data": data,
             "error": None
             if error is None
             else {
@@ -497,6 +522,10 @@ def _replay(store: EventStore, args: argparse.Namespace, console: Console) -> in
     if not args.json:
         console.print(table)
     return 0
+
+
+_STEP_RESULTS = frozenset({"executor_completed", "executor_bypassed"})
+"""The replayed events that carry a recorded step's result."""
 
 
 def _error_document(error: BaseException | None) -> dict[str, str] | None:

@@ -2,9 +2,11 @@
 
 Each step is listed with its superstep (index and id) and that superstep's verdict, as the run
 history decides it (``RecordedStep``); its executor, name and call index, duration, token counts,
-and its result (as stored: a JSON tree; redacted when the step's name matches a sensitive-key
-pattern, ``SensitiveKeys``) or error. A call served from the log shows the result it was served
-and where from: the position of the record it reused and the run that first recorded it.
+its arguments when its step records them, and its result (as stored: a JSON tree; both redacted when
+the step's name matches a sensitive-key pattern, ``SensitiveKeys``) or error. In the table a
+conversation (a model call's prompt and response) is shown one message a line, role and text; any
+other value as compact JSON; all of it escaped. A call served from the log shows the result it was
+served and where from: the position of the record it reused and the run that first recorded it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kernel import EventStore
@@ -21,6 +24,7 @@ from projections._frontend._ids import find_run
 from projections._frontend._render import cut_text, print_paged, show_value
 from projections._frontend._safe import cell, visible
 from projections._frontend._steps import (
+    conversation_text,
     duration_text,
     reused_text,
     steps_of,
@@ -75,10 +79,29 @@ def _steps(store: EventStore, args: argparse.Namespace, console: Console) -> int
     return 0
 
 
+_WHOLE = "--json prints it whole"
+
+
+def _shown(value: Any) -> str:
+    """A stored value in a cell: a conversation one message a line, anything else compact JSON;
+    escaped, and cut saying so."""
+    conversation = conversation_text(value)
+    if conversation is None:
+        return cell(show_value(value, hint=_WHOLE))
+    return escape(visible(cut_text(conversation, hint=_WHOLE), keep="\n"))
+
+
+def _arguments(arguments: Any) -> str:
+    """Recorded arguments in a cell: ``name: value`` a line each (a redacted whole as it is)."""
+    if isinstance(arguments, dict) and "$t" not in arguments:
+        return "\n".join(f"{cell(str(name))}: {_shown(value)}" for name, value in arguments.items())
+    return _shown(arguments)
+
+
 def _table(page: list[RecordedStep], title: str | None) -> Table:
     """One page of ``steps``: position, superstep, its verdict, the step (name, executor, call
     index), duration, tokens, and its result (or error, or where a served call's result comes
-    from)."""
+    from), after its arguments when its step records them."""
     table = Table(title=None if title is None else cell(title), expand=True)
     for column in ("#", "superstep", "verdict", "step", "duration", "tokens"):
         table.add_column(column, overflow="fold")
@@ -87,11 +110,13 @@ def _table(page: list[RecordedStep], title: str | None) -> Table:
         record = step.record
         if record.error is not None:
             error = f"error: {record.error.type}: {record.error.message}"
-            outcome = cell(cut_text(error, hint="--json prints it whole"))
+            outcome = cell(cut_text(error, hint=_WHOLE))
         else:
-            outcome = cell(show_value(step.result, hint="--json prints it whole"))
+            outcome = _shown(step.result)
             if step.served:
                 outcome = f"{cell(reused_text(step, width=8))}\n{outcome}"
+        if step.arguments is not None:
+            outcome = f"arguments:\n{_arguments(step.arguments)}\nresult:\n{outcome}"
         index = "" if step.index is None else f"{step.index} "
         table.add_row(
             str(record.position),
