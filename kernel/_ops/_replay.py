@@ -20,8 +20,9 @@ log order, a call that returned gives ``executor_invoked`` then ``executor_compl
 result), a call that raised ``executor_invoked`` then ``executor_failed`` (a ``RecordedError``),
 and a call served from the log ``executor_bypassed`` with the result of the record it reused
 (``StepRecorded.reused``, found in the instance's log; ``LogIntegrityError`` if it is not there).
-No step runs. Two things the log does not say: a step's arguments (only their digest is
-recorded), so its replayed ``executor_invoked`` carries None; and when a call began: its record
+No step runs. Two things the log may not say: a step's arguments (only their digest is
+recorded, unless the step records them: ``record_arguments``), so its replayed
+``executor_invoked`` carries None; and when a call began: its record
 is appended when it returns, so its ``executor_invoked`` is replayed right before its end. Where
 calls overlap (steps gathered concurrently, parallel executors), the live consumer got that
 ``executor_invoked`` earlier; every other event keeps its place, so a handler that awaits its
