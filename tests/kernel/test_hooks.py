@@ -457,11 +457,15 @@ def test_the_hooks_doc_example_prints_what_its_comments_say(tmp_path, monkeypatc
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(DEFAULT_STORE_ENV, raising=False)
-    (example,) = python_blocks(ROOT / "docs" / "hooks.md")
+    example, *more = python_blocks(ROOT / "docs" / "hooks.md")
     promised = promised_output(example)
     assert len(promised) == 2
-    exec(compile(example, "hooks.md[example 1]", "exec"), {"__name__": "doc_hooks"})
+    namespace = {"__name__": "doc_hooks"}  # a doc's blocks run one after another, as tests/docs
+    exec(compile(example, "hooks.md[example 1]", "exec"), namespace)
     assert capsys.readouterr().out.splitlines() == promised
+    for number, block in enumerate(more, start=2):  # StepInfo's, and any added later
+        exec(compile(block, f"hooks.md[example {number}]", "exec"), namespace)
+        assert capsys.readouterr().out.splitlines() == promised_output(block)
 
 
 def test_an_async_hook_method_is_refused_rather_than_never_run() -> None:
