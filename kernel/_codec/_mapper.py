@@ -304,23 +304,17 @@ class RowMapper:
         known_codes = len(by_code)
         hashing = chain is not None
         hash_all = whole or (hashing and check_all)  # every event of low..high is hashed
-        # (index, item, layout, built?) of every event looked at, its code checked first
-        todo: list[tuple[int, list[Any], Layout, bool]] = []
-        built = False
-        for i in range(low, high):
-            item = body[header + i]
-            if type(item) is not list or len(item) < 2 or type(item[0]) is not int:
-                raise DecodeError(f"event {instance_id!r}#{first + i} is not [code, time, ...]")
-            code = item[0]
-            layout = by_code[code] if 0 <= code < known_codes else None
-            if layout is None:
-                raise _unknown_code(instance_id, first + i, code, known_codes)
-            wanted = start <= i < stop and (types is None or layout.type_name in types)
-            if wanted or hash_all:
-                todo.append((i, item, layout, wanted))
-                built = built or wanted
-        if not built and not check_all:
-            return []
+        if types is not None and not check_all:  # nothing to read in the row: nothing checked
+            for i in range(start, stop):
+                item = body[header + i]
+                if type(item) is not list or not item or type(item[0]) is not int:
+                    break  # (malformed: named below)
+                code = item[0]
+                layout = by_code[code] if 0 <= code < known_codes else None
+                if layout is None or layout.type_name in types:
+                    break
+            else:
+                return []
         strings = body[3]
         known = len(strings)
         dumps = orjson.dumps
@@ -337,8 +331,18 @@ class RowMapper:
         last_tag = CHAIN_BYTES + TAG_BYTES * (count - 1)
         intact = True
         events: list[EventBase] = []
-        for i, item, layout, wanted in todo:
+        for i in range(low, high):
+            item = body[header + i]
             position = first + i
+            if type(item) is not list or len(item) < 2 or type(item[0]) is not int:
+                raise DecodeError(f"event {instance_id!r}#{position} is not [code, time, ...]")
+            code = item[0]
+            layout = by_code[code] if 0 <= code < known_codes else None
+            if layout is None:
+                raise _unknown_code(instance_id, position, code, known_codes)
+            wanted = start <= i < stop and (types is None or layout.type_name in types)
+            if not (wanted or hash_all):
+                continue
             values = item[2:]
             given = len(values)
             for k in layout.interned:  # (``resolved``, inlined for the common case)
