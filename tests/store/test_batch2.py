@@ -48,7 +48,8 @@ def rows_of(path: Path, instance: str) -> list[tuple[int, str, bytes]]:
 def put(path: Path, instance: str, last: int, state: bytes) -> None:
     with sqlite3.connect(path) as db:
         db.execute(
-            "UPDATE steplog_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
+            "UPDATE steplog_events SET state = ? "
+            "WHERE originator_id = ? AND originator_version = ?",
             (state, instance, last),
         )
 
