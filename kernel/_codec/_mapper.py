@@ -154,8 +154,7 @@ class RowMapper:
         try:
             for event in events:
                 layout = by_name[event.type]
-                fields = event.__dict__
-                values = [fields[name] for name in layout.names]
+                values = list(layout.stored(event.__dict__))
                 end = len(values)
                 defaults = layout.defaults
                 while end and values[end - 1] == defaults[end - 1]:

@@ -27,6 +27,8 @@ This module describes the format and parses its parts, naming ``instance#positio
 from __future__ import annotations
 
 import functools
+import operator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -156,6 +158,8 @@ class Layout(NamedTuple):
     type_name: str
     has_error: bool
     """Whether the type has an ``error`` field (an ``ErrorInfo``, stored as an object)."""
+    stored: Callable[[dict[str, Any]], tuple[Any, ...]]
+    """The stored fields' values, in order, from an event's ``__dict__``."""
 
 
 @functools.cache
@@ -188,12 +192,28 @@ def layouts() -> tuple[dict[str, Layout], tuple[Layout | None, ...]]:
             continue
         interned = tuple(i for i, n in enumerate(names) if n in _INTERNED)
         layout = Layout(
-            cls, code, version, names, tuple(defaults), interned, name, "error" in names
+            cls,
+            code,
+            version,
+            names,
+            tuple(defaults),
+            interned,
+            name,
+            "error" in names,
+            _getter(names),
         )
         if version == cls.SCHEMA_VERSION:
             by_name[name] = layout
         by_code.append(layout)
     return by_name, tuple(by_code)
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What reads ``names`` from a dict, as a tuple (``itemgetter`` gives one only for two or
+    more)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda fields: tuple(fields[name] for name in names)
 
 
 def parse_batch(where: str, state: bytes, count: int) -> list[Any]:
@@ -219,7 +239,7 @@ def parse_batch(where: str, state: bytes, count: int) -> list[Any]:
     if len(body) != header + count:
         raise DecodeError(f"{where} holds {len(body) - header} events, its topic says {count}")
     strings = body[3]
-    if type(strings) is not list or not all(type(text) is str for text in strings):
+    if type(strings) is not list or not all([type(text) is str for text in strings]):
         raise DecodeError(f"{where} has a malformed string table")
     return body
 
