@@ -10,6 +10,7 @@ this mapper writes is a ``DecodeError`` naming ``instance#position``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -449,7 +450,7 @@ class RowMapper:
         A row of batch format 2 holds it. In a row of format 3 it is recomputed from the hash
         before the row and the row's events up to ``position``, so it is the hash of the events
         the row holds now: it matches a hash taken before only if none of them was changed
-        (``b""``, which matches none, when one cannot be hashed)."""
+        (``b""``, which matches none, when one of them cannot be read or hashed)."""
         count = row_count(instance_id, last_position, topic)
         first = last_position - count + 1
         if not topic.isdigit() or not first <= position <= last_position:
@@ -463,8 +464,11 @@ class RowMapper:
             at = (index + 1) * CHAIN_BYTES
             return chain[at : at + CHAIN_BYTES]
         hashes: list[bytes | None] = []
-        self._decode_events(instance_id, first, where, body, chain, 0, 0, (), True, _ignore, hashes)
-        return hashes[index] or b""
+        with contextlib.suppress(DecodeError):  # an event that cannot be read: none from it on
+            self._decode_events(
+                instance_id, first, where, body, chain, 0, 0, (), True, _ignore, hashes
+            )
+        return (hashes[index] if index < len(hashes) else None) or b""
 
     def _load_batch(
         self, where: str, instance_id: str, last_position: int, topic: str, state: bytes, count: int

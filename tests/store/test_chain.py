@@ -128,6 +128,11 @@ def test_the_hash_of_any_event_is_recomputed_from_its_row() -> None:
     found = [mapper.event_hash("i", 6, "6", tampered, p) for p in range(1, 7)]
     assert found[:3] == hashes[:3]
     assert all(f != h for f, h in zip(found[3:], hashes[3:], strict=True))
+    body[5 + 4] = [500, 0]  # position 5: a code no steplog wrote
+    unreadable = orjson.dumps(body)
+    found = [mapper.event_hash("i", 6, "6", unreadable, p) for p in range(1, 7)]
+    assert found[:3] == hashes[:3] != found[3:]
+    assert found[4:] == [b"", b""]  # matches no hash: no event from the unreadable one on
 
 
 def test_a_rewritten_marker_is_named_as_one() -> None:
