@@ -50,7 +50,6 @@ from kernel._codec._rows import (
     nested_model,
     parse_batch,
     place,
-    resolved,
     row_count,
 )
 from kernel._codec._upcast import KERNEL_UPCASTERS, REQUIRED, Upcaster, upcast
@@ -345,13 +344,16 @@ class RowMapper:
                 continue
             values = item[2:]
             given = len(values)
-            for k in layout.interned:  # (``resolved``, inlined for the common case)
+            for k in layout.interned:  # the row's ids, stored once in ``strings``
                 if k < given:
                     ref = values[k]
                     if type(ref) is int and 0 <= ref < known:
                         values[k] = strings[ref]
                     elif ref is not None:
-                        resolved(layout, values, strings, instance_id, position)  # raises
+                        raise DecodeError(
+                            f"{event_where(instance_id, position, layout)} refers to string "
+                            f"{ref!r:.20}, not in its row"
+                        )
             delta = item[1]
             stored: bytes | None = None
             if hashing:

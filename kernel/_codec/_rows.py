@@ -55,7 +55,6 @@ __all__ = [
     "nested_model",
     "parse_batch",
     "place",
-    "resolved",
     "row_count",
 ]
 
@@ -319,24 +318,6 @@ class Stamps:
             return self.base + timedelta(microseconds=delta)
         except (OverflowError, ValueError) as error:
             raise DecodeError(f"{what} in {self.where} is out of range: {error}") from error
-
-
-def resolved(
-    layout: Layout, values: list[Any], strings: list[str], instance_id: str, position: int
-) -> list[Any]:
-    """``values`` (a fresh copy of a batch row's stored fields) with their interned ids looked up
-    in ``strings``, in place."""
-    for i in layout.interned:
-        if i < len(values):
-            ref = values[i]
-            if ref is not None:
-                if type(ref) is not int or ref < 0 or ref >= len(strings):
-                    raise DecodeError(
-                        f"{event_where(instance_id, position, layout)} refers to string "
-                        f"{ref!r:.20}, not in its row"
-                    )
-                values[i] = strings[ref]
-    return values
 
 
 def event_where(instance_id: str, position: int, layout: Layout) -> str:

@@ -142,6 +142,7 @@ def good() -> list:
         (lambda b: [*b[:6], [b[6][0], "t", *b[6][2:]]], DecodeError, "time that is not"),
         (lambda b: [*b[:6], [*b[6], 1, 2, 3, 4]], DecodeError, r"#2 \(superstep_started\) has"),
         (lambda b: [*b[:6], [b[6][0], 0, 7]], DecodeError, "refers to string 7"),
+        (lambda b: [*b[:6], [b[6][0], 0, 0, 9]], DecodeError, r"#2 \(\w+\) refers to string 9"),
         (lambda b: [*b[:6], [b[6][0], 0, 0, 1, "one"]], DecodeError, "field 'index'"),
         (lambda b: [*b[:6], [b[6][0], 0, 0]], DecodeError, "lacks its required field"),
         (lambda b: [*b[:4], "not base64!", *b[5:]], DecodeError, "malformed hash chain"),
