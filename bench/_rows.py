@@ -190,7 +190,7 @@ class RawFold:
             elif topic.startswith("superstep_aborted"):
                 staged.pop(obj["superstep_id"], None)
             return 1
-        strings, items = obj[3], obj[4 if obj[0] == 1 else 5 :]  # format 2 carries a chain
+        strings, items = obj[3], obj[4 if obj[0] == 1 else 5 :]  # formats 2 and 3 carry a chain
         if upto is not None and last > upto:
             items = items[: len(items) - (last - upto)]
         key_at = self.key_at

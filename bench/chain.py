@@ -2,7 +2,7 @@
 
 The log is the loop-shaped log of ``bench._logs`` (seven events per superstep: started, invoked,
 two state writes, a message, completed, committed; one run in five fails in its last superstep),
-appended through steplog's store, so its rows are exactly what steplog writes: batch format 2,
+appended through steplog's store, so its rows are exactly what steplog writes: batch format 3,
 one row per superstep, each carrying its hashes.
 
 Each steplog case times the same work twice, alternating, on the same events: with the chain and
@@ -75,7 +75,7 @@ def _rows(path: Path) -> list[Row]:
 def _unchained(state: bytes) -> bytes:
     """The same batch row in batch format 1: no ``chain`` element."""
     body = orjson.loads(state)
-    expect(body[0], 2, "batch format of the generated rows")
+    expect(body[0], 3, "batch format of the generated rows")
     return orjson.dumps([1, *body[1:4], *body[5:]])
 
 

@@ -1,13 +1,26 @@
-"""The hash chain, per event: what each event's hash covers, and the check of an event against it.
+"""The hash chain, per event: what each event's hash covers, and the check of a row against it.
 
 Each event's hash is ``blake2b(previous hash + canonical event, 16 bytes)``; the first event of an
 instance follows ``genesis(instance)``. The canonical event is the JSON array ``[type, schema
 version, instance, position, time (µs since the epoch), UTC offset (µs), field, field, ...]``, its
 fields in declaration order with trailing defaults left out, object keys sorted: the logical
 event, whatever the row's packing (``_codec._rows``), so a later storage format (or re-encryption)
-keeps every hash. A batch row's ``chain`` is base64 of the hash before its first event followed
-by each of its events' hashes; decoding checks each event it reads against its hash
-(``LogIntegrityError`` naming the position). How rows must link up is ``_codec._chain``'s.
+keeps every hash. What a batch row stores of its chain (its ``chain`` element, base64):
+
+* **batch format 3** (written now): the hash before its first event and the hash of its last
+  event, in full, and between them a 2-byte **tag** per event but the last (the first 2 bytes of
+  its hash). Decoding any event of the row recomputes every hash of the row from the one before
+  it and compares the last with the stored one in full: that comparison is the check, as strong
+  as comparing every event with a full hash (an edit anywhere in the row changes the last hash).
+  The tags only say *where*: the first event whose recomputed hash does not begin with its tag
+  is the one named (the last event when every tag matches), so an edit is named at its position.
+  A tag never vouches for an event: a row is accepted only when its last hash matches, whatever
+  the tags say, and a row whose tags were altered is refused too.
+* **batch format 2** (read, no longer written): the hash before its first event followed by each
+  of its events' hashes, each event checked alone against its own hash and its predecessor's.
+
+A mismatch is a ``LogIntegrityError`` naming the position. How rows must link up is
+``_codec._chain``'s.
 """
 
 from __future__ import annotations
@@ -23,23 +36,33 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 
 from kernel._base._errors import DecodeError, LogIntegrityError
-from kernel._codec._rows import STRICT, Layout, Stamps, nested_model, resolved
+from kernel._codec._rows import STRICT, Layout, nested_model
 
 __all__ = [
+    "CANONICAL",
     "CHAIN_BYTES",
+    "TAG_BYTES",
     "ChainedRow",
     "RowLink",
+    "broken",
     "canonical",
+    "chain_size",
     "check_event",
+    "covered",
     "genesis",
     "link",
     "parse_chain",
 ]
 
-_CANONICAL = STRICT | orjson.OPT_SORT_KEYS
+CANONICAL = STRICT | orjson.OPT_SORT_KEYS
+"""orjson's options for an event's canonical bytes: a row's, with object keys sorted."""
 
 CHAIN_BYTES = 16
 """The size of an event's hash (BLAKE2b, 128 bits)."""
+
+TAG_BYTES = 2
+"""The size of an event's tag in a row of batch format 3: the first bytes of its hash, which name
+the event a mismatch is found at (never a check: the row's last hash, in full, is)."""
 
 
 def genesis(instance_id: str) -> bytes:
@@ -65,7 +88,7 @@ def canonical(
     return orjson.dumps(
         [type_name, version, instance_id, position, time_us, offset_us, *fields],
         default=nested_model,
-        option=_CANONICAL,
+        option=CANONICAL,
     )
 
 
@@ -99,72 +122,67 @@ class RowLink(NamedTuple):
         return cls(first, last, chain[:CHAIN_BYTES], chain[-CHAIN_BYTES:])
 
 
-def parse_chain(where: str, text: Any, count: int) -> bytes:
-    """The hashes of a batch row of ``count`` events from its stored ``chain`` element (base64 of
-    ``count + 1`` hashes). Raises ``DecodeError`` naming ``where`` when it is malformed."""
+def chain_size(batch_format: int, count: int) -> int:
+    """How many bytes the ``chain`` of a row of ``batch_format`` holding ``count`` events has."""
+    if batch_format == 2:
+        return CHAIN_BYTES * (count + 1)
+    return 2 * CHAIN_BYTES + TAG_BYTES * (count - 1)
+
+
+def parse_chain(where: str, text: Any, count: int, batch_format: int) -> bytes:
+    """The chain of a batch row of ``count`` events from its stored ``chain`` element (base64 of
+    ``chain_size(batch_format, count)`` bytes). Raises ``DecodeError`` naming ``where`` when it is
+    malformed."""
     try:
         if type(text) is not str:
             raise ValueError
         chain = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise DecodeError(f"{where} has a malformed hash chain {text!r:.40}") from None
-    if len(chain) != CHAIN_BYTES * (count + 1):
+    if len(chain) != chain_size(batch_format, count):
+        if batch_format == 2:
+            raise DecodeError(
+                f"{where} has {len(chain) // CHAIN_BYTES} hashes in its chain; {count} events "
+                f"need {count + 1}"
+            )
         raise DecodeError(
-            f"{where} has {len(chain) // CHAIN_BYTES} hashes in its chain; {count} events "
-            f"need {count + 1}"
+            f"{where} has a hash chain of {len(chain)} bytes; {count} events need "
+            f"{chain_size(batch_format, count)}"
         )
     return chain
 
 
-def check_event(
+def covered(
     layout: Layout,
-    item: list[Any],
-    strings: list[str],
+    values: list[Any],
     instance_id: str,
     position: int,
-    stamps: Stamps,
-    index: int,
-    chain: bytes,
-    report: Callable[[LogIntegrityError], None] | None,
-) -> None:
-    """Check the event ``item`` at ``index`` of its row (as stored: ``[code, delta, field, ...]``)
-    against its hash in ``chain``. A mismatch raises ``LogIntegrityError`` naming the position,
-    or is handed to ``report`` when given."""
-    fields = item[2:]
-    if layout.interned:
-        fields = resolved(layout, fields, strings, instance_id, position)
-    end = min(len(fields), len(layout.defaults))
+    time_us: int,
+    offset_us: int,
+) -> bytes | None:
+    """The canonical bytes of a stored event whose fields (interned ids looked up) are
+    ``values``: what its hash covers. Trailing defaults are left out as the writer leaves them
+    out. None for fields no writer could have written (nested too deep): they match no hash."""
+    end = len(values)
     defaults = layout.defaults
-    while end and fields[end - 1] == defaults[end - 1]:
-        end -= 1
-    if end < len(fields) and len(fields) > len(defaults):
-        end = len(fields)  # more fields than the type has: hashed as they are (and refused)
-    delta = item[1]
-    if type(delta) is not int:
-        stamps.at(index, delta, position)  # raises, naming the position
-    offsets = stamps.zones
-    offset_us = stamps.offset_us if offsets is None else offsets[index][0]
+    if end <= len(defaults):
+        while end and values[end - 1] == defaults[end - 1]:
+            end -= 1
+        if end < len(values):
+            values = values[:end]
+    # (more fields than the type has: hashed as they are, and refused when built)
     try:
-        stored = canonical(
-            layout.type_name,
-            layout.version,
-            instance_id,
-            position,
-            stamps.base_us + delta,
-            offset_us,
-            fields[:end],
+        return canonical(
+            layout.type_name, layout.version, instance_id, position, time_us, offset_us, values
         )
-    except TypeError:  # nested deeper than any writer could have written it: not as written
-        stored = None
-    at = index * CHAIN_BYTES
-    if (
-        stored is not None
-        and link(chain[at : at + CHAIN_BYTES], stored)
-        == chain[at + CHAIN_BYTES : at + 2 * CHAIN_BYTES]
-    ):
-        return
+    except TypeError:
+        return None
+
+
+def broken(layout: Layout, instance_id: str, position: int) -> LogIntegrityError:
+    """The error for the event at ``position`` (of ``layout``) that does not match its hash."""
     marker = layout.type_name in ("superstep_committed", "superstep_aborted")
-    problem = LogIntegrityError(
+    return LogIntegrityError(
         f"event {instance_id!r}#{position} ({layout.type_name}) does not match its hash: "
         + (
             "a superstep marker was rewritten (an abort turned into a commit, or the "
@@ -176,6 +194,31 @@ def check_event(
         position=position,
         kind="marker rewritten" if marker else "edited",
     )
+
+
+def check_event(
+    layout: Layout,
+    values: list[Any],
+    instance_id: str,
+    position: int,
+    time_us: int,
+    offset_us: int,
+    index: int,
+    chain: bytes,
+    report: Callable[[LogIntegrityError], None] | None,
+) -> None:
+    """Check the event of a row of batch format 2 at ``index`` (its fields ``values``, interned
+    ids looked up) against its own hash in ``chain`` and its predecessor's. A mismatch raises
+    ``LogIntegrityError`` naming the position, or is handed to ``report`` when given."""
+    stored = covered(layout, values, instance_id, position, time_us, offset_us)
+    at = index * CHAIN_BYTES
+    if (
+        stored is not None
+        and link(chain[at : at + CHAIN_BYTES], stored)
+        == chain[at + CHAIN_BYTES : at + 2 * CHAIN_BYTES]
+    ):
+        return
+    problem = broken(layout, instance_id, position)
     if report is None:
         raise problem
     report(problem)

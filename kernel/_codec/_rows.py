@@ -5,14 +5,16 @@ Two row formats, both read:
 * **Batch rows** (written since the store schema version 2): one row per appended batch, usually a
   whole superstep. ``originator_id`` is the instance, ``originator_version`` the position of the
   batch's *last* event, ``topic`` the number of events (``"7"``), and ``state`` one compact JSON
-  array: ``[format, base_us, offsets, strings, chain, event, event, ...]`` (batch format 2;
-  format 1, written before the hash chain, has no ``chain``). The context every event of a
+  array: ``[format, base_us, offsets, strings, chain, event, event, ...]`` (batch format 3;
+  format 2 stored a full hash per event in its ``chain``, and format 1, written before the hash
+  chain, has no ``chain``; both are read). The context every event of a
   superstep repeats is carried once: times are whole microseconds since the Unix epoch, as
   ``base_us`` plus a small delta per event, with the UTC offset (``offsets``: seconds, one for the
   batch or a list with one per event); run and superstep ids are indexes into ``strings``. Each
   event is ``[code, delta_us, field, field, ...]``: a short type code (``BATCH_CODES``, append-only:
   a code is never reused or renumbered) and the type's fields in declaration order, without field
-  names, trailing defaults left out. ``chain`` is the row's hashes (``_codec._hashing``).
+  names, trailing defaults left out. ``chain`` is the row's hashes (``_codec._hashing``: in format
+  3 the hash before the row and its last event's, in full, and a short tag per event).
 * **Event rows** (format 1, before version 2): one row per event, ``originator_version`` its
   position, ``topic`` its ``"type@schema_version"``, ``state`` its other fields as a JSON object.
 
@@ -25,6 +27,8 @@ This module describes the format and parses its parts, naming ``instance#positio
 from __future__ import annotations
 
 import functools
+import operator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -51,7 +55,6 @@ __all__ = [
     "nested_model",
     "parse_batch",
     "place",
-    "resolved",
     "row_count",
 ]
 
@@ -61,9 +64,10 @@ STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 ENVELOPE = frozenset({"type", "instance_id", "position", "schema_version"})
 """The fields a row's columns carry (not stored among the event's fields)."""
 
-BATCH_FORMAT = 2
-"""The version of the batch row's layout (its ``state[0]``): 2 carries the hash chain, 1 (read,
-never written) does not; a newer one is refused."""
+BATCH_FORMAT = 3
+"""The version of the batch row's layout (its ``state[0]``): 3 carries the hash before the row and
+its last hash in full, with a short tag per event; 2 (read, never written) a full hash per event;
+1 (read, never written) no hashes; a newer one is refused."""
 
 BATCH_CODES: tuple[tuple[str, int], ...] = (
     ("run_started", 1),
@@ -153,6 +157,8 @@ class Layout(NamedTuple):
     type_name: str
     has_error: bool
     """Whether the type has an ``error`` field (an ``ErrorInfo``, stored as an object)."""
+    stored: Callable[[dict[str, Any]], tuple[Any, ...]]
+    """The stored fields' values, in order, from an event's ``__dict__``."""
 
 
 @functools.cache
@@ -185,7 +191,15 @@ def layouts() -> tuple[dict[str, Layout], tuple[Layout | None, ...]]:
             continue
         interned = tuple(i for i, n in enumerate(names) if n in _INTERNED)
         layout = Layout(
-            cls, code, version, names, tuple(defaults), interned, name, "error" in names
+            cls,
+            code,
+            version,
+            names,
+            tuple(defaults),
+            interned,
+            name,
+            "error" in names,
+            _getter(names),
         )
         if version == cls.SCHEMA_VERSION:
             by_name[name] = layout
@@ -193,10 +207,18 @@ def layouts() -> tuple[dict[str, Layout], tuple[Layout | None, ...]]:
     return by_name, tuple(by_code)
 
 
+def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What reads ``names`` from a dict, as a tuple (``itemgetter`` gives one only for two or
+    more)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda fields: tuple(fields[name] for name in names)
+
+
 def parse_batch(where: str, state: bytes, count: int) -> list[Any]:
     """The JSON array of a batch row (``state``, opened if it was sealed) of ``count`` events,
     its header checked: ``[format, base_us, offsets, strings, (chain,) event, ...]``. Its
-    ``chain`` element, when it has one (``body[0] == BATCH_FORMAT``), is left as it is stored.
+    ``chain`` element, when it has one (``body[0] > 1``), is left as it is stored.
 
     Raises ``DecodeError`` naming ``where``, or ``SchemaVersionError`` for a newer format."""
     try:
@@ -205,7 +227,7 @@ def parse_batch(where: str, state: bytes, count: int) -> list[Any]:
         raise DecodeError(f"{where} is not valid JSON: {error}") from error
     if type(body) is not list or len(body) < 4 or type(body[0]) is not int:
         raise DecodeError(f"{where} is not a batch row [format, time, offsets, strings, ...]")
-    if body[0] not in (1, BATCH_FORMAT):
+    if body[0] not in (1, 2, BATCH_FORMAT):
         if body[0] > BATCH_FORMAT:
             raise SchemaVersionError(
                 f"{where} is in batch format {body[0]}, newer than this steplog's "
@@ -216,7 +238,7 @@ def parse_batch(where: str, state: bytes, count: int) -> list[Any]:
     if len(body) != header + count:
         raise DecodeError(f"{where} holds {len(body) - header} events, its topic says {count}")
     strings = body[3]
-    if type(strings) is not list or not all(type(text) is str for text in strings):
+    if type(strings) is not list or not all([type(text) is str for text in strings]):
         raise DecodeError(f"{where} has a malformed string table")
     return body
 
@@ -296,24 +318,6 @@ class Stamps:
             return self.base + timedelta(microseconds=delta)
         except (OverflowError, ValueError) as error:
             raise DecodeError(f"{what} in {self.where} is out of range: {error}") from error
-
-
-def resolved(
-    layout: Layout, values: list[Any], strings: list[str], instance_id: str, position: int
-) -> list[Any]:
-    """``values`` (a fresh copy of a batch row's stored fields) with their interned ids looked up
-    in ``strings``, in place."""
-    for i in layout.interned:
-        if i < len(values):
-            ref = values[i]
-            if ref is not None:
-                if type(ref) is not int or ref < 0 or ref >= len(strings):
-                    raise DecodeError(
-                        f"{event_where(instance_id, position, layout)} refers to string "
-                        f"{ref!r:.20}, not in its row"
-                    )
-                values[i] = strings[ref]
-    return values
 
 
 def event_where(instance_id: str, position: int, layout: Layout) -> str:

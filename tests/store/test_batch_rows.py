@@ -142,11 +142,12 @@ def good() -> list:
         (lambda b: [*b[:6], [b[6][0], "t", *b[6][2:]]], DecodeError, "time that is not"),
         (lambda b: [*b[:6], [*b[6], 1, 2, 3, 4]], DecodeError, r"#2 \(superstep_started\) has"),
         (lambda b: [*b[:6], [b[6][0], 0, 7]], DecodeError, "refers to string 7"),
+        (lambda b: [*b[:6], [b[6][0], 0, 0, 9]], DecodeError, r"#2 \(\w+\) refers to string 9"),
         (lambda b: [*b[:6], [b[6][0], 0, 0, 1, "one"]], DecodeError, "field 'index'"),
         (lambda b: [*b[:6], [b[6][0], 0, 0]], DecodeError, "lacks its required field"),
         (lambda b: [*b[:4], "not base64!", *b[5:]], DecodeError, "malformed hash chain"),
         (lambda b: [*b[:4], 7, *b[5:]], DecodeError, "malformed hash chain"),
-        (lambda b: [*b[:4], b[4][:24], *b[5:]], DecodeError, "1 hashes in its chain; 2 events"),
+        (lambda b: [*b[:4], b[4][:24], *b[5:]], DecodeError, "chain of 18 bytes; 2 events need 34"),
     ],
 )
 def test_a_tampered_batch_row_names_what_and_where(mutate, error, match) -> None:  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ from kernel import (
     open_store,
 )
 from kernel._codec._chain import link_problem, tail_problem
-from kernel._codec._hashing import CHAIN_BYTES, RowLink, genesis
+from kernel._codec._hashing import CHAIN_BYTES, TAG_BYTES, RowLink, genesis
 from kernel._codec._mapper import RowMapper
 from kernel.testing import LogBuilder
 
@@ -49,13 +49,17 @@ def chain_of(state: bytes) -> bytes:
     return base64.b64decode(orjson.loads(state)[4])
 
 
-def test_each_event_is_checked_against_its_own_hash_and_named_by_position() -> None:
+def test_a_row_is_checked_whole_and_an_edit_named_by_position() -> None:
+    """Batch format 3: the hash before the row and its last hash in full, a 2-byte tag per event
+    between them. Any read of the row recomputes every hash; the tags name the edited event."""
     mapper = RowMapper()
     events = superstep_log().events()[:6]
     row = mapper.to_row(events)
     body = orjson.loads(row.state)
-    assert len(chain_of(row.state)) == CHAIN_BYTES * 7  # the hash before, and one per event
-    assert row.head == chain_of(row.state)[-CHAIN_BYTES:]
+    assert body[0] == 3
+    chain = chain_of(row.state)
+    assert len(chain) == 2 * CHAIN_BYTES + TAG_BYTES * 5  # before, 5 tags, the last hash
+    assert row.head == chain[-CHAIN_BYTES:]
     assert mapper.decode_row("i", 6, "6", row.state) == events
     body[5 + 3][-1] = {"n": 99, "note": "grüße"}  # the write at position 4
     tampered = orjson.dumps(body)
@@ -66,16 +70,69 @@ def test_each_event_is_checked_against_its_own_hash_and_named_by_position() -> N
         4,
         "edited",
     )
-    # A read of the events before it passes: each event is checked against its own hash.
-    assert mapper.decode_row("i", 6, "6", tampered, upto=3) == events[:3]
-    # Events not built (of another type) are checked only when asked (verify_chain does).
-    assert mapper.decode_row("i", 6, "6", tampered, types={"run_started"}) == events[:1]
+    # A read of any part of the row checks the whole row: the events before the edit, or of
+    # another type, are refused with it (in format 2, each was checked alone: test_batch2.py).
+    for window in ({"upto": 3}, {"after": 4}, {"types": {"run_started"}}):
+        with pytest.raises(LogIntegrityError, match="'i'#4") as caught:
+            mapper.decode_row("i", 6, "6", tampered, **window)  # type: ignore[arg-type]
+        assert caught.value.position == 4
     with pytest.raises(LogIntegrityError, match="'i'#4"):
-        mapper.decode_row("i", 6, "6", tampered, types={"run_started"}, check_all=True)
+        mapper.decode_row("i", 6, "6", tampered, types=(), check_all=True)
+    assert mapper.decode_row("i", 6, "6", tampered, types=()) == []  # nothing read: unchecked
     seen: list[LogIntegrityError] = []
     read = mapper.decode_row("i", 6, "6", tampered, on_broken=seen.append)
     assert [e.position for e in read] == [1, 2, 3, 4, 5, 6]
-    assert [e.position for e in seen] == [4]
+    assert [e.position for e in seen] == [4]  # one problem a row: every later hash differs too
+
+
+def test_an_edit_whose_tags_were_recomputed_is_still_refused() -> None:
+    """The tags name the event; they never vouch for one. Whoever edits an event and rewrites
+    the tags after it to match still changes the row's last hash, and the row is refused (named
+    at its last event, where the recomputed hash no longer matches)."""
+    mapper = RowMapper()
+    events = superstep_log().events()[:6]
+    body = orjson.loads(mapper.to_row(events).state)
+    edited = [*events[:3], events[3].model_copy(update={"value": {"n": 99}}), *events[4:]]
+    forged = chain_of(mapper.to_row(edited).state)
+    chain = chain_of(bytes(mapper.to_row(events).state))
+    body[5 + 3] = orjson.loads(mapper.to_row(edited).state)[5 + 3]
+    body[4] = base64.b64encode(forged[:-CHAIN_BYTES] + chain[-CHAIN_BYTES:]).decode()
+    with pytest.raises(LogIntegrityError) as caught:
+        mapper.decode_row("i", 6, "6", orjson.dumps(body))
+    assert (caught.value.position, caught.value.kind) == (6, "edited")
+    # The tags alone altered (the events intact) is refused too: the row is not as written.
+    body = orjson.loads(mapper.to_row(events).state)
+    body[4] = base64.b64encode(chain[:CHAIN_BYTES] + b"\0\0" + chain[CHAIN_BYTES + 2 :]).decode()
+    with pytest.raises(LogIntegrityError) as caught:
+        mapper.decode_row("i", 6, "6", orjson.dumps(body))
+    assert caught.value.position == 1
+
+
+def test_the_hash_of_any_event_is_recomputed_from_its_row() -> None:
+    """``event_hash`` of a position inside a row of format 3 is recomputed from the hash before
+    the row and the row's events up to it: an edit after it changes nothing, one before it does."""
+    mapper = RowMapper()
+    events = superstep_log().events()[:6]
+    row = mapper.to_row(events)
+    hashes = []
+    previous = None
+    for event in events:  # one row per event: every hash is stored whole
+        one = mapper.to_row([event], previous)
+        hashes.append(one.head)
+        previous = one.head
+    assert [mapper.event_hash("i", 6, "6", row.state, p) for p in range(1, 7)] == hashes
+    assert mapper.event_hash("i", 6, "6", row.state, 7) is None
+    body = orjson.loads(row.state)
+    body[5 + 3][-1] = {"n": 99}  # position 4
+    tampered = orjson.dumps(body)
+    found = [mapper.event_hash("i", 6, "6", tampered, p) for p in range(1, 7)]
+    assert found[:3] == hashes[:3]
+    assert all(f != h for f, h in zip(found[3:], hashes[3:], strict=True))
+    body[5 + 4] = [500, 0]  # position 5: a code no steplog wrote
+    unreadable = orjson.dumps(body)
+    found = [mapper.event_hash("i", 6, "6", unreadable, p) for p in range(1, 7)]
+    assert found[:3] == hashes[:3] != found[3:]
+    assert found[4:] == [b"", b""]  # matches no hash: no event from the unreadable one on
 
 
 def test_a_rewritten_marker_is_named_as_one() -> None:
@@ -115,18 +172,21 @@ def test_hashes_cover_the_logical_event_not_its_packing() -> None:
     mapper = RowMapper()
     events = superstep_log().events()
     whole = mapper.to_row(events)
-    hashes: list[bytes] = []
+    last, count = whole.originator_version, whole.topic
+    hashes: list[bytes | None] = []
     previous = None
     for start in range(0, len(events), 3):
         part = mapper.to_row(events[start : start + 3], previous)
-        chain = chain_of(part.state)
-        hashes += [chain[i : i + CHAIN_BYTES] for i in range(CHAIN_BYTES, len(chain), CHAIN_BYTES)]
+        end = part.originator_version
+        hashes += [
+            mapper.event_hash("i", end, part.topic, part.state, p)
+            for p in range(start + 1, end + 1)
+        ]
         previous = part.head
-    chain = chain_of(whole.state)
     assert hashes == [
-        chain[i : i + CHAIN_BYTES] for i in range(CHAIN_BYTES, len(chain), CHAIN_BYTES)
+        mapper.event_hash("i", last, count, whole.state, p) for p in range(1, last + 1)
     ]
-    assert whole.head == previous
+    assert whole.head == previous == hashes[-1]
 
 
 def test_rows_link_up_or_say_how_they_do_not() -> None:
