@@ -101,8 +101,10 @@ def add_commands(commands: Any) -> None:
 
 
 def history(store: EventStore, instance: str) -> RunHistory:
-    """The instance's run history, folded window by window, with its forks."""
-    return fold_history(events_of(store, instance), RunHistory(forks=forks_of(store, instance)))
+    """The instance's run history, folded window by window, with its forks (only the event
+    types the history folds are decoded)."""
+    events = events_of(store, instance, RunHistory.EVENT_TYPES)
+    return fold_history(events, RunHistory(forks=forks_of(store, instance)))
 
 
 _LATER = ("run_started", "response_received", *RUN_END_TYPES)
