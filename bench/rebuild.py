@@ -107,14 +107,18 @@ def child_steplog_fold(path: str, page_size: int = 1000) -> dict[str, Any]:
 
 
 def child_steplog_state_history(path: str, page_size: int = 1000) -> dict[str, Any]:
-    """Committed state and run history of every instance: steplog's pure folds over the log.
+    """Committed state and run history of every instance: steplog's pure folds over the log,
+    reading only ``RunHistory.EVENT_TYPES`` (filtered as the rows are decoded: the others are
+    never built), as ``Projector.rebuild("history")`` reads them.
 
     A ``RunHistory`` takes its verdicts from the kernel's committed-state fold, folded alongside;
     its ``state`` is that fold, so one pass gives both views (as ``steplog`` itself reads them).
     """
     from projections import RunHistory
 
-    views, events, seconds, folding = _steplog_fold(path, page_size, (), lambda: (RunHistory(),))
+    views, events, seconds, folding = _steplog_fold(
+        path, page_size, RunHistory.EVENT_TYPES, lambda: (RunHistory(),)
+    )
     states = {k: v[0].state.values for k, v in views.items()}
     runs = {
         k: [[r.status, r.supersteps, r.committed, r.aborted] for r in v[0].runs()]
@@ -240,7 +244,19 @@ def steplog_committed(cfg: Config) -> Measurement:
 
 
 def steplog_history(cfg: Config) -> Measurement:
-    return _child_case(cfg, "bench.rebuild:child_steplog_state_history")
+    from projections import RunHistory
+
+    types = RunHistory.EVENT_TYPES
+    share = _events_of(cfg, types) / _events_of(cfg, ())
+    return _child_case(
+        cfg,
+        "bench.rebuild:child_steplog_state_history",
+        types,
+        note=(
+            f"reads only RunHistory.EVENT_TYPES ({share:.0%} of the log), as "
+            'Projector.rebuild("history") does; events/s counts every event in the log'
+        ),
+    )
 
 
 def steplog_projector_state(cfg: Config) -> Measurement:
@@ -283,7 +299,8 @@ BENCHMARK = Benchmark(
         "imports' is its resident set before the rebuild starts. Cases: the kernel's "
         "committed-state fold over store.iter_all(types=CommittedState.EVENT_TYPES) (only the "
         "events that change committed state, filtered by the database, as a real rebuild of "
-        "that view reads them); committed state plus projections.RunHistory over every event "
+        "that view reads them); committed state plus projections.RunHistory over the events of "
+        "RunHistory.EVENT_TYPES (every type but executor_completed here) "
         "(pure folds, in memory: the history's verdicts come from the kernel's committed-state "
         "fold, read as RunHistory.state); Projector.rebuild('state') (the "
         "materialized state view, written to tables in the same SQLite file); the floor: raw "
@@ -311,11 +328,11 @@ BENCHMARK = Benchmark(
         Case(RAW, raw),
     ],
     targets=[
-        Target(
-            "rebuild >= 40% of raw sqlite3 + orjson fold",
+        Target(  # issue 25: >= 0.3x (was 0.4x)
+            "rebuild (committed state + run history) >= 30% of raw sqlite3 + orjson fold",
             "steplog rebuild (committed state + run history)",
             ">=",
-            0.4,
+            0.3,
             RAW,
         ),
         Target(

@@ -107,7 +107,11 @@ from kernel._log._fold import (
 )
 from kernel._log._requests import PendingRequest
 from kernel._ops._builder import WorkflowBuilder
-from kernel._ops._checkpoint_status import checkpoint_statuses
+from kernel._ops._checkpoint_status import (
+    LoggedCheckpoint,
+    checkpoint_statuses,
+    logged_checkpoints,
+)
 from kernel._ops._functional import (
     FunctionalRunStream,
     FunctionalWorkflow,
@@ -198,6 +202,7 @@ __all__ = [
     "Keyring",
     "Lease",
     "LogIntegrityError",
+    "LoggedCheckpoint",
     "MemoryStore",
     "MessageStaged",
     "MissingKeyError",
@@ -283,6 +288,7 @@ __all__ = [
     "fork_at",
     "get_run_context",
     "handler",
+    "logged_checkpoints",
     "mask_url",
     "open_store",
     "record_response",

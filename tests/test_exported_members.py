@@ -133,8 +133,15 @@ def test_every_former_name_leads_to_a_stored_public_class() -> None:
         kernel.SubWorkflowResponseMessage,
         kernel.ValidationTypeEnum,
     )
-    # exported since issue 22 (StepInfo: issue 23): never stored under another name
-    new = (kernel.InstanceSettings, kernel.RunInfo, kernel.StepInfo, kernel.SuperstepInfo)
+    # exported since issue 22 (StepInfo: issue 23; LoggedCheckpoint: issue 25): never stored
+    # under another name
+    new = (
+        kernel.InstanceSettings,
+        kernel.LoggedCheckpoint,
+        kernel.RunInfo,
+        kernel.StepInfo,
+        kernel.SuperstepInfo,
+    )
     unchanged = [cls for cls in stored_classes() if f"kernel:{cls.__qualname__}" not in renamed]
     assert [cls for cls in unchanged if not issubclass(cls, before) and cls not in new] == []
 

@@ -249,8 +249,10 @@ class RunHistory(Fold):
 
     @folds("superstep_started")
     def _superstep_started(self, event: SuperstepStarted) -> None:
-        self._tracker.verdict(event)
-        run = self._run_of(event.run_id)
+        self._tracker.fold_started(event)
+        run = self._run
+        if run is None or run.run_id != event.run_id:
+            run = self._run_of(event.run_id)
         if run is None or run.status != "running":
             return
         rows = self._rows
@@ -301,7 +303,7 @@ class RunHistory(Fold):
 
     @folds("state_staged")
     def _staged(self, event: StateStaged) -> None:
-        self._tracker.verdict(event)
+        self._tracker.fold_write(event)
         step = self._step
         if step is None or step.superstep_id != event.superstep_id:
             step = self._step_of(event.superstep_id)

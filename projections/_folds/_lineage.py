@@ -186,5 +186,7 @@ def forks_of(store: EventStore, origin_instance: str) -> list[ForkRecord]:
 
 
 def history_of(store: EventStore, instance_id: str) -> RunHistory:
-    """The run history of ``instance_id`` in ``store``, with its forks (``forks_of``)."""
-    return fold_history(store.read(instance_id), RunHistory(forks=forks_of(store, instance_id)))
+    """The run history of ``instance_id`` in ``store``, with its forks (``forks_of``): only the
+    event types the history folds are decoded."""
+    events = store.read(instance_id, types=RunHistory.EVENT_TYPES)
+    return fold_history(events, RunHistory(forks=forks_of(store, instance_id)))

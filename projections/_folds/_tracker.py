@@ -205,6 +205,16 @@ class SuperstepTracker(Fold):
         self._kind = "staged" if self.state.apply_write(event) else "late"
         self._event = event
 
+    def fold_write(self, event: StateStaged) -> None:
+        """Fold a ``StateStaged`` in, like ``verdict``, for a caller that never reads its
+        outcome (``outcome`` and ``verdict``'s answer are left as the last event's)."""
+        self.state.apply_write(event)
+
+    def fold_started(self, event: SuperstepStarted) -> None:
+        """Fold a ``SuperstepStarted`` in, like ``verdict`` (whose answer would be ``other``),
+        for a caller that never reads its outcome."""
+        self._started(event)
+
     @folds("info_requested")
     def _requested(self, event: InfoRequested) -> None:
         self._kind = "staged" if self._request_fold().hold(event) else "late"

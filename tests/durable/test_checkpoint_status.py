@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from kernel import EventStore, checkpoint_statuses, open_store, record_response
+from kernel import (
+    EventStore,
+    checkpoint_statuses,
+    logged_checkpoints,
+    open_store,
+    record_response,
+)
 from tests.durable.helpers import Tick, counting, reviewing
 
 
@@ -23,6 +29,15 @@ def _compared(store: EventStore, instance: str, wf: Any) -> list[Any]:
     for checkpoint in known:
         said = logged[checkpoint.checkpoint_id]
         assert said is None or said == checkpoint.status, checkpoint
+    # the checkpoints themselves, from the same one fold: the workflow's, with those statuses
+    listed = logged_checkpoints(store, instance)
+    assert [
+        (c.checkpoint_id, c.instance_id, c.run_id, c.index, c.timestamp, c.position) for c in listed
+    ] == [
+        (c.checkpoint_id, c.instance_id, c.run_id, c.index, c.timestamp, c.position) for c in known
+    ]
+    assert [c.status for c in listed] == list(logged.values())
+    assert [c.latest for c in listed] == [i == len(known) - 1 for i in range(len(known))]
     return list(logged.values())
 
 
@@ -53,3 +68,26 @@ async def test_a_run_waiting_for_input_and_answered(store_url):
 def test_an_instance_without_checkpoints_has_none(store_url):
     store = open_store(store_url)
     assert checkpoint_statuses(store, "nothing") == {}
+    assert logged_checkpoints(store, "nothing") == []
+
+
+async def test_a_fork_that_committed_nothing_lists_the_origins_checkpoint(store_url):
+    store = open_store(store_url)
+    origin = counting(store)
+    await origin.run(Tick(1))
+    second = origin.checkpoints()[1]
+    origin.fork(at=second.checkpoint_id, instance_id="f")
+    (mark,) = logged_checkpoints(store, "f")
+    forked = store.read("f", upto=1)[0]
+    assert (mark.checkpoint_id, mark.instance_id, mark.run_id, mark.index) == (
+        second.checkpoint_id,
+        "count",
+        second.run_id,
+        None,  # the index is in the origin's log
+    )
+    assert (mark.position, mark.timestamp, mark.latest) == (
+        second.position,
+        forked.timestamp,
+        True,
+    )
+    assert mark.status == checkpoint_statuses(store, "f")[second.checkpoint_id]

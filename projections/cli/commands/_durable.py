@@ -31,8 +31,8 @@ from kernel import (
     StepRecorded,
     ValueCodec,
     WorkflowEvent,
-    checkpoint_statuses,
     fork_at,
+    logged_checkpoints,
     record_response,
     replay,
 )
@@ -101,8 +101,10 @@ def add_commands(commands: Any) -> None:
 
 
 def history(store: EventStore, instance: str) -> RunHistory:
-    """The instance's run history, folded window by window, with its forks."""
-    return fold_history(events_of(store, instance), RunHistory(forks=forks_of(store, instance)))
+    """The instance's run history, folded window by window, with its forks (only the event
+    types the history folds are decoded)."""
+    events = events_of(store, instance, RunHistory.EVENT_TYPES)
+    return fold_history(events, RunHistory(forks=forks_of(store, instance)))
 
 
 _LATER = ("run_started", "response_received", *RUN_END_TYPES)
@@ -321,40 +323,22 @@ def _print_responses(console: Console, run: RunRecord, responses: list[ResponseR
 
 
 def _checkpoints(store: EventStore, args: argparse.Namespace, console: Console) -> int:
-    """The committed supersteps (from the run history), each with its status where the log
-    alone says it (``kernel.checkpoint_statuses``; None where only the workflow can say)."""
-    past = history(store, args.instance)
-    statuses = checkpoint_statuses(store, args.instance)
+    """The committed supersteps, each with its status where the log alone says it (None where
+    only the workflow can say): ``kernel.logged_checkpoints``, one read and one fold of the log
+    for both."""
     marks: list[dict[str, Any]] = [
         {
-            "checkpoint_id": step.superstep_id,
-            "instance_id": args.instance,
-            "run_id": step.run_id,
-            "index": step.index,
-            "position": step.position,
-            "timestamp": None if step.ended_at is None else step.ended_at.isoformat(),
-            "latest": False,
-            "status": statuses.get(step.superstep_id),
+            "checkpoint_id": mark.checkpoint_id,
+            "instance_id": mark.instance_id,
+            "run_id": mark.run_id,
+            "index": mark.index,
+            "position": mark.position,
+            "timestamp": mark.timestamp.isoformat(),
+            "latest": mark.latest,
+            "status": mark.status,
         }
-        for step in past.supersteps()
-        if step.status == "committed"
+        for mark in logged_checkpoints(store, args.instance)
     ]
-    forked = past.forked_from
-    if not marks and forked is not None and forked.checkpoint is not None:
-        marks.append(
-            {
-                "checkpoint_id": forked.checkpoint,
-                "instance_id": forked.origin_instance,
-                "run_id": forked.origin_run,
-                "index": None,
-                "position": forked.origin_position,
-                "timestamp": forked.forked_at.isoformat(),
-                "latest": False,
-                "status": statuses.get(forked.checkpoint),
-            }
-        )
-    if marks:
-        marks[-1]["latest"] = True
     if args.json:
         emit({"instance_id": args.instance, "checkpoints": marks})
         return 0
