@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +70,8 @@ SNAPSHOT_FORMAT = 1
 DEFAULT_SNAPSHOT_EVERY = 1000
 """Supersteps between two snapshots a long run takes (and one at every run's end)."""
 _MAGIC = "steplog-snapshot"
+_SAME = "same as committed"
+_MAX_BODY = 1 << 30  # a body that inflates past this is not decoded whole (and fails to parse)
 
 
 class SnapshotUnusable(Exception):
@@ -304,17 +307,27 @@ def encode_snapshot(
     """The snapshot of the views, folded to ``open_run.version`` where the chain hash is
     ``head``, as the text the store keeps (sealed with ``keyring``'s current key, if any)."""
     position = open_run.version
-    body = orjson.dumps(
-        {
-            "format": SNAPSHOT_FORMAT,
-            "instance_id": instance_id,
-            "position": position,
-            "head": head.hex(),
-            "graph": graph_signature(graph),
-            "committed": committed.to_snapshot(),
-            "open_run": _open_run_tree(open_run),
-            "ledger": _ledger_tree(ledger),
-        }
+    committed_tree = committed.to_snapshot()
+    ledger_tree = _ledger_tree(ledger)
+    # Both folds keep the same record of markers (the one rule, over the same events): it grows
+    # with an open run's supersteps, so it is written once when they agree.
+    for name in ("closed", "ended_runs"):
+        if committed_tree[name] == ledger_tree[name]:
+            ledger_tree[name] = _SAME
+    body = zlib.compress(
+        orjson.dumps(
+            {
+                "format": SNAPSHOT_FORMAT,
+                "instance_id": instance_id,
+                "position": position,
+                "head": head.hex(),
+                "graph": graph_signature(graph),
+                "committed": committed_tree,
+                "open_run": _open_run_tree(open_run),
+                "ledger": ledger_tree,
+            }
+        ),
+        1,
     )
     sealed = keyring is not None
     if keyring is not None:
@@ -365,7 +378,10 @@ def decode_snapshot(text: str, instance_id: str, graph: Graph, keyring: Keyring 
     elif keyring is not None:
         raise SnapshotUnusable("it is plain and the store has keys: never trusted unsealed")
     try:
-        tree = orjson.loads(body)
+        tree = orjson.loads(zlib.decompressobj().decompress(body, _MAX_BODY))
+        for name in ("closed", "ended_runs"):
+            if tree["ledger"][name] == _SAME:
+                tree["ledger"][name] = tree["committed"][name]
         if tree["format"] != SNAPSHOT_FORMAT:
             raise SnapshotUnusable(f"its body is of format {tree['format']!r}")
         if tree["instance_id"] != instance_id:
