@@ -313,7 +313,13 @@ class InstanceContext:
         position = head.version
         if not self.use_snapshots or ledger is None or position <= self._snapshot_position:
             return
-        if every and self._since_snapshot < self.snapshot_every:
+        # Mid-run, every K supersteps; but a snapshot carries the open run's marker record, which
+        # grows with the run: past 4,000 supersteps into a run, at least a quarter of its length
+        # apart, so that the cost per superstep stays bounded however long the run.
+        spacing = self.snapshot_every
+        if head.index > 4 * DEFAULT_SNAPSHOT_EVERY:
+            spacing = max(spacing, head.index // 4)
+        if every and self._since_snapshot < spacing:
             return
         store = self.store
         try:
