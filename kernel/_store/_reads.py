@@ -114,7 +114,10 @@ class StoreReads(StoreCore):
     def read_snapshot(self, instance_id: str) -> str | None:
         """The snapshot text kept for ``instance_id`` (``kernel._run._snapshot``), if any: a
         cache beside the log, in the store's meta table. None also when the store has no meta
-        table to read (a reader never creates one)."""
+        table to read (a reader never creates one), and in a store opened with
+        ``allow_broken_chain``, which answers from the log alone."""
+        if self.reads_broken_chains:
+            return None
         try:
             return self._meta(SNAPSHOT_KEY + instance_id) or None  # "": dropped
         except StoreError:
