@@ -78,8 +78,9 @@ def _digest(*parts: bytes | str) -> str:
 
 
 def _sources(folder: Path) -> bytes:
-    """The ``*.py`` files of ``folder``, concatenated in name order (a cache key's part)."""
-    return b"".join(p.read_bytes() for p in sorted(folder.glob("*.py")))
+    """The ``*.py`` files under ``folder`` (its rooms too: what a history holds, snapshots
+    included, depends on them), concatenated in path order (a cache key's part)."""
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*.py")))
 
 
 def _versions(*dists: str) -> str:

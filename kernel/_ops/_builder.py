@@ -40,6 +40,7 @@ from kernel._ops._settings import DEFAULT_LEASE, InstanceSettings, check_pattern
 from kernel._ops._workflow import Durability, Workflow
 from kernel._run._hooks import RunHooks, chain_hooks
 from kernel._run._instance import LeasePolicy
+from kernel._run._snapshot import DEFAULT_SNAPSHOT_EVERY
 from kernel._store._eventstore import EventStore
 from kernel._store._factory import open_store
 
@@ -120,6 +121,7 @@ class WorkflowBuilder:
         self._ids = id_factory or uuid_ids
         self._value_types: list[type] = []
         self._lease = DEFAULT_LEASE
+        self._snapshot_every = DEFAULT_SNAPSHOT_EVERY
         self._sensitive: list[str] = []
         self._hooks: list[RunHooks] = []
         self.with_sensitive_keys(*_pattern_list(sensitive_keys))
@@ -285,6 +287,17 @@ class WorkflowBuilder:
         self._lease = LeasePolicy(ttl, wait)  # checks both (DefinitionError)
         return self
 
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def with_snapshots(self, *, every: int = DEFAULT_SNAPSHOT_EVERY) -> Self:
+        """How often a run keeps a snapshot of the instance's view beside the log: every
+        ``every`` committed supersteps, and at its end. An open, a new run or a resume then folds
+        only the log after the latest snapshot (checked against the hash chain first; a bad one
+        is ignored). ``every=0``: no snapshot is taken or read. Raises ``DefinitionError`` for a
+        negative or non-int ``every``."""
+        self._snapshot_every = every
+        return self
+
     # -- sensitive keys -----------------------------------------------------------------------
 
     def with_sensitive_keys(self, *patterns: str) -> Self:
@@ -348,6 +361,7 @@ class WorkflowBuilder:
             clock=self._clock,
             id_factory=self._ids,
             lease=self._lease,
+            snapshot_every=self._snapshot_every,
             sensitive_keys=tuple(self._sensitive),
             hooks=tuple(self._hooks),
         )

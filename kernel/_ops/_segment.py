@@ -182,7 +182,8 @@ class WorkflowFunction(Executor):
         """The message the lineage of run ``run_id`` started with, and the answers its runs
         recorded (wire values, by the function's request ids)."""
         host = step.host
-        _, ledger = host.catch_up_ledger()
+        # the whole lineage, from its first run: a snapshot's pruned ledger does not reach it
+        ledger = host.full_ledger()
         chain, _ = ledger.lineage(run_id, None, host.origin_ledger)
         started = chain[0][0].started
         message = host.codec.decode(started.input, what="the input message of the lineage")

@@ -24,6 +24,7 @@ from kernel._define._executor import require_storable
 from kernel._run._algo import Router
 from kernel._run._hooks import RunHooks, chain_hooks
 from kernel._run._instance import Durability, InstanceContext, LeasePolicy
+from kernel._run._snapshot import DEFAULT_SNAPSHOT_EVERY
 from kernel._store._owner import process_owner
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class InstanceSettings:
     sensitive_keys: tuple[str, ...] = ()
     hooks: tuple[RunHooks, ...] = ()
     live_steps: frozenset[str] | None = None
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
+    """A run keeps a snapshot of the instance's view beside the log every ``snapshot_every``
+    committed supersteps and at its end; 0: none is taken, and none is read (every open folds
+    the whole log)."""
 
     def __post_init__(self) -> None:
         check_id(self.instance_id, "instance_id", DefinitionError)
@@ -102,6 +107,9 @@ class InstanceSettings:
         if not isinstance(self.hooks, tuple):
             raise DefinitionError(f"hooks must be a tuple of RunHooks, got {self.hooks!r}")
         chain_hooks(self.hooks)  # refuses what is not a RunHooks
+        every = self.snapshot_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise DefinitionError(f"snapshot_every must be an int >= 0, got {every!r}")
         live = self.live_steps
         if live is not None and (
             not isinstance(live, frozenset) or not all(isinstance(n, str) and n for n in live)
@@ -154,6 +162,8 @@ class WorkflowInstance(InstanceContext):
             sensitive_keys=settings.sensitive_keys,
             hooks=settings.hooks,
             live_steps=settings.live_steps,
+            snapshot_every=settings.snapshot_every or DEFAULT_SNAPSHOT_EVERY,
+            use_snapshots=settings.snapshot_every > 0,
         )
         self.settings = settings
 

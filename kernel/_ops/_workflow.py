@@ -20,7 +20,14 @@ from kernel._ops._replay import replay_events
 from kernel._ops._settings import InstanceSettings, WorkflowInstance
 from kernel._run._emit import WorkflowEvent
 from kernel._run._instance import Durability, read_ledger
-from kernel._run._ledger import Checkpoint, CheckpointStatus, Ledger, Standing, continued_run
+from kernel._run._ledger import (
+    Checkpoint,
+    CheckpointStatus,
+    HistoryNeeded,
+    Ledger,
+    Standing,
+    continued_run,
+)
 from kernel._run._runner import Continuation, Run, RunResult
 from kernel._store._eventstore import EventStore
 from kernel._store._owner import presumed_reason
@@ -280,8 +287,12 @@ class Workflow(DefinitionView):
     def checkpoints(self) -> list[Checkpoint]:
         """Every committed superstep of this instance, oldest first: the points a run can be
         continued from. Only the last one can be (``status`` says whether and how); the others
-        are ``superseded``, and ``fork`` branches from them. Read from the log; writes nothing."""
-        ledger = read_ledger(self.store, self.instance_id)
+        are ``superseded``, and ``fork`` branches from them. Read from the log; writes nothing.
+
+        The list is the whole log's; the last one's status comes from the instance's snapshot
+        and the log after it (``_latest_status``), as a run started now would see it."""
+        head, current = self._instance.catch_up_ledger()
+        ledger = read_ledger(self.store, self.instance_id, upto=head.version)
         found = [
             Checkpoint(
                 step.superstep_id,
@@ -308,7 +319,11 @@ class Workflow(DefinitionView):
                     )
                 )
         if found:
-            found[-1] = replace(found[-1], status=self._latest_status(ledger))
+            try:
+                status = self._latest_status(current)
+            except HistoryNeeded:  # the snapshot's ledger does not reach that far back
+                status = self._latest_status(ledger)
+            found[-1] = replace(found[-1], status=status)
         return found
 
     def _latest_status(self, ledger: Ledger) -> CheckpointStatus:
@@ -343,7 +358,11 @@ class Workflow(DefinitionView):
     def pending_requests(self) -> list[PendingRequest]:
         """The requests of this instance's last run still waiting for a response, in the order
         they were made; ``run(responses={request_id: value})`` answers them."""
-        standing = self._standing(read_ledger(self.store, self.instance_id))
+        _, ledger = self._instance.catch_up_ledger()  # from the snapshot and the log after it
+        try:
+            standing = self._standing(ledger)
+        except HistoryNeeded:
+            standing = self._standing(self._instance.full_ledger())
         return [] if standing is None else list(standing.position.requests.values())
 
     def fork(self, *, at: Any, instance_id: str) -> Workflow:

@@ -11,6 +11,7 @@ Resuming, checkpointing or running a sub-workflow plugs in here: anything that i
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from kernel._codec._values import ValueCodec
 from kernel._log._events import AbortReason, EventBase, InstanceForked
 from kernel._log._fold import CommittedState, OpenRun
 from kernel._run._hooks import RunHooks
-from kernel._run._ledger import Ledger
+from kernel._run._ledger import HistoryNeeded, Ledger
+from kernel._run._snapshot import (
+    DEFAULT_SNAPSHOT_EVERY,
+    SnapshotUnusable,
+    decode_snapshot,
+    encode_snapshot,
+    prune,
+    snapshot_header,
+)
 from kernel._store._eventstore import EventStore
 from kernel._store._group import Pending
 from kernel._store._lease import LeaseKeeper
@@ -41,6 +50,8 @@ __all__ = [
 ]
 
 Durability = Literal["superstep", "write"]
+
+_log = logging.getLogger("steplog.snapshot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +143,21 @@ class RunnerContext(Protocol):
         ...
 
     def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
-        """``catch_up``, and the instance's runs and checkpoints folded from the log up to the
-        same version (from the same read, when the view starts from nothing)."""
+        """``catch_up``, and the instance's runs and checkpoints up to the same version: possibly
+        pruned (rebuilt from a snapshot), so that a question about an older run or checkpoint
+        raises ``HistoryNeeded``; ask ``full_ledger`` then."""
+        ...
+
+    def full_ledger(self) -> Ledger:
+        """The instance's runs and checkpoints folded from the whole log, up to ``catch_up``'s
+        version."""
+        ...
+
+    def take_snapshot(self, *, every: bool) -> None:
+        """Keep a snapshot of the view beside the log (``kernel._run._snapshot``), when the view
+        moved on since the last one (``every``: only once ``snapshot_every`` supersteps have
+        committed since). Called by the run that holds the lease, after a commit or at its end;
+        never raises (a snapshot is a cache: failing to keep one costs only time)."""
         ...
 
     def origin_ledger(self, forked: InstanceForked) -> Ledger:
@@ -185,6 +209,8 @@ class InstanceContext:
         sensitive_keys: tuple[str, ...] = (),
         hooks: tuple[RunHooks, ...] = (),
         live_steps: frozenset[str] | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        use_snapshots: bool = True,
     ) -> None:
         self.store = store
         self.lease = lease or LeasePolicy()
@@ -202,6 +228,16 @@ class InstanceContext:
         self.new_id = id_factory
         self._committed = CommittedState()
         self._head = OpenRun()
+        # The ledger, once a run asked for it: kept folded with every append, pruned at every
+        # snapshot (so its size stays that of the last run's standing).
+        self._ledger: Ledger | None = None
+        self.snapshot_every = snapshot_every
+        self.use_snapshots = use_snapshots
+        self.snapshot_note = "no snapshot looked for yet"
+        """What became of the last snapshot looked for: used (at which position), none, or
+        ignored and why."""
+        self._snapshot_position = 0  # of the snapshot last read or written
+        self._since_snapshot = 0  # supersteps committed since then, by this view's appends
 
     def committed(self, key: str, default: Any) -> Any:
         return self._committed.values.get(key, default)
@@ -212,9 +248,37 @@ class InstanceContext:
         return dict(self._committed.values)
 
     def catch_up(self) -> OpenRun:
+        if self._head.version == 0 and self._ledger is None and self.use_snapshots:
+            self._from_snapshot()
         events = self.store.read(self.instance_id, after=self._head.version)
         self._fold(events)
         return self._head
+
+    def _from_snapshot(self) -> None:
+        """Start the views from the instance's snapshot and the log's tail after it, if there
+        is one that serves (see ``kernel._run._snapshot``); else leave them empty."""
+        store = self.store
+        text = store.read_snapshot(self.instance_id)
+        if text is None:
+            self.snapshot_note = "none kept"
+            return
+        try:
+            position, head = snapshot_header(text)
+            tail = store.read_after_head(self.instance_id, position, head)
+            if tail is None:
+                raise SnapshotUnusable(
+                    f"the log has no row ending at position {position} with its chain hash "
+                    "(stale, or over another log)"
+                )
+            loaded = decode_snapshot(text, self.instance_id, self.router.graph, store.keyring)
+        except SnapshotUnusable as why:
+            self.snapshot_note = f"ignored: {why}"
+            _log.warning("snapshot of instance %r ignored: %s", self.instance_id, why)
+            return
+        self._committed, self._head, self._ledger = loaded.committed, loaded.open_run, loaded.ledger
+        self._snapshot_position = position
+        self.snapshot_note = f"used, folded to position {position}"
+        self._fold(tail)
 
     def presumed_reason(self, owner: str) -> AbortReason:
         return presumed_reason(owner)
@@ -226,12 +290,58 @@ class InstanceContext:
         )
 
     def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
-        if self._head.version == 0:  # a new view: the one read of the whole log serves both
-            events = self.store.read(self.instance_id)
-            self._fold(events)
-            return self._head, Ledger(self.instance_id).apply_all(events)
+        if self._ledger is None and self._head.version == 0 and self.use_snapshots:
+            self._from_snapshot()
+        if self._ledger is None:
+            if self._head.version == 0:  # a new view: the one read of the whole log serves all
+                events = self.store.read(self.instance_id)
+                self._ledger = Ledger(self.instance_id)
+                self._fold(events)
+                return self._head, self._ledger
+            head = self.catch_up()
+            self._ledger = read_ledger(self.store, self.instance_id, upto=head.version)
         head = self.catch_up()
-        return head, read_ledger(self.store, self.instance_id, upto=head.version)
+        return head, self._ledger
+
+    def full_ledger(self) -> Ledger:
+        head = self.catch_up()
+        return read_ledger(self.store, self.instance_id, upto=head.version)
+
+    def take_snapshot(self, *, every: bool) -> None:
+        ledger = self._ledger
+        head = self._head
+        position = head.version
+        if not self.use_snapshots or ledger is None or position <= self._snapshot_position:
+            return
+        # Mid-run, every K supersteps; but a snapshot carries the open run's marker record, which
+        # grows with the run: past 4,000 supersteps into a run, at least a quarter of its length
+        # apart, so that the cost per superstep stays bounded however long the run.
+        spacing = self.snapshot_every
+        if head.index > 4 * DEFAULT_SNAPSHOT_EVERY:
+            spacing = max(spacing, head.index // 4)
+        if every and self._since_snapshot < spacing:
+            return
+        store = self.store
+        try:
+            pruned = prune(ledger, self.router, self.origin_ledger)
+            text = encode_snapshot(
+                self.instance_id,
+                store.chain_hash_at(self.instance_id, position),
+                self.router.graph,
+                self._committed,
+                head,
+                pruned,
+                store.keyring,
+            )
+            store.write_snapshot(self.instance_id, text)
+        except HistoryNeeded:
+            return
+        except Exception as error:
+            _log.warning("no snapshot of instance %r taken: %s", self.instance_id, error)
+            return
+        self._ledger = pruned
+        self._snapshot_position = position
+        self._since_snapshot = 0
 
     def origin_ledger(self, forked: InstanceForked) -> Ledger:
         return read_ledger(self.store, forked.origin_instance, upto=forked.origin_position)
@@ -255,6 +365,11 @@ class InstanceContext:
         if not events:
             return
         self._committed.apply_all(events)
+        ledger = self._ledger
+        if ledger is not None:
+            checkpoints = len(ledger.checkpoints)
+            ledger.apply_all(events)
+            self._since_snapshot += len(ledger.checkpoints) - checkpoints
         # The open-run view moves only on run and superstep boundaries; any other event just
         # advances its version, so of those the batch's last one (the stream's order) is enough.
         head = self._head

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel._base._errors import ResponseError, ResumeError
+from kernel._define._graph import FanIn
 from kernel._log._events import (
     RUN_END_TYPES,
     InfoRequested,
@@ -48,7 +49,9 @@ __all__ = [
     "Checkpoint",
     "CheckpointStatus",
     "Continuation",
+    "HistoryNeeded",
     "Ledger",
+    "Root",
     "RunLine",
     "Standing",
     "Waiting",
@@ -103,6 +106,27 @@ class _Step:
     items: list[SuperstepEvent]
 
 
+class HistoryNeeded(Exception):
+    """A pruned ledger (one rebuilt from a snapshot, ``kernel._run._snapshot``) was asked about
+    what it no longer holds (an older run or checkpoint): ask a ledger folded from the whole log.
+    Never escapes the kernel: whoever holds a pruned ledger catches it and reads the log."""
+
+
+@dataclass(slots=True)
+class Root:
+    """Where a pruned run line stands on what was pruned before it: its ``Standing`` after its
+    last committed superstep (its only kept step, ``RunLine.steps[0]``), or at its start if it
+    had none, as a tree of wire values (``kernel._run._snapshot``); the requests then pending
+    (wire data, as ``pending_wire`` gives them); and the responses that the step-less runs it
+    continues recorded and did not deliver (as ``waiting`` gathers them)."""
+
+    standing: dict[str, Any]
+    pending: dict[str, dict[str, Any]]
+    responses: list[ResponseReceived]
+    skip: int
+    """How many of the line's kept steps the standing already includes (0 or 1)."""
+
+
 @dataclass(slots=True)
 class RunLine:
     """One run as the ledger keeps it: its start, responses, committed supersteps and end.
@@ -122,6 +146,8 @@ class RunLine:
     lineage: str = ""
     """The run that began this run's line: itself when it started with a message, else its
     continued run's lineage (a run continued from another instance, a fork's origin, names it)."""
+    root: Root | None = None
+    """Set on a pruned ledger's line: the lineage is not walked past it (see ``Root``)."""
 
     @property
     def run_id(self) -> str:
@@ -152,9 +178,11 @@ class Ledger(SuperstepFold):
         "_step_aborts",
         "_step_lineage",
         "_step_records",
+        "answered",
         "checkpoints",
         "forked",
         "instance_id",
+        "pruned",
         "runs",
     )
 
@@ -164,6 +192,11 @@ class Ledger(SuperstepFold):
         self.runs: dict[str, RunLine] = {}
         self.checkpoints: list[_Step] = []
         self.forked: InstanceForked | None = None
+        # The ids of every request a run recorded a response to (``check_responses``).
+        self.answered: set[str] = set()
+        self.pruned = False
+        """Whether older runs and checkpoints were pruned (a snapshot's ledger): a question about
+        them raises ``HistoryNeeded``."""
         self._starts: dict[str, SuperstepStarted] = {}
         # The recorded steps of the latest lineage that recorded any, with their supersteps'
         # lineage indexes, and the abort reasons of the supersteps that recorded them.
@@ -193,6 +226,7 @@ class Ledger(SuperstepFold):
         line = self.runs.get(event.run_id)
         if line is not None and line.end is None and not line.steps:
             line.responses.append(event)
+            self.answered.add(event.request_id)
 
     @folds("superstep_started")
     def _superstep_started(self, event: SuperstepStarted) -> None:
@@ -271,7 +305,16 @@ class Ledger(SuperstepFold):
         for step in reversed(self.checkpoints):
             if step.superstep_id == checkpoint_id:
                 return step
+        if self.pruned:
+            raise HistoryNeeded(f"checkpoint {checkpoint_id!r}")
         return None
+
+    def run(self, run_id: str) -> RunLine | None:
+        """``runs.get(run_id)``; ``HistoryNeeded`` for a run a pruned ledger may have dropped."""
+        line = self.runs.get(run_id)
+        if line is None and self.pruned:
+            raise HistoryNeeded(f"run {run_id!r}")
+        return line
 
     def lineage(
         self,
@@ -288,6 +331,8 @@ class Ledger(SuperstepFold):
         ledger: Ledger = self
         while True:
             line = ledger.runs.get(run_id)
+            if line is None and ledger.pruned:
+                raise HistoryNeeded(f"run {run_id!r}")
             if line is None:
                 forked = ledger.forked
                 if forked is None or forked.origin_run != run_id:
@@ -298,7 +343,7 @@ class Ledger(SuperstepFold):
                 ledger = origin(forked)
                 continue
             chain.append((line, checkpoint_id))
-            if line.started.continues is None:
+            if line.started.continues is None or line.root is not None:
                 chain.reverse()
                 return chain, None
             run_id, checkpoint_id = line.started.continues, line.started.checkpoint
@@ -320,8 +365,18 @@ class Ledger(SuperstepFold):
         rebuild = _Rebuild(router, codec, self.instance_id)
         standing: Standing | None = None
         for line, upto in chain:
-            standing = rebuild.start(line, standing)
-            for step in line.steps:
+            steps = line.steps
+            root = line.root if standing is None else None
+            if root is not None:
+                standing = rebuild.root(root)
+                steps = steps[root.skip :]
+                if upto is None or (root.skip and upto == line.steps[0].superstep_id):
+                    if upto is None and root.skip:
+                        raise HistoryNeeded(f"the start of run {line.run_id}")
+                    continue
+            else:
+                standing = rebuild.start(line, standing)
+            for step in steps:
                 if upto is None:
                     break
                 standing = rebuild.after(standing, step)
@@ -329,6 +384,8 @@ class Ledger(SuperstepFold):
                     break
             else:
                 if upto is not None:
+                    if root is not None:
+                        raise HistoryNeeded(f"superstep {upto!r} of run {line.run_id}")
                     raise ResumeError(f"run {line.run_id} has no committed superstep {upto!r}")
         assert standing is not None
         standing.kwargs = dict(chain[-1][0].started.kwargs)
@@ -342,6 +399,10 @@ class _Rebuild:
         self.router = router
         self.codec = codec
         self.instance_id = instance_id
+
+    def root(self, root: Root) -> Standing:
+        """A pruned line's standing, decoded from its root's wire tree."""
+        return standing_from_tree(root.standing, self.router.graph, self.codec.decode)
 
     def start(self, line: RunLine, before: Standing | None) -> Standing:
         """A run's standing at its start: a fresh run's input to the start executor, or the run
@@ -411,12 +472,22 @@ def pending_wire(
     chain, forked = ledger.lineage(run_id, checkpoint)
     base = list(forked_requests) if forked is not None else []
     pending: dict[str, dict[str, Any]] = {r["request_id"]: dict(r) for r in base}
-    for line, upto in chain:
-        if line.started.continues is None:
-            pending = {}
-        for response in line.responses:
-            pending.pop(response.request_id, None)
-        for step in line.steps:
+    for i, (line, upto) in enumerate(chain):
+        steps = line.steps
+        root = line.root if i == 0 else None
+        if root is not None:
+            pending = {rid: dict(r) for rid, r in root.pending.items()}
+            steps = steps[root.skip :]
+            if upto is None and root.skip:
+                raise HistoryNeeded(f"the start of run {line.run_id}")
+            if root.skip and upto == line.steps[0].superstep_id:
+                continue
+        else:
+            if line.started.continues is None:
+                pending = {}
+            for response in line.responses:
+                pending.pop(response.request_id, None)
+        for step in steps:
             if upto is None:
                 break
             for item in step.items:
@@ -464,7 +535,10 @@ def waiting(ledger: Ledger) -> Waiting:
     run: RunLine | None = line
     while run is not None and not run.steps and run.started.continues is not None:
         responses[:0] = run.responses
-        run = ledger.runs.get(run.started.continues)
+        if run.root is not None:
+            responses[:0] = run.root.responses
+            break
+        run = ledger.run(run.started.continues)
     return Waiting(requests, responses)
 
 
@@ -508,7 +582,7 @@ def continued_run(ledger: Ledger, plan: Continuation, workflow_name: str) -> tup
                 f"it. Fork it instead: wf.fork(at={checkpoint_id!r}, instance_id=...)"
             )
     elif plan.run_id is not None:
-        named = ledger.runs.get(plan.run_id)
+        named = ledger.run(plan.run_id)
         if named is None:
             known = ", ".join(list(ledger.runs)[-5:]) or "none"
             raise ResumeError(f"{where} has no run {plan.run_id!r} (latest runs: {known})")
@@ -541,7 +615,7 @@ def check_responses(
     answers: dict[str, tuple[PendingRequest, Any]] = {}
     if not responses:
         return answers
-    answered = {r.request_id for line in ledger.runs.values() for r in line.responses}
+    answered = ledger.answered
     for request_id, value in responses.items():
         if request_id in answered:
             raise ResponseError(
@@ -587,3 +661,114 @@ def answer(position: Position, answers: list[tuple[PendingRequest, Any]]) -> Pos
         requests.pop(request.request_id, None)
         inbox.setdefault(request.executor_id, []).append(Response(request, value))
     return Position(position.index, inbox, position.buffers, requests)
+
+
+# -- standings as trees of wire values (a snapshot's roots) ---------------------------------------
+
+
+class Wire:
+    """A wire value (a JSON tree) standing for the value it decodes to, in a ``Standing`` rebuilt
+    without decoding (``WIRE``): messages, outputs and request data pass through the step algebra
+    unopened, so the standing can be written as it was recorded."""
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree: Any) -> None:
+        self.tree = tree
+
+
+class _WireCodec:
+    """The ``decode`` a ``_Rebuild`` uses to rebuild a standing of ``Wire`` values."""
+
+    @staticmethod
+    def decode(tree: Any) -> Wire:
+        return Wire(tree)
+
+
+WIRE: Any = _WireCodec()
+"""A codec stand-in for ``Ledger.standing``: the standing it gives holds ``Wire`` values."""
+
+
+def _item_tree(value: Any) -> list[Any]:
+    if type(value) is Wire:
+        return ["w", value.tree]
+    if isinstance(value, Response):
+        return ["r", _request_tree(value.request), _item_tree(value.value)]
+    if isinstance(value, list):  # a fan-in group's gathered messages
+        return ["l", [_item_tree(v) for v in value]]
+    raise TypeError(f"a wire standing holds {type(value).__qualname__}")
+
+
+def _request_tree(request: PendingRequest) -> list[Any]:
+    return [
+        request.request_id,
+        request.executor_id,
+        _item_tree(request.data),
+        request.response_type,
+        request.run_id,
+        request.superstep_id,
+    ]
+
+
+def standing_tree(standing: Standing) -> dict[str, Any]:
+    """A standing of ``Wire`` values (``Ledger.standing(..., codec=WIRE)``) as a JSON tree."""
+    position = standing.position
+    return {
+        "index": position.index,
+        "inbox": [[t, [_item_tree(m) for m in ms]] for t, ms in position.inbox.items()],
+        "buffers": [
+            [
+                group.target,
+                list(group.sources),
+                [[s, [_item_tree(m) for m in ms]] for s, ms in got.items()],
+            ]
+            for group, got in position.buffers.items()
+        ],
+        "requests": [_request_tree(r) for r in position.requests.values()],
+        "outputs": [_item_tree(v) for v in standing.outputs],
+        "intermediate": [_item_tree(v) for v in standing.intermediate_outputs],
+    }
+
+
+def standing_from_tree(
+    tree: dict[str, Any], graph: Graph, decode: Callable[[Any], Any]
+) -> Standing:
+    """The standing ``standing_tree`` wrote, its wire values decoded by ``decode``, its fan-in
+    groups found in ``graph`` by target and sources (``ResumeError`` for one it has not)."""
+
+    def item(node: list[Any]) -> Any:
+        kind = node[0]
+        if kind == "w":
+            return decode(node[1])
+        if kind == "l":
+            return [item(v) for v in node[1]]
+        if kind == "r":
+            return Response(request(node[1]), item(node[2]))
+        raise ResumeError(f"a snapshot's standing holds an item of unknown kind {kind!r}")
+
+    def request(node: list[Any]) -> PendingRequest:
+        rid, executor_id, data, response_type, run_id, superstep_id = node
+        return PendingRequest(rid, executor_id, item(data), response_type, run_id, superstep_id)
+
+    groups = {(g.target, tuple(g.sources)): g for g in graph.groups if isinstance(g, FanIn)}
+    buffers: dict[Any, dict[str, tuple[Any, ...]]] = {}
+    for target, sources, got in tree["buffers"]:
+        group = groups.get((target, tuple(sources)))
+        if group is None:
+            raise ResumeError(f"this workflow has no fan-in group of {sources} into {target!r}")
+        buffers[group] = {s: tuple(item(m) for m in ms) for s, ms in got}
+    requests = {}
+    for node in tree["requests"]:
+        made = request(node)
+        requests[made.request_id] = made
+    position = Position(
+        int(tree["index"]),
+        {t: [item(m) for m in ms] for t, ms in tree["inbox"]},
+        buffers,
+        requests,
+    )
+    return Standing(
+        position,
+        [item(v) for v in tree["outputs"]],
+        intermediate_outputs=[item(v) for v in tree["intermediate"]],
+    )

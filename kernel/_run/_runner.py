@@ -73,13 +73,15 @@ from kernel._log._events import (
     SuperstepCommitted,
     SuperstepStarted,
 )
-from kernel._log._requests import Response
+from kernel._log._requests import PendingRequest, Response
 from kernel._run._algo import Position
 from kernel._run._emit import Emit, Put, emitter, silent
 from kernel._run._hooks import RunHookCalls, RunInfo, RunStatus, SuperstepInfo, chain_hooks
 from kernel._run._ledger import (
     Continuation,
+    HistoryNeeded,
     Ledger,
+    Standing,
     answer,
     check_responses,
     continued_run,
@@ -263,9 +265,12 @@ class Run:
         return True
 
     def _ended(self) -> None:
-        """The run's end is in the log: give the instance's lease up at once, before the last
-        events reach the consumer (who may take its time, or drop the stream)."""
+        """The run's end is in the log: snapshot the instance's view while the lease is still
+        this run's, then give the lease up at once, before the last events reach the consumer
+        (who may take its time, or drop the stream)."""
         self.finished = True
+        if self._lost_lease is None:
+            self.instance.take_snapshot(every=False)
         self.give_up_lease()
 
     def give_up_lease(self) -> None:
@@ -308,10 +313,12 @@ class Run:
                 f"{type(self.message).__qualname__}"
             )
         wire_input = self.codec.encode(self.message, what="the run's input message")
-        head = instance.catch_up()
+        head, ledger = instance.catch_up_ledger()  # from a snapshot and the log's tail
         if head.requests_may_wait and not self.supersede_requests:
-            head, ledger = instance.catch_up_ledger()
-            self._refuse_if_waiting(ledger)
+            try:
+                self._refuse_if_waiting(ledger)
+            except HistoryNeeded:
+                self._refuse_if_waiting(instance.full_ledger())
         self._log_start(head, input=wire_input)
         self._open_superstep_id = instance.new_id()
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=1)
@@ -395,11 +402,10 @@ class Run:
         instance = self.instance
         head, ledger = instance.catch_up_ledger()
         self.writer.version = head.version
-        line, checkpoint = continued_run(ledger, plan, instance.workflow_name)
-        standing = ledger.standing(
-            line, checkpoint, router=self.router, codec=self.codec, origin=instance.origin_ledger
-        )
-        answers = check_responses(ledger, standing.position, plan.responses, self.router.graph)
+        try:
+            line, checkpoint, standing, answers, steps = self._plan(ledger, plan)
+        except HistoryNeeded:  # the snapshot's ledger does not reach that far back: the log does
+            line, checkpoint, standing, answers, steps = self._plan(instance.full_ledger(), plan)
         wire = [
             (rid, self.codec.encode(value, what=f"the response to request {rid!r}"))
             for rid, (_, value) in answers.items()
@@ -424,7 +430,7 @@ class Run:
         if not self.kwargs:  # a continuation runs with its lineage's arguments
             self.kwargs = {k: self.codec.decode(v) for k, v in standing.kwargs.items()}
         self._continues = line
-        self.steps = ledger.step_book(line)
+        self.steps = steps
         self._log_start(head, continues=line, checkpoint=checkpoint)
         for request_id, value in wire:
             self.log(ResponseReceived, request_id=request_id, value=value)
@@ -434,6 +440,19 @@ class Run:
         self.log(SuperstepStarted, superstep_id=self._open_superstep_id, index=position.index)
         self.flush()
         return position
+
+    def _plan(
+        self, ledger: Ledger, plan: Continuation
+    ) -> tuple[str, str | None, Standing, dict[str, tuple[PendingRequest, Any]], StepBook]:
+        """What ``plan`` continues, per ``ledger``: the run and its checkpoint, its standing
+        there, the requests ``plan.responses`` answer, and the lineage's recorded steps."""
+        instance = self.instance
+        line, checkpoint = continued_run(ledger, plan, instance.workflow_name)
+        standing = ledger.standing(
+            line, checkpoint, router=self.router, codec=self.codec, origin=instance.origin_ledger
+        )
+        answers = check_responses(ledger, standing.position, plan.responses, self.router.graph)
+        return line, checkpoint, standing, answers, ledger.step_book(line)
 
     async def _settle_previous(self) -> None:
         """Wait for a dropped stream's run to record its abort before this run appends anything."""
@@ -496,6 +515,8 @@ class Run:
                 await emit("status", state=WorkflowRunState.FAILED)
                 await emit("failed", step.index, superstep_id, error=refused)
                 raise
+            if self._open_superstep_id is not None:  # the run goes on: a snapshot every K
+                self.instance.take_snapshot(every=True)
             if emit is not silent:
                 await self._emit_committed(step)
             await emit("superstep_completed", step.index, superstep_id)

@@ -98,6 +98,9 @@ class StoreCore:
         """What is wrong with the store's integrity mark (read with ``allow_broken_chain``)."""
         self._scan: Scan | None = None
         """The global scan the last ``read_all`` page ended (see ``read_all``)."""
+        self.reads_broken_chains = False
+        """Whether the store was opened with ``allow_broken_chain``: it then answers from the log
+        alone, never from a snapshot (which vouches for a chain such a store does not trust)."""
         self.chain_problems: list[ChainProblem] = []
         """What reads found wrong with the chain, when opened with ``allow_broken_chain``."""
         self.stranded_leases: dict[str, str] = {}

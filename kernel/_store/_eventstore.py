@@ -172,6 +172,12 @@ class EventStore(TrustedStore, StoreReads, ChainChecks):
         self._heads_cache[instance_id] = (row.originator_version, row.head)
         return row
 
+    def chain_hash_at(self, instance_id: str, position: int) -> bytes:
+        """The chain hash the row of ``instance_id`` ending at ``position`` ends with (what a
+        snapshot folded to ``position`` names). Raises ``ConcurrencyConflictError`` when no row
+        ends there."""
+        return self._chain_previous(instance_id, position)
+
     def _chain_previous(self, instance_id: str, expected_version: int) -> bytes:
         """The hash a batch appended at ``expected_version`` chains to: the instance's head as
         this store last wrote it, else read from the row holding that position."""

@@ -36,6 +36,7 @@ class TrustedStore(StoreCore):
         store's encryption mark (set by the first writer with a key; a writer without one is
         refused, so that no plain row follows sealed ones), and its ``IntegrityMark``
         (``_settle_marks``)."""
+        self.reads_broken_chains = allow_broken_chain
         self._mapper = RowMapper(  # built whole: the keys and the policy are known only now
             self._mapper.upcasters,
             keyring=keyring,

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 from kernel._base._errors import (
     StoreConfigError,
+    StoreError,
 )
 from kernel._base._ids import check_id
 from kernel._codec._chain import (
@@ -28,7 +29,10 @@ from kernel._store._records import (
 )
 from kernel._store._scan import ROWS_PER_LOOK, Scan, bulk, codes_pattern, row_may_hold
 
-__all__ = ["StoreReads"]
+__all__ = ["SNAPSHOT_KEY", "StoreReads"]
+
+SNAPSHOT_KEY = "snapshot:"
+"""The meta key of an instance's snapshot is this followed by its id."""
 
 
 class StoreReads(StoreCore):
@@ -86,6 +90,53 @@ class StoreReads(StoreCore):
             self._check_form(instance_id, links[-1], state)
         self._check_links(instance_id, links, from_start=not after)
         return events, links
+
+    def read_after_head(
+        self, instance_id: str, position: int, head: bytes
+    ) -> list[EventBase] | None:
+        """The events of ``instance_id`` after ``position`` (``read(after=position)``), if a row
+        of the log ends at ``position`` with the chain hash ``head`` (each later row checked to
+        link up with it and with each other); None if none does (the log is shorter, or the
+        hash there is another). How a snapshot folded to ``position`` is checked against the
+        chain before its tail is folded on top of it."""
+        check_id(instance_id, "instance id", StoreConfigError, limit=None)
+        if position < 1:
+            return None
+        with self._translated(f"read {instance_id!r}"), bulk():
+            rows = self._backend.select_stream(instance_id, after=position - 1)
+            if not rows or rows[0][0] != position:
+                return None
+            events, links = self._decode_run(instance_id, rows, position, None, None)
+            if links[0].head != head:
+                return None
+            return events
+
+    def read_snapshot(self, instance_id: str) -> str | None:
+        """The snapshot text kept for ``instance_id`` (``kernel._run._snapshot``), if any: a
+        cache beside the log, in the store's meta table. None also when the store has no meta
+        table to read (a reader never creates one), and in a store opened with
+        ``allow_broken_chain``, which answers from the log alone."""
+        if self.reads_broken_chains:
+            return None
+        try:
+            return self._meta(SNAPSHOT_KEY + instance_id) or None  # "": dropped
+        except StoreError:
+            return None
+
+    def drop_snapshots(self) -> int:
+        """Forget every instance's snapshot (each is replaced by an empty value, read as none);
+        how many there were. ``rekey`` does, so that no snapshot stays sealed with an old key,
+        or plain in a store now encrypted."""
+        dropped = 0
+        for instance_id in self._backend.instances():
+            if self.read_snapshot(instance_id) is not None:
+                self._set_meta(SNAPSHOT_KEY + instance_id, "", replace=True)
+                dropped += 1
+        return dropped
+
+    def write_snapshot(self, instance_id: str, text: str) -> None:
+        """Keep ``text`` as ``instance_id``'s snapshot, replacing the one kept before."""
+        self._set_meta(SNAPSHOT_KEY + instance_id, text, replace=True)
 
     def read_ranges(
         self,

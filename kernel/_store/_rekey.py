@@ -133,6 +133,8 @@ def rekey(
         if len(rows) < rows_per_transaction:
             # Every row is sealed now: from now on, every row must be.
             store._record_marks(IntegrityMark(marks.chained_from, {}))
+            # Snapshots are a cache: dropped rather than resealed (the next run keeps a new one).
+            store.drop_snapshots()
             return report
         after = rows[-1][0]
 

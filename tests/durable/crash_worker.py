@@ -52,6 +52,7 @@ from kernel import (
     handler,
     open_store,
 )
+from kernel._run._snapshot import DEFAULT_SNAPSHOT_EVERY
 
 ROUNDS = 3
 SUPERSTEPS = 4 * ROUNDS
@@ -180,7 +181,12 @@ class Join(Stage):
 
 
 def crashy(store: EventStore, instance_id: str, durability: Any, hook: Hook = no_hook) -> Workflow:
-    """The workflow on ``store``'s instance ``instance_id``, calling ``hook`` at handler points."""
+    """The workflow on ``store``'s instance ``instance_id``, calling ``hook`` at handler points.
+
+    ``durability`` may end in ``+snapshots``: the run then keeps a snapshot of the instance at
+    every committed superstep, so that every kill point has one and the resume starts from it."""
+    durability, _, variant = str(durability).partition("+")
+    every = 1 if variant == "snapshots" else DEFAULT_SNAPSHOT_EVERY
     dispatch, left, right = Dispatch("dispatch", hook), Left("left", hook), Right("right", hook)
     right2, join = Right2("right2", hook), Join("join", hook)
     return (
@@ -195,6 +201,7 @@ def crashy(store: EventStore, instance_id: str, durability: Any, hook: Hook = no
         .add_edge(right, right2)
         .add_fan_in_edges([left, right2], join)
         .add_edge(join, dispatch)
+        .with_snapshots(every=every)
         .build()
     )
 

@@ -230,7 +230,7 @@ def check_log(case: Case, events: list[Any]) -> None:
         killed.run_id,
         resumed.run_id,
     ), case
-    if case.marker_landed and case.durability == "write":
+    if case.marker_landed and case.durability.startswith("write"):
         assert (aborted, closed.superstep_id) == ([], None), case
         assert resumed.position == closed.position + 1, case
     else:
@@ -259,7 +259,7 @@ def check_log(case: Case, events: list[Any]) -> None:
     if not aborted:
         return
     inert = [e for e in of("state_staged") if e.superstep_id == aborted[0].superstep_id]
-    if case.durability == "superstep" or case.marker_landed:
+    if case.durability.startswith("superstep") or case.marker_landed:
         assert inert == [], f"{case}: {len(inert)} writes of the aborted superstep in the log"
     elif case.point in ("before_marker_append", "inside_marker_transaction"):
         # "write": every write of the superstep was in before its marker was due.
@@ -321,7 +321,11 @@ def store_url_for(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[s
     return lambda instance_id: url
 
 
-@pytest.mark.parametrize("durability", ["superstep", "write"])
+@pytest.mark.parametrize(
+    # "+snapshots": a snapshot at every committed superstep, so every kill point has one
+    "durability",
+    ["superstep", "write", "superstep+snapshots", "write+snapshots"],
+)
 @pytest.mark.parametrize("point", POINTS)
 def test_a_run_killed_at_any_point_resumes_in_a_new_process_to_the_uninterrupted_result(
     store_url_for: Callable[[str], str],

@@ -49,6 +49,7 @@ class ListContext:
 
     def __init__(self, graph: Graph) -> None:
         self.instance_id = "listed"
+        self.snapshots: list[bool] = []  # take_snapshot calls: every=...
         self.workflow_name = "in a list"
         self.router = Router(graph)
         self.max_supersteps = 10
@@ -77,6 +78,12 @@ class ListContext:
 
     def catch_up_ledger(self) -> tuple[OpenRun, Ledger]:
         return self.catch_up(), Ledger(self.instance_id).apply_all(self.log)
+
+    def full_ledger(self) -> Ledger:
+        return self.catch_up_ledger()[1]
+
+    def take_snapshot(self, *, every: bool) -> None:
+        self.snapshots.append(every)
 
     def origin_ledger(self, forked: InstanceForked) -> Ledger:
         raise AssertionError("a list is never forked")

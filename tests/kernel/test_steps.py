@@ -1347,8 +1347,18 @@ async def test_a_tampered_step_record_is_refused_by_every_reader(sqlite_url: str
             ("orders", record.position, "edited")
         ]
         pays.between = None
+        # Folded from the log (snapshots off), the resume reads the row and refuses it.
+        builder = WorkflowBuilder(start_executor=pays, store=reader, instance_id="orders")
+        unsnapshotted = builder.with_snapshots(every=0).build()
         with pytest.raises(LogIntegrityError):
-            await build(reader, pays, "orders").resume()
+            await unsnapshotted.resume()
+    assert calls["lookup_card"] == 1
+    # With the snapshot the cancelled run kept, an open reads only the log after it: the record
+    # is served as the run wrote it (and verified it) before the edit, never the forged value;
+    # finding the edit is verify's (above), as for any row before a snapshot.
+    with open_store(sqlite_url, create=False) as reader:
+        result = await build(reader, pays, "orders").resume()
+        assert result.get_outputs() == [SECRET[-4:]]  # what the recorded lookup returned
     assert calls["lookup_card"] == 1
 
 

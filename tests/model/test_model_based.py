@@ -94,6 +94,7 @@ from kernel import (
 from projections import AtPosition, AtSuperstep, blame_keys, fold_blame, state_at
 from tests.model import workflow
 from tests.model.reference import InstanceModel, Standing, Step, ops_of
+from tests.model.snapshots import views_of
 from tests.model.workflow import (
     RESPONSE,
     STORE_POINTS,
@@ -783,6 +784,11 @@ class KernelMachine(RuleBasedStateMachine):
                 for output in step.outputs
             ]
             assert Counter(self.run(replayed_outputs(self.store, run_id))) == Counter(expected)
+
+        # an open with the instance's snapshot decides what an open of the whole log decides
+        with_snapshot, note = views_of(fresh, snapshots=True)
+        assert not note.startswith("ignored"), (where, note)
+        assert with_snapshot == views_of(fresh, snapshots=False)[0], (where, note)
 
         # what a continuation would do
         if model.standing is not None:

@@ -229,7 +229,8 @@ def workflow_of(
         builder.add_edge(nodes[source], nodes[target])
     for source, group in spec.fanouts:
         builder.add_fan_out_edges(nodes[source], [nodes[t] for t in group])
-    return builder.build()
+    # a snapshot at every committed superstep: every open, resume and kill point meets one
+    return builder.with_snapshots(every=1).build()
 
 
 # -- an action in a process that kills itself ---------------------------------------------------
