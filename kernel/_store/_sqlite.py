@@ -280,14 +280,35 @@ class SQLiteBackend(RowBackend):
     # -- rows -----------------------------------------------------------------------------------
 
     def insert_rows(self, rows: Sequence[Insert]) -> list[int | ConcurrencyConflictError]:
-        """Every row in one transaction: one commit, one fsync of the WAL for all of them."""
+        """Every row in one transaction: one commit, one fsync of the WAL for all of them.
+
+        The hot path: the pool's writer connection (its writer lock and its checks, as
+        ``datastore.transaction`` takes it), driven directly rather than through eventsourcing's
+        transaction and cursor wrappers (about 15 us of an append). Driver errors come as
+        ``sqlite3``'s, which the store translates like eventsourcing's."""
         outcomes: list[int | ConcurrencyConflictError] = []
-        with self.datastore.transaction(commit=True) as cursor:
-            for instance_id, expected, row in rows:
-                try:
-                    outcomes.append(self._insert_checked(cursor, instance_id, expected, row))
-                except ConcurrencyConflictError as conflict:
-                    outcomes.append(conflict)
+        pool = self.datastore.pool
+        connection = pool.get_connection(is_writer=True)
+        try:
+            driver: sqlite3.Connection = connection._sqlite_conn
+            cursor = driver.cursor()
+            cursor.execute("BEGIN")
+            try:
+                for instance_id, expected, row in rows:
+                    try:
+                        outcomes.append(self._insert_checked(cursor, instance_id, expected, row))
+                    except ConcurrencyConflictError as conflict:
+                        outcomes.append(conflict)
+                driver.commit()
+            except BaseException:
+                if driver.in_transaction:  # never hand the pool a connection mid-transaction
+                    with suppress(sqlite3.Error):
+                        driver.rollback()
+                raise
+            finally:
+                cursor.close()
+        finally:
+            pool.put_connection(connection)
         return outcomes
 
     @staticmethod
