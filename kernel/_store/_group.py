@@ -15,7 +15,9 @@ Who commits a round:
   on the loop's thread, and answers the batches of its loop directly: a lone instance pays no
   hand-off to another thread (its wake-up, the answer through the loop's self-pipe), which cost
   more than the statements. The loop is blocked for the round, as it is for the superstep's own
-  CPU and for ``durability="write"``'s appends.
+  CPU and for ``durability="write"``'s appends. A batch that a leader would find alone (nothing
+  queued, no round in flight, nothing else ready on the loop) is committed at once by its caller
+  (``commit_alone``), without the leader's turns of the loop.
 * **The committer thread, otherwise**: a batch queued while a round is in flight (from another
   thread's loop) is taken by the thread once that round ends, and answered on its own loop
   (``call_soon_threadsafe``). When inline rounds are slow (over ``INLINE_LIMIT`` on a moving
@@ -32,6 +34,7 @@ one transaction (and only those), each with the same error, and nothing of them 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import threading
@@ -161,6 +164,40 @@ class GroupCommitter:
                 loop.call_soon(self._lead, loop)
         return pending
 
+    def commit_alone(self, batch: Prepared) -> list[int] | None:
+        """Commit ``batch`` at once, in a round of its own led by the caller, when a leader would
+        find it alone: no round in flight, nothing queued, rounds led inline, and nothing else
+        ready to run on the caller's event loop. Its global positions; None when it cannot go
+        alone (queue it: ``enqueue``). Raises its ``ConcurrencyConflictError`` or the store's
+        error, as ``EventStore.append`` does.
+
+        A lone run appends so without the leader's turns of the loop (the leader's callback, the
+        answer, the task's wake-up). Whether anything else is ready is read from asyncio's own
+        queue of ready callbacks (``BaseEventLoop._ready``); a loop without one (uvloop) always
+        queues."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        runnable = getattr(loop, "_ready", None)
+        if not isinstance(runnable, collections.deque) or runnable:
+            return None
+        with self._ready:
+            if self._closed:
+                raise StoreUnavailableError(f"cannot append: the store {self._url} is closed")
+            if self._queue or self._busy or not self.inline or loop in self._leaders:
+                return None
+            if time.monotonic() < self._thread_until:
+                return None
+            self._busy = True
+        outcomes, failure = self._append([batch], inline=True)
+        if failure is not None:
+            raise failure
+        (outcome,) = outcomes
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
     def decide(self, entry: Pending) -> None:
         """Block until ``entry`` is decided: lead its round now if none is in flight, else wait
         for the round that holds it (or the thread's next one)."""
@@ -236,34 +273,7 @@ class GroupCommitter:
 
     def _round(self, waiting: list[Pending], *, inline: bool = False) -> None:
         """Commit ``waiting`` in one transaction and answer each batch; ends the round."""
-        store = self._store()
-        started = time.perf_counter()
-        failure: BaseException | None = None
-        try:
-            if store is None:
-                raise StoreUnavailableError(f"cannot append: the store {self._url} is gone")
-            outcomes: list[list[int] | BaseException] = list(
-                store.append_prepared([w.batch for w in waiting])
-            )
-        except BaseException as error:  # the transaction failed: every batch of it did
-            outcomes = [error, *(_another(error) for _ in waiting[1:])]
-            if not isinstance(error, Exception):
-                failure = error  # an interrupt in the leader's thread goes on after the answers
-        del store
-        with self._ready:
-            self._busy = False
-            self.rounds += 1
-            self.batches += len(waiting)
-            if inline:
-                self.inline_rounds += 1
-                self._seconds += (time.perf_counter() - started - self._seconds) / 8
-                if self._seconds > INLINE_LIMIT:
-                    self._seconds = 0.0
-                    self._thread_until = time.monotonic() + THREAD_SECONDS
-            if self._queue:
-                self._wake_thread()
-            else:
-                self._ready.notify_all()
+        outcomes, failure = self._append([w.batch for w in waiting], inline=inline)
         with self._decided:
             for entry, outcome in zip(waiting, outcomes, strict=True):
                 entry.outcome = outcome
@@ -281,6 +291,39 @@ class GroupCommitter:
                 entry.loop.call_soon_threadsafe(_settle, entry, outcome)
         if failure is not None:
             raise failure
+
+    def _append(
+        self, batches: list[Prepared], *, inline: bool
+    ) -> tuple[list[list[int] | BaseException], BaseException | None]:
+        """The round's transaction: each batch's outcome, and an interrupt (not an ``Exception``)
+        that failed it, to raise once every batch is answered. Ends the round."""
+        store = self._store()
+        started = time.perf_counter()
+        failure: BaseException | None = None
+        try:
+            if store is None:
+                raise StoreUnavailableError(f"cannot append: the store {self._url} is gone")
+            outcomes: list[list[int] | BaseException] = list(store.append_prepared(batches))
+        except BaseException as error:  # the transaction failed: every batch of it did
+            outcomes = [error, *(_another(error) for _ in batches[1:])]
+            if not isinstance(error, Exception):
+                failure = error  # an interrupt in the leader's thread goes on after the answers
+        del store
+        with self._ready:
+            self._busy = False
+            self.rounds += 1
+            self.batches += len(batches)
+            if inline:
+                self.inline_rounds += 1
+                self._seconds += (time.perf_counter() - started - self._seconds) / 8
+                if self._seconds > INLINE_LIMIT:
+                    self._seconds = 0.0
+                    self._thread_until = time.monotonic() + THREAD_SECONDS
+            if self._queue:
+                self._wake_thread()
+            else:
+                self._ready.notify_all()
+        return outcomes, failure
 
 
 def _settle(entry: Pending, outcome: list[int] | BaseException) -> None:

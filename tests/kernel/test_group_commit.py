@@ -338,3 +338,28 @@ async def test_a_synchronous_flush_leads_the_round_of_a_batch_still_queued(
     assert committer._thread is None
     await asyncio.sleep(0)  # the leader scheduled for it finds nothing to do
     assert committer.rounds == 1
+
+
+async def test_a_lone_run_appends_alone_without_a_leader_and_a_batch_with_company_is_queued(
+    sqlite_store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    committer = store.group_committer()
+    leads: list[object] = []
+    lead = committer._lead
+    monkeypatch.setattr(committer, "_lead", lambda loop: (leads.append(loop), lead(loop)))
+    wf = count_to(store, "w", 4)
+    assert (await wf.run(1)).status == "completed"
+    # Nothing else was ready on the loop: the batches went alone (but the first, perhaps: the
+    # lease's heartbeat task, just made, takes its first turn then).
+    assert len(leads) <= 1
+    assert (committer.rounds, committer.inline_rounds) == (4, 4)
+    log = LogBuilder("v", clock=ticking_clock())
+    log.start_run()
+    prepared = store.prepare("v", log.events(), expected_version=0)
+    asyncio.get_running_loop().call_soon(lambda: None)  # something else is ready to run
+    assert committer.commit_alone(prepared) is None  # it would have company: queue it
+    assert store.version("v") == 0
+    before = len(leads)
+    assert len(await committer.submit(prepared)) == 1
+    assert len(leads) == before + 1  # a leader took it
