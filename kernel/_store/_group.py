@@ -38,10 +38,10 @@ import collections
 import contextlib
 import copy
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import monotonic
 from typing import Protocol
 
 from kernel._base._errors import ConcurrencyConflictError, StoreUnavailableError
@@ -157,7 +157,7 @@ class GroupCommitter:
                 raise StoreUnavailableError(f"cannot append: the store {self._url} is closed")
             pending = Pending(batch, loop, future, landed, self)
             self._queue.append(pending)
-            if self._busy or not self.inline or time.monotonic() < self._thread_until:
+            if self._busy or not self.inline or monotonic() < self._thread_until:
                 self._wake_thread()
             elif loop not in self._leaders:
                 self._leaders.add(loop)
@@ -187,7 +187,7 @@ class GroupCommitter:
                 raise StoreUnavailableError(f"cannot append: the store {self._url} is closed")
             if self._queue or self._busy or not self.inline or loop in self._leaders:
                 return None
-            if time.monotonic() < self._thread_until:
+            if monotonic() < self._thread_until:
                 return None
             self._busy = True
         outcomes, failure = self._append([batch], inline=True)
@@ -248,7 +248,7 @@ class GroupCommitter:
             self._leaders.discard(loop)
             if not self._queue:
                 return
-            if self._busy or not self.inline or time.monotonic() < self._thread_until:
+            if self._busy or not self.inline or monotonic() < self._thread_until:
                 self._wake_thread()
                 return
             waiting = self._take()
@@ -289,8 +289,8 @@ class GroupCommitter:
             # A closed loop raises RuntimeError: nobody is waiting there any more.
             with contextlib.suppress(RuntimeError):
                 entry.loop.call_soon_threadsafe(_settle, entry, outcome)
-        if failure is not None:
-            raise failure
+        if failure is not None and threading.current_thread() is not self._thread:
+            raise failure  # in a caller's thread; the committer thread goes on with its rounds
 
     def _append(
         self, batches: list[Prepared], *, inline: bool
@@ -298,7 +298,7 @@ class GroupCommitter:
         """The round's transaction: each batch's outcome, and an interrupt (not an ``Exception``)
         that failed it, to raise once every batch is answered. Ends the round."""
         store = self._store()
-        started = time.perf_counter()
+        started = monotonic()
         failure: BaseException | None = None
         try:
             if store is None:
@@ -315,10 +315,10 @@ class GroupCommitter:
             self.batches += len(batches)
             if inline:
                 self.inline_rounds += 1
-                self._seconds += (time.perf_counter() - started - self._seconds) / 8
+                self._seconds += (monotonic() - started - self._seconds) / 8
                 if self._seconds > INLINE_LIMIT:
                     self._seconds = 0.0
-                    self._thread_until = time.monotonic() + THREAD_SECONDS
+                    self._thread_until = monotonic() + THREAD_SECONDS
             if self._queue:
                 self._wake_thread()
             else:
