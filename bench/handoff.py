@@ -1,5 +1,7 @@
 """What the group commit's hand-off costs a lone instance: the loop on SQLite, one instance,
-appending through the store's committer thread and directly on the event loop, alternating.
+appending through the store's group commit (its rounds led inline by the event loop, as by
+default), through the committer thread only (``GroupCommitter.inline`` off, as before issue 25),
+and directly on the event loop (no group commit), alternating.
 
 ``python -m bench.handoff [--supersteps N] [--rounds R]``; prints supersteps/s of each.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 from bench._steplog_graphs import loop_workflow
 
 
-def _rate(supersteps: int, *, shared: bool) -> float:
+def _rate(supersteps: int, *, shared: bool, inline: bool = True) -> float:
     from kernel import open_store
     from kernel._store._sqlite import SQLiteStore
 
@@ -23,6 +25,7 @@ def _rate(supersteps: int, *, shared: bool) -> float:
         store = open_store(f"sqlite:///{Path(folder) / 'handoff.db'}")
         store.shares_commits = shared  # type: ignore[misc]  # this store only
         assert isinstance(store, SQLiteStore)
+        store.group_committer().inline = inline
         try:
             workflow = loop_workflow(store, "handoff", supersteps)
             start = time.perf_counter()
@@ -39,8 +42,12 @@ def main() -> None:
     args = parser.parse_args()
     for _ in range(args.rounds):
         grouped = _rate(args.supersteps, shared=True)
+        thread = _rate(args.supersteps, shared=True, inline=False)
         direct = _rate(args.supersteps, shared=False)
-        print(f"through the committer {grouped:,.0f}/s   directly {direct:,.0f}/s")
+        print(
+            f"group commit {grouped:,.0f}/s   committer thread only {thread:,.0f}/s   "
+            f"directly {direct:,.0f}/s"
+        )
 
 
 if __name__ == "__main__":

@@ -352,7 +352,11 @@ class InstanceContext:
             self.append(batch, expected_version=expected_version)
             return None
         prepared = store.prepare(self.instance_id, batch, expected_version=expected_version)
-        return store.group_committer().enqueue(prepared, lambda: self._fold(batch))
+        committer = store.group_committer()
+        if committer.commit_alone(prepared) is not None:  # nothing could have shared its round
+            self._fold(batch)
+            return None
+        return committer.enqueue(prepared, lambda: self._fold(batch))
 
     def append(self, batch: Sequence[EventBase], *, expected_version: int) -> None:
         # Folded only once appended: a refused batch leaves the view as it was, a true fold of the

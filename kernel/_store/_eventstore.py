@@ -130,13 +130,17 @@ class EventStore(TrustedStore, StoreReads, ChainChecks):
         if self._closed:
             raise StoreUnavailableError(f"cannot append: the store {self.url} is closed")
         rows = [(b.instance_id, b.expected_version, b.row) for b in batches if b.row is not None]
-        try:
-            with self._translated(f"append {len(rows)} batches"):
-                outcomes = iter(self._backend.insert_rows(rows) if rows else [])
-        except BaseException:
+        try:  # not self._translated(): this is the hot path
+            outcomes = iter(self._backend.insert_rows(rows) if rows else [])
+        except BaseException as error:
             for instance_id, _, row in rows:
                 self._not_landed(instance_id, row)
-            raise
+            if not isinstance(error, Exception):
+                raise
+            translated = self._backend.translate_error(error, f"append {len(rows)} batches")
+            if translated is error:
+                raise
+            raise translated from error
         results: list[list[int] | ConcurrencyConflictError] = []
         for batch in batches:
             if batch.row is None:

@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from eventsourcing.persistence import StoredEvent
-from eventsourcing.sqlite import SQLiteDatastore
+from eventsourcing.persistence import InterfaceError, StoredEvent
+from eventsourcing.sqlite import (
+    SQLITE3_DEFAULT_LOCK_TIMEOUT,
+    SQLiteConnection,
+    SQLiteConnectionPool,
+    SQLiteDatastore,
+)
 
 from kernel._base._errors import (
     ConcurrencyConflictError,
@@ -159,6 +164,8 @@ class SQLiteBackend(RowBackend):
             uri = f"{path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
         self.datastore = SQLiteDatastore(uri, lock_timeout=lock_timeout, originator_id_type="text")
         """eventsourcing's datastore: its connections and transactions."""
+        self.datastore.pool.close()  # it made no connection yet; this one makes them
+        self.datastore.pool = CachingPool(db_name=uri, lock_timeout=lock_timeout)
         self.recorder: SQLiteRecorder = SQLiteRecorder(
             self.datastore, events_table_name=EVENTS_TABLE
         )
@@ -273,14 +280,35 @@ class SQLiteBackend(RowBackend):
     # -- rows -----------------------------------------------------------------------------------
 
     def insert_rows(self, rows: Sequence[Insert]) -> list[int | ConcurrencyConflictError]:
-        """Every row in one transaction: one commit, one fsync of the WAL for all of them."""
+        """Every row in one transaction: one commit, one fsync of the WAL for all of them.
+
+        The hot path: the pool's writer connection (its writer lock and its checks, as
+        ``datastore.transaction`` takes it), driven directly rather than through eventsourcing's
+        transaction and cursor wrappers (about 15 us of an append). Driver errors come as
+        ``sqlite3``'s, which the store translates like eventsourcing's."""
         outcomes: list[int | ConcurrencyConflictError] = []
-        with self.datastore.transaction(commit=True) as cursor:
-            for instance_id, expected, row in rows:
-                try:
-                    outcomes.append(self._insert_checked(cursor, instance_id, expected, row))
-                except ConcurrencyConflictError as conflict:
-                    outcomes.append(conflict)
+        pool = self.datastore.pool
+        connection = pool.get_connection(is_writer=True)
+        try:
+            driver: sqlite3.Connection = connection._sqlite_conn
+            cursor = driver.cursor()
+            cursor.execute("BEGIN")
+            try:
+                for instance_id, expected, row in rows:
+                    try:
+                        outcomes.append(self._insert_checked(cursor, instance_id, expected, row))
+                    except ConcurrencyConflictError as conflict:
+                        outcomes.append(conflict)
+                driver.commit()
+            except BaseException:
+                if driver.in_transaction:  # never hand the pool a connection mid-transaction
+                    with suppress(sqlite3.Error):
+                        driver.rollback()
+                raise
+            finally:
+                cursor.close()
+        finally:
+            pool.put_connection(connection)
         return outcomes
 
     @staticmethod
@@ -535,6 +563,43 @@ class SQLiteBackend(RowBackend):
         if hint is None:
             return kind, ""
         return (StoreBusyError if primary in (_BUSY, _LOCKED) else StoreUnavailableError), hint
+
+
+STATEMENT_CACHE = 64
+"""Compiled statements each connection keeps (sqlite3's default is 128)."""
+
+
+class CachingPool(SQLiteConnectionPool):
+    """eventsourcing's connection pool, whose connections keep their compiled statements.
+
+    eventsourcing opens its connections with ``cached_statements=True``, which ``sqlite3`` takes
+    as a cache of one statement: each of an append's statements was compiled again on every
+    append (about 30 to 50 us of an append's CPU). The connection is otherwise made as
+    eventsourcing makes it (``SQLiteConnectionPool._create_connection``, eventsourcing 9.5):
+    autocommit, WAL, ``sqlite3.Row`` rows.
+    """
+
+    def _create_connection(self) -> SQLiteConnection:
+        try:
+            connection = sqlite3.connect(
+                database=self.db_name,
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,  # autocommit: transactions are begun explicitly
+                cached_statements=STATEMENT_CACHE,
+                timeout=self.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT,
+            )
+        except (sqlite3.Error, TypeError) as error:
+            raise InterfaceError(error) from error
+        if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode;")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL;")
+                self.journal_mode_was_changed_to_wal = True
+            self.is_journal_mode_wal = True
+        connection.row_factory = sqlite3.Row
+        return SQLiteConnection(sqlite_conn=connection, max_age=self.max_age)
 
 
 class SQLiteStore(EventStore):

@@ -54,9 +54,11 @@ def count_to(store: EventStore, instance_id: str, limit: int) -> Workflow:
 
 
 class Gate:
-    """Holds the committer's transactions until opened; counts the batches of each round."""
+    """Holds the committer thread's transactions until opened; counts the batches of each round.
+    Every round goes to the thread (``GroupCommitter.inline`` off), so the loop runs meanwhile."""
 
     def __init__(self, store: EventStore) -> None:
+        store.group_committer().inline = False
         self.opened = threading.Event()
         self.entered = threading.Event()
         self.rounds: list[int] = []
@@ -198,3 +200,166 @@ async def test_a_batch_queued_as_the_idle_committer_stops_is_still_committed(
         future = committer.submit(store.prepare("v", log.events(), expected_version=0))
     assert len(await asyncio.wait_for(future, 5)) == 1
     assert store.version("v") == 1
+
+
+# -- rounds led inline by the caller's loop ------------------------------------------------------
+
+
+def inline_rounds(store: EventStore) -> list[tuple[str, int]]:
+    """Record each round's thread and batch count (``insert_rows`` calls of more than the run's
+    own appends are told apart by the caller: every call is recorded)."""
+    calls: list[tuple[str, int]] = []
+    insert = store.backend.insert_rows
+
+    def counted(rows: Sequence[Any]) -> Any:
+        calls.append((threading.current_thread().name, len(rows)))
+        return insert(rows)
+
+    store.backend.insert_rows = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_lone_run_commits_on_its_own_loop_without_the_thread(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    calls = inline_rounds(store)
+    wf = count_to(store, "w", 5)
+    assert (await wf.run(1)).status == "completed"
+    committer = store.group_committer()
+    assert (committer.rounds, committer.inline_rounds, committer.batches) == (5, 5, 5)
+    assert committer._thread is None  # never started
+    assert {name for name, _ in calls} == {threading.current_thread().name}
+    assert list(markers(wf).values()) == ["committed"] * 5
+    assert wf.committed_state() == {"n": 5}
+
+
+async def test_runs_of_one_loop_ready_together_share_an_inline_round(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    workflows = [count_to(store, f"w{i}", 3) for i in range(8)]
+    results = await asyncio.gather(*(wf.run(1) for wf in workflows))
+    assert [r.status for r in results] == ["completed"] * 8
+    committer = store.group_committer()
+    assert committer.batches == 8 * 3
+    assert committer.rounds == committer.inline_rounds == 3  # the 8 runs step together
+    assert committer._thread is None
+    for wf in workflows:
+        assert wf.committed_state() == {"n": 3}
+
+
+async def test_a_failed_inline_round_fails_only_its_runs_and_each_records_its_abort(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    insert = store.backend.insert_rows
+    failing = {"rounds": 1}
+
+    def fails_once(rows: Sequence[Any]) -> Any:
+        if len(rows) == 2 and failing["rounds"]:  # the two runs' first commit batches
+            failing["rounds"] -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return insert(rows)
+
+    store.backend.insert_rows = fails_once  # type: ignore[method-assign]
+    workflows = [count_to(store, f"w{i}", 3) for i in range(2)]
+    outcomes = await asyncio.gather(*(wf.run(1) for wf in workflows), return_exceptions=True)
+    assert all(isinstance(o, StoreUnavailableError) for o in outcomes), outcomes
+    for wf in workflows:
+        assert list(markers(wf).values()) == ["aborted:failed"]
+        assert kinds(wf.events())[-1] == "run_failed"
+    assert (await count_to(store, "w2", 2).run(1)).status == "completed"  # a later run is fine
+
+
+async def test_a_batch_queued_from_another_loop_during_an_inline_round_goes_to_the_thread(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    calls = inline_rounds(store)
+    insert = store.backend.insert_rows
+    entered, release = threading.Event(), threading.Event()
+
+    def held(rows: Sequence[Any]) -> Any:
+        in_round = store.group_committer()._busy  # the run's first commit, not its start
+        if threading.current_thread().name == "held" and in_round and not entered.is_set():
+            entered.set()
+            release.wait(10)
+        return insert(rows)
+
+    store.backend.insert_rows = held  # type: ignore[method-assign]
+    outcome: list[Any] = []
+
+    def other_loop() -> None:  # an inline round on its own loop, held in its transaction
+        outcome.append(asyncio.run(count_to(store, "other", 2).run(1)).status)
+
+    thread = threading.Thread(target=other_loop, name="held")
+    thread.start()
+    assert entered.wait(10)
+    log = LogBuilder("v", clock=ticking_clock())
+    log.start_run()
+    future = store.group_committer().submit(store.prepare("v", log.events(), expected_version=0))
+    await asyncio.sleep(0.05)
+    assert not future.done()  # queued behind the round in flight
+    release.set()
+    assert len(await asyncio.wait_for(future, 5)) == 1
+    thread.join(10)
+    assert outcome == ["completed"]
+    assert "steplog-group-commit" in {name for name, _ in calls}  # the thread took it, after
+    assert store.version("v") == 1
+
+
+async def test_slow_inline_rounds_send_the_next_rounds_to_the_thread(
+    sqlite_store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernel._store._group.INLINE_LIMIT", 0.0)
+    store = sqlite_store
+    calls = inline_rounds(store)
+    wf = count_to(store, "w", 4)
+    assert (await wf.run(1)).status == "completed"
+    committer = store.group_committer()
+    assert (committer.rounds, committer.inline_rounds) == (4, 1)  # then the thread's
+    assert [name for name, _ in calls].count("steplog-group-commit") == 3
+    assert list(markers(wf).values()) == ["committed"] * 4
+
+
+async def test_a_synchronous_flush_leads_the_round_of_a_batch_still_queued(
+    sqlite_store: EventStore,
+) -> None:
+    store = sqlite_store
+    committer = store.group_committer()
+    log = LogBuilder("v", clock=ticking_clock())
+    log.start_run()
+    pending = committer.enqueue(store.prepare("v", log.events(), expected_version=0))
+    pending.settle_now()  # its leader has not run yet: the caller leads the round
+    assert len(pending.future.result()) == 1
+    assert store.version("v") == 1
+    assert (committer.rounds, committer.inline_rounds) == (1, 0)
+    assert committer._thread is None
+    await asyncio.sleep(0)  # the leader scheduled for it finds nothing to do
+    assert committer.rounds == 1
+
+
+async def test_a_lone_run_appends_alone_without_a_leader_and_a_batch_with_company_is_queued(
+    sqlite_store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    committer = store.group_committer()
+    leads: list[object] = []
+    lead = committer._lead
+    monkeypatch.setattr(committer, "_lead", lambda loop: (leads.append(loop), lead(loop)))
+    wf = count_to(store, "w", 4)
+    assert (await wf.run(1)).status == "completed"
+    # Nothing else was ready on the loop: the batches went alone (but the first, perhaps: the
+    # lease's heartbeat task, just made, takes its first turn then).
+    assert len(leads) <= 1
+    assert (committer.rounds, committer.inline_rounds) == (4, 4)
+    log = LogBuilder("v", clock=ticking_clock())
+    log.start_run()
+    prepared = store.prepare("v", log.events(), expected_version=0)
+    asyncio.get_running_loop().call_soon(lambda: None)  # something else is ready to run
+    assert committer.commit_alone(prepared) is None  # it would have company: queue it
+    assert store.version("v") == 0
+    before = len(leads)
+    assert len(await committer.submit(prepared)) == 1
+    assert len(leads) == before + 1  # a leader took it
