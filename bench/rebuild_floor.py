@@ -7,9 +7,10 @@ Stages (all over the log of ``python -m bench --only rebuild``, generated first 
 
 1. ``rows``: every row fetched, by rowid, a page at a time (as the raw fold reads them).
 2. ``+ orjson.loads``: each row's JSON array parsed.
-3. ``+ hash of each event the history reads``: each event of ``RunHistory.EVENT_TYPES`` checked
-   against its hash in its row's chain (the codec's ``check_event``: its canonical bytes and
-   BLAKE2b), nothing built: what any checked read of those events pays before building anything.
+3. ``+ hash of each event``: every event's canonical bytes and BLAKE2b, each row's chain
+   recomputed from the hash before it to its last (batch format 3 checks a row whole, so a read of
+   any of its events pays for all of them; the codec's own check, ``decode_row(types=(),
+   check_all=True)``), nothing built: what any checked read pays before building anything.
 4. ``store.iter_all(types=RunHistory.EVENT_TYPES)``: today's read, every event decoded, its
    fields checked and built as an event object, and hash-checked.
 5. ``+ RunHistory folds``: the rebuild benchmark's history case (in this process).
@@ -73,27 +74,22 @@ def stage_loads(path: Path) -> None:
 
 
 def stage_hashes(path: Path) -> None:
-    from kernel._codec._hashing import check_event, parse_chain
-    from kernel._codec._rows import Stamps, layouts, parse_batch, row_count
-    from projections import RunHistory
+    """Every event of every row hashed (the chain recomputed as a read of the history must: in
+    batch format 3 a row is checked whole), nothing built: the codec's own check, with no type
+    wanted (``decode_row(types=(), check_all=True)``)."""
+    from kernel import open_store
 
-    by_code = layouts()[1]
-    wanted = RunHistory.EVENT_TYPES
-
-    def each(instance: str, last: int, topic: str, state: bytes) -> None:
-        count = row_count(instance, last, topic)
-        first = last - count + 1
-        body = parse_batch("row", state, count)
-        chain = parse_chain("row", body[4], count)
-        stamps = Stamps("row", body[1], body[2], count)
-        strings = body[3]
-        for i in range(count):
-            item = body[5 + i]
-            layout = by_code[item[0]]
-            if layout is not None and layout.type_name in wanted:
-                check_event(layout, item, strings, instance, first + i, stamps, i, chain, None)
-
-    _rows(path, each)
+    store = open_store(f"sqlite:///{path}", create=False)
+    decode_row = store._mapper.decode_row
+    try:
+        _rows(
+            path,
+            lambda instance, last, topic, state: decode_row(
+                instance, last, topic, state, types=(), check_all=True
+            ),
+        )
+    finally:
+        store.close()
 
 
 def _light_reader(path: Path) -> Callable[[], Any]:
@@ -161,7 +157,10 @@ def _light_reader(path: Path) -> Callable[[], Any]:
                     count = row_count(instance, version, topic)
                     first = version - count + 1
                     body = parse_batch("row", state, count)
-                    chain = parse_chain("row", body[4], count)
+                    batch_format = body[0]
+                    chain = parse_chain("row", body[4], count, batch_format)
+                    whole = batch_format != 2  # format 3: the row's chain is checked whole
+                    head = chain[:CHAIN_BYTES]
                     stamps = Stamps("row", body[1], body[2], count)
                     strings, base, base_us = body[3], stamps.base, stamps.base_us
                     offset_us = stamps.offset_us
@@ -175,7 +174,12 @@ def _light_reader(path: Path) -> Callable[[], Any]:
                                 built = {
                                     e.position: e
                                     for e in mapper.decode_row(
-                                        instance, version, topic, state, types=rare
+                                        instance,
+                                        version,
+                                        topic,
+                                        state,
+                                        types=rare,
+                                        check_all=True,  # (format 3: the mapper checks the row)
                                     )
                                 }
                             event = built.get(first + i)
@@ -202,12 +206,15 @@ def _light_reader(path: Path) -> Callable[[], Any]:
                             offset_us,
                             values[:end],
                         )
-                        here = i * CHAIN_BYTES
-                        if (
-                            link(chain[here : here + CHAIN_BYTES], stored)
-                            != chain[here + CHAIN_BYTES : here + 2 * CHAIN_BYTES]
-                        ):
-                            raise ValueError(f"{instance}#{position} does not match its hash")
+                        if whole:
+                            head = link(head, stored)
+                        else:
+                            here = i * CHAIN_BYTES
+                            if (
+                                link(chain[here : here + CHAIN_BYTES], stored)
+                                != chain[here + CHAIN_BYTES : here + 2 * CHAIN_BYTES]
+                            ):
+                                raise ValueError(f"{instance}#{position} does not match its hash")
                         for n in range(len(values), len(defaults)):
                             values.append(fresh(defaults[n]))
                         if types_of(values) not in combinations:
@@ -217,6 +224,10 @@ def _light_reader(path: Path) -> Callable[[], Any]:
                                 raise ValueError(f"{instance}#{position}: a field's value")
                         stamp = base + timedelta(0, 0, delta)
                         events.append(light(layout.type_name, instance, position, stamp, *values))
+                    if whole and built is None and head != chain[-CHAIN_BYTES:]:
+                        # (every event was hot and hashed here; a row with another was checked
+                        # whole by the mapper)
+                        raise ValueError(f"row {instance}#{first}..{version} does not match")
                     page.append((instance, events))
                 if enabled:
                     gc.enable()
@@ -292,7 +303,7 @@ def stage_folded(path: Path) -> None:
 STAGES: list[tuple[str, Callable[[Path], None]]] = [
     ("1. rows (sqlite3, by rowid)", stage_rows),
     ("2. + orjson.loads of each row", stage_loads),
-    ("3. + hash check of each event the history reads", stage_hashes),
+    ("3. + hash of every event (each row checked whole)", stage_hashes),
     ("3a. prototype light decode (hash-checked, type-checked named tuples)", stage_light),
     ("3b. + RunHistory folds over them", stage_light_folded),
     ("4. store.iter_all(types=RunHistory.EVENT_TYPES): decoded, checked, built", stage_decode),

@@ -29,7 +29,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -47,8 +47,6 @@ __all__ = [
     "broken",
     "canonical",
     "chain_size",
-    "check_event",
-    "covered",
     "genesis",
     "link",
     "parse_chain",
@@ -152,33 +150,6 @@ def parse_chain(where: str, text: Any, count: int, batch_format: int) -> bytes:
     return chain
 
 
-def covered(
-    layout: Layout,
-    values: list[Any],
-    instance_id: str,
-    position: int,
-    time_us: int,
-    offset_us: int,
-) -> bytes | None:
-    """The canonical bytes of a stored event whose fields (interned ids looked up) are
-    ``values``: what its hash covers. Trailing defaults are left out as the writer leaves them
-    out. None for fields no writer could have written (nested too deep): they match no hash."""
-    end = len(values)
-    defaults = layout.defaults
-    if end <= len(defaults):
-        while end and values[end - 1] == defaults[end - 1]:
-            end -= 1
-        if end < len(values):
-            values = values[:end]
-    # (more fields than the type has: hashed as they are, and refused when built)
-    try:
-        return canonical(
-            layout.type_name, layout.version, instance_id, position, time_us, offset_us, values
-        )
-    except TypeError:
-        return None
-
-
 def broken(layout: Layout, instance_id: str, position: int) -> LogIntegrityError:
     """The error for the event at ``position`` (of ``layout``) that does not match its hash."""
     marker = layout.type_name in ("superstep_committed", "superstep_aborted")
@@ -194,31 +165,3 @@ def broken(layout: Layout, instance_id: str, position: int) -> LogIntegrityError
         position=position,
         kind="marker rewritten" if marker else "edited",
     )
-
-
-def check_event(
-    layout: Layout,
-    values: list[Any],
-    instance_id: str,
-    position: int,
-    time_us: int,
-    offset_us: int,
-    index: int,
-    chain: bytes,
-    report: Callable[[LogIntegrityError], None] | None,
-) -> None:
-    """Check the event of a row of batch format 2 at ``index`` (its fields ``values``, interned
-    ids looked up) against its own hash in ``chain`` and its predecessor's. A mismatch raises
-    ``LogIntegrityError`` naming the position, or is handed to ``report`` when given."""
-    stored = covered(layout, values, instance_id, position, time_us, offset_us)
-    at = index * CHAIN_BYTES
-    if (
-        stored is not None
-        and link(chain[at : at + CHAIN_BYTES], stored)
-        == chain[at + CHAIN_BYTES : at + 2 * CHAIN_BYTES]
-    ):
-        return
-    problem = broken(layout, instance_id, position)
-    if report is None:
-        raise problem
-    report(problem)

@@ -361,7 +361,7 @@ class RowMapper:
                     stamps.at(i, delta, position)  # raises, naming the position
                 defaults = layout.defaults
                 end = given
-                if end <= len(defaults):  # (``covered``, inlined)
+                if end <= len(defaults):  # (trailing defaults left out, as the writer does)
                     while end and values[end - 1] == defaults[end - 1]:
                         end -= 1
                 try:
