@@ -59,6 +59,7 @@ __all__ = [
     "check_responses",
     "continued_run",
     "pending_wire",
+    "undelivered",
     "waiting",
 ]
 
@@ -531,15 +532,21 @@ def waiting(ledger: Ledger) -> Waiting:
         return Waiting({r["request_id"]: dict(r) for r in inherited}, [])
     checkpoint = line.steps[-1].superstep_id if line.steps else None
     requests = pending_wire(ledger, line.run_id, checkpoint, forked_requests=inherited)
+    return Waiting(requests, undelivered(ledger, line))
+
+
+def undelivered(ledger: Ledger, run: RunLine | None) -> list[ResponseReceived]:
+    """The responses recorded by ``run`` and the runs it continues that no superstep has
+    delivered yet: walking back while a run committed nothing and continues another (a
+    snapshot's ``Root`` holds those of the runs it pruned), oldest first."""
     responses: list[ResponseReceived] = []
-    run: RunLine | None = line
     while run is not None and not run.steps and run.started.continues is not None:
         responses[:0] = run.responses
         if run.root is not None:
             responses[:0] = run.root.responses
             break
         run = ledger.run(run.started.continues)
-    return Waiting(requests, responses)
+    return responses
 
 
 @dataclass(frozen=True)

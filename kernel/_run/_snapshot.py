@@ -48,6 +48,7 @@ from kernel._run._ledger import (
     _Step,
     pending_wire,
     standing_tree,
+    undelivered,
 )
 
 if TYPE_CHECKING:
@@ -133,13 +134,7 @@ def prune(ledger: Ledger, router: Router, origin: Callable[[InstanceForked], Led
         pending = pending_wire(ledger, line.run_id, resume_point, forked_requests=inherited)
         responses: list[ResponseReceived] = []
         if not line.steps and line.started.continues is not None:
-            run: RunLine | None = ledger.run(line.started.continues)
-            while run is not None and not run.steps and run.started.continues is not None:
-                responses[:0] = run.responses
-                if run.root is not None:
-                    responses[:0] = run.root.responses
-                    break
-                run = ledger.run(run.started.continues)
+            responses = undelivered(ledger, ledger.run(line.started.continues))
         steps = [_stub(line.steps[-1])] if line.steps else []
         if steps and latest is not None and latest.superstep_id == steps[0].superstep_id:
             steps = [latest]
