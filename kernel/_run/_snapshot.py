@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from kernel._codec._hashing import CHAIN_BYTES
 from kernel._define._graph import FanIn, Graph
 from kernel._log._events import EVENT_TYPES, EventBase, InstanceForked, ResponseReceived
 from kernel._log._fold import CommittedState, OpenRun
@@ -72,6 +73,9 @@ DEFAULT_SNAPSHOT_EVERY = 1000
 """Supersteps between two snapshots a long run takes (and one at every run's end)."""
 _MAGIC = "steplog-snapshot"
 _SAME = "same as committed"
+_MAX_POSITION = (1 << 63) - 1
+"""The largest stream position a store can hold (a signed 64-bit integer in SQLite and
+PostgreSQL)."""
 _MAX_BODY = 1 << 30  # a body that inflates past this is not decoded whole (and fails to parse)
 
 
@@ -343,11 +347,16 @@ def snapshot_header(text: str) -> tuple[int, bytes]:
             raise ValueError
         if int(form) != SNAPSHOT_FORMAT:
             raise SnapshotUnusable(f"it is of format {form}, not {SNAPSHOT_FORMAT}")
-        return int(position), bytes.fromhex(head)
+        at, chain_hash = int(position), bytes.fromhex(head)
     except SnapshotUnusable:
         raise
     except ValueError:
         raise SnapshotUnusable("its header is malformed") from None
+    if not 0 < at <= _MAX_POSITION:  # (a database integer holds no more)
+        raise SnapshotUnusable(f"its header names position {position:.30}, which no log has")
+    if len(chain_hash) != CHAIN_BYTES:
+        raise SnapshotUnusable("its header's chain hash is not a hash")
+    return at, chain_hash
 
 
 def decode_snapshot(text: str, instance_id: str, graph: Graph, keyring: Keyring | None) -> Loaded:

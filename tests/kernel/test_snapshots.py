@@ -164,12 +164,17 @@ def _flip_body(text: str) -> str:
 
 BAD = {
     "stale": (lambda t: _header_field(t, 2, str(int(t.split(" ")[2]) + 50)), "no row ending"),
-    "another chain hash": (lambda t: _header_field(t, 3, "00" * 32), "no row ending"),
+    "another chain hash": (lambda t: _header_field(t, 3, "00" * 16), "no row ending"),
     "an older position": (lambda t: _header_field(t, 2, "3"), "no row ending"),
     "corrupt": (_flip_body, "does not match its digest"),
     "another format": (lambda t: _header_field(t, 1, "99"), "format 99"),
     "a malformed header": (lambda t: "garbage\n" + t.split("\n", 1)[1], "header is malformed"),
     "not base64": (lambda t: t.split("\n", 1)[0] + "\n%%%", "not base64"),
+    # a position no database integer holds, or none at all: never handed to the store
+    "a position past any log": (lambda t: _header_field(t, 2, "9" * 23), "which no log has"),
+    "position 0": (lambda t: _header_field(t, 2, "0"), "which no log has"),
+    "a negative position": (lambda t: _header_field(t, 2, "-5"), "which no log has"),
+    "a short chain hash": (lambda t: _header_field(t, 3, "00" * 3), "is not a hash"),
 }
 
 
