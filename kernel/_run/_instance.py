@@ -258,6 +258,9 @@ class InstanceContext:
         """Start the views from the instance's snapshot and the log's tail after it, if there
         is one that serves (see ``kernel._run._snapshot``); else leave them empty."""
         store = self.store
+        if store.reads_broken_chains:
+            self.snapshot_note = "not read: the store was opened with allow_broken_chain"
+            return
         text = store.read_snapshot(self.instance_id)
         if text is None:
             self.snapshot_note = "none kept"

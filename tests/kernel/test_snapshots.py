@@ -197,6 +197,17 @@ async def test_a_bad_snapshot_is_ignored_for_a_reason_and_changes_nothing(
         assert wf.committed_state() == {"a": 9, "b": 9}
 
 
+async def test_a_store_that_reads_broken_chains_reads_no_snapshot(sqlite_url: str) -> None:
+    with open_store(sqlite_url) as store:
+        await stopped(store, 8)
+        assert store.read_snapshot(INSTANCE) is not None
+        truth = views_of(loop(store, 10), snapshots=False)[0]
+    with open_store(sqlite_url, allow_broken_chain=True) as store:
+        views, note = views_of(loop(store, 10), snapshots=True)
+        assert note == "not read: the store was opened with allow_broken_chain"
+        assert views == truth
+
+
 async def test_a_snapshot_over_another_graph_is_ignored(sqlite_url: str) -> None:
     with open_store(sqlite_url) as store:
         await stopped(store, 8)
