@@ -28,6 +28,7 @@ from kernel._base._errors import (
     StoreUnavailableError,
 )
 from kernel._base._ids import check_id
+from kernel._codec._chain import ChainProblem
 from kernel._codec._cipher import KEYS_ENV
 from kernel._codec._hashing import ChainedRow, genesis
 from kernel._log._events import EventBase
@@ -203,7 +204,30 @@ class EventStore(TrustedStore, StoreReads, ChainChecks):
         problem = self._form_problem(instance_id, link, state)
         if problem is not None:  # never chain to (and so vouch for) a row written around us
             raise problem.error()
+        self._refuse_if_truncated(instance_id, expected_version)
         return genesis(instance_id) if link.head is None else link.head
+
+    def _refuse_if_truncated(self, instance_id: str, expected_version: int) -> None:
+        """Refuse to chain past the end of a log that ends before its recorded head: events were
+        removed from its end, and an append would overwrite the head that is the evidence
+        (``verify`` names it as ``truncated``). A head past ``expected_version`` with the stream
+        reaching it is another writer's append: the insert's version check refuses that one.
+        (The head is read before the stream's version: both are written in one transaction.)"""
+        with self._translated(f"read the chain head of {instance_id!r}"):
+            recorded = self._backend.select_heads(instance_id).get(instance_id)
+        if recorded is None or recorded[0] <= expected_version:
+            return
+        end = self._version_or_none(instance_id)
+        if end is None or end >= recorded[0]:
+            return
+        raise ChainProblem(
+            instance_id,
+            end + 1,
+            "truncated",
+            f"the log of {instance_id!r} ends at position {end}, before its recorded chain head "
+            f"at {recorded[0]}: events were removed from its end ('steplog verify' names them); "
+            "nothing was appended after it",
+        ).error()
 
     def _not_landed(self, instance_id: str, row: StoredEvent | None) -> None:
         """Forget the head a batch that was not written would have ended the chain with."""

@@ -35,6 +35,7 @@ from psycopg import sql
 
 from kernel import (
     ChainHead,
+    ConcurrencyConflictError,
     EventBase,
     EventStore,
     Executor,
@@ -431,6 +432,39 @@ def test_a_truncated_tail_is_found_by_verify_only(log: Log) -> None:
     events = _unnoticed_by_reads(log)  # a read cannot know more rows should follow
     assert events[-1].position == 15
     assert _only_problem(log) == (16, "truncated")
+
+
+def test_no_append_follows_a_truncated_tail_so_verify_still_finds_it(log: Log) -> None:
+    """A writer that read the truncated log would chain its append to its end and overwrite the
+    recorded head, the one evidence of the removal: it is refused, nothing is written, and
+    ``verify`` still names the truncation (found by a fresh-clone review: a resume erased it)."""
+    log.rows.delete(23)
+    log.rows.delete(17)
+    for allow in (False, True):
+        with open_store(log.url, create=False, allow_broken_chain=allow) as store:
+            last = store.read(INSTANCE)[-1]
+            assert last.position == 15
+            after = last.model_copy(update={"position": 16})
+            with pytest.raises(LogIntegrityError, match="ends at position 15, before its recorded"):
+                store.append(INSTANCE, [after], expected_version=15)
+            assert store.version(INSTANCE) == 15
+    assert _only_problem(log) == (16, "truncated")
+
+
+def test_a_writer_behind_another_gets_a_conflict_not_a_truncation(log: Log) -> None:
+    """The recorded head past a writer's version, with the log reaching it, is another writer's
+    append: a version conflict, never a tamper alarm."""
+    with open_store(log.url, create=False) as store:
+        events = store.read(INSTANCE)
+        end = events[-1].position
+        # the end of the row before the last one: where the other writer's view stopped
+        behind = store._backend.select_stream(INSTANCE)[-2][0]
+        assert behind < end
+        after = events[behind - 1].model_copy(update={"position": behind + 1})
+        with pytest.raises(ConcurrencyConflictError):
+            store.append(INSTANCE, [after], expected_version=behind)
+        assert store.version(INSTANCE) == end
+        assert store.verify_chain().ok
 
 
 def test_a_recomputed_last_row_is_found_by_the_recorded_head(log: Log) -> None:
