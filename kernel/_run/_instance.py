@@ -300,11 +300,17 @@ class InstanceContext:
                 events = self.store.read(self.instance_id)
                 self._ledger = Ledger(self.instance_id)
                 self._fold(events)
-                return self._head, self._ledger
-            head = self.catch_up()
-            self._ledger = read_ledger(self.store, self.instance_id, upto=head.version)
+            else:
+                self._ledger = read_ledger(
+                    self.store, self.instance_id, upto=self.catch_up().version
+                )
         head = self.catch_up()
-        return head, self._ledger
+        ledger = self._ledger
+        if not self.use_snapshots:
+            # Only a snapshot prunes the kept ledger: without them it would hold every
+            # checkpoint's items for as long as the instance object lives. Folded per question.
+            self._ledger = None
+        return head, ledger
 
     def full_ledger(self) -> Ledger:
         head = self.catch_up()

@@ -95,6 +95,22 @@ async def test_a_run_keeps_one_every_k_supersteps_and_at_its_end(store_url: str)
         assert taken[-1] == store.version(INSTANCE) == position_of_snapshot(store)
 
 
+async def test_without_snapshots_no_ledger_is_kept_between_runs(store_url: str) -> None:
+    """Only a snapshot prunes the ledger an instance keeps folded; with none (``every=0``) the
+    instance keeps none, so its memory does not grow with every checkpoint it commits."""
+    with open_store(store_url) as store:
+        wf = loop(store, 12, every=0)
+        assert (await wf.run(0)).get_outputs() == [12]
+        assert wf._instance._ledger is None
+        head, ledger = wf._instance.catch_up_ledger()
+        assert len(ledger.checkpoints) == 13 and head.version == store.version(INSTANCE)
+        assert wf._instance._ledger is None
+        assert store.read_snapshot(INSTANCE) is None
+        kept = loop(store, 12)  # with snapshots: kept, and pruned at each one
+        assert (await kept.run(0)).get_outputs() == [12]
+        assert kept._instance._ledger is not None and kept._instance._ledger.pruned
+
+
 async def test_reading_never_writes_one(sqlite_url: str) -> None:
     with open_store(sqlite_url) as store:
         await stopped(store, 6, every=0)  # a log without snapshots
