@@ -103,12 +103,14 @@ async def test_without_snapshots_no_ledger_is_kept_between_runs(store_url: str) 
         assert (await wf.run(0)).get_outputs() == [12]
         assert wf._instance._ledger is None
         head, ledger = wf._instance.catch_up_ledger()
-        assert len(ledger.checkpoints) == 13 and head.version == store.version(INSTANCE)
+        assert len(ledger.checkpoints) == 13
+        assert head.version == store.version(INSTANCE)
         assert wf._instance._ledger is None
         assert store.read_snapshot(INSTANCE) is None
         kept = loop(store, 12)  # with snapshots: kept, and pruned at each one
         assert (await kept.run(0)).get_outputs() == [12]
-        assert kept._instance._ledger is not None and kept._instance._ledger.pruned
+        assert kept._instance._ledger is not None
+        assert kept._instance._ledger.pruned
 
 
 async def test_reading_never_writes_one(sqlite_url: str) -> None:
